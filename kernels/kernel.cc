@@ -1,0 +1,141 @@
+// Capabilities <-> JSON, capability coverage and the kernel registry (see kernel.h).
+#include "kernels/kernel.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+namespace attest {
+namespace {
+
+template <class T>
+bool Contains(const std::vector<T>& list, const T& value) {
+  return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
+}
+
+struct Flag {
+  const char* key;
+  bool Capabilities::*member;
+};
+// The capability flags in protocol order (DESIGN.md `describe` reply).
+constexpr Flag kFlags[] = {
+    {"causal", &Capabilities::causal},       {"window", &Capabilities::window},
+    {"softcap", &Capabilities::softcap},     {"alibi", &Capabilities::alibi},
+    {"varlen", &Capabilities::varlen},       {"gqa", &Capabilities::gqa},
+    {"documents", &Capabilities::documents}, {"prefix_lm", &Capabilities::prefix_lm},
+    {"block_sparse", &Capabilities::block_sparse}, {"backward", &Capabilities::backward},
+    {"deterministic", &Capabilities::deterministic},
+};
+
+}  // namespace
+
+bool Capabilities::Covers(const Problem& p, std::string* why) const {
+  auto fail = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  if (!Contains(dtypes, p.dtype)) return fail("dtype " + std::string(Name(p.dtype)));
+  if (!Contains(head_dims, p.head_dim)) return fail("head_dim " + std::to_string(p.head_dim));
+  if (!Contains(head_dims_v, p.head_dim_v)) {
+    return fail("head_dim_v " + std::to_string(p.head_dim_v));
+  }
+  if (p.causal && !causal) return fail("causal");
+  if ((p.window_left >= 0 || p.window_right >= 0) && !window) return fail("window");
+  if (p.softcap > 0 && !softcap) return fail("softcap");
+  if (p.alibi_slopes && !alibi) return fail("alibi");
+  if (p.varlen() && !varlen) return fail("varlen");
+  if (p.heads_q != p.heads_kv && !gqa) return fail("gqa");
+  if (p.document_ids_q && !documents) return fail("documents");
+  if (p.prefix_lm > 0 && !prefix_lm) return fail("prefix_lm");
+  if (p.block_sparse && !block_sparse) return fail("block_sparse");
+  return true;
+}
+
+nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
+  nlohmann::json j;
+  j["dtypes"] = nlohmann::json::array();
+  for (DType d : caps.dtypes) j["dtypes"].push_back(std::string(Name(d)));
+  j["head_dims"] = caps.head_dims;
+  j["head_dims_v"] = caps.head_dims_v;
+  for (const auto& f : kFlags) j[f.key] = caps.*(f.member);
+  j["profile"] = caps.profile;
+  if (!caps.recipe.empty()) j["recipe"] = caps.recipe;
+  return j;
+}
+
+Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return Error{"capabilities: not a JSON object"};
+  Capabilities caps;
+  if (j.contains("dtypes")) {
+    if (!j["dtypes"].is_array()) return Error{"capabilities.dtypes: not an array"};
+    for (const auto& d : j["dtypes"]) {
+      if (!d.is_string()) return Error{"capabilities.dtypes: entries must be strings"};
+      auto dt = ParseDType(d.get<std::string>());
+      if (!dt) return Error{"capabilities.dtypes: unknown dtype '" + d.get<std::string>() + "'"};
+      caps.dtypes.push_back(*dt);
+    }
+  }
+  for (const char* key : {"head_dims", "head_dims_v"}) {
+    if (!j.contains(key)) continue;
+    const auto& list = j[key];
+    auto& out = std::string_view(key) == "head_dims" ? caps.head_dims : caps.head_dims_v;
+    if (!list.is_array()) return Error{std::string("capabilities.") + key + ": not an array"};
+    for (const auto& v : list) {
+      if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+        return Error{std::string("capabilities.") + key + ": entries must be positive integers"};
+      }
+      out.push_back(v.get<int64_t>());
+    }
+  }
+  for (const auto& f : kFlags) {
+    if (!j.contains(f.key)) continue;  // a missing flag means false
+    if (!j[f.key].is_boolean()) {
+      return Error{std::string("capabilities.") + f.key + ": not a boolean"};
+    }
+    caps.*(f.member) = j[f.key].get<bool>();
+  }
+  if (j.contains("profile")) {
+    if (!j["profile"].is_string()) return Error{"capabilities.profile: not a string"};
+    caps.profile = j["profile"].get<std::string>();
+  }
+  if (j.contains("recipe")) {
+    if (!j["recipe"].is_string()) return Error{"capabilities.recipe: not a string"};
+    caps.recipe = j["recipe"].get<std::string>();
+  }
+  return caps;
+}
+
+KernelRegistry& KernelRegistry::Global() {
+  static KernelRegistry registry;
+  return registry;
+}
+
+void KernelRegistry::Register(std::string name, std::string description, Factory factory) {
+  named_[std::move(name)] = Entry{std::move(description), std::move(factory)};
+}
+
+void KernelRegistry::RegisterPrefix(std::string prefix, Factory factory) {
+  prefixes_[std::move(prefix)] = std::move(factory);
+}
+
+std::vector<std::string> KernelRegistry::Names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : named_) names.push_back(name);
+  return names;
+}
+
+std::string KernelRegistry::Description(const std::string& name) const {
+  auto it = named_.find(name);
+  return it == named_.end() ? std::string() : it->second.description;
+}
+
+Expected<std::unique_ptr<Kernel>> KernelRegistry::Create(std::string_view spec) const {
+  if (auto it = named_.find(spec); it != named_.end()) return it->second.factory("");
+  for (const auto& [prefix, factory] : prefixes_) {
+    if (spec.substr(0, prefix.size()) == prefix) return factory(spec.substr(prefix.size()));
+  }
+  return Error{"unknown kernel '" + std::string(spec) +
+               "' (see `attest list kernels`; external kernels are plugin:PATH or exec:CMD)"};
+}
+
+}  // namespace attest

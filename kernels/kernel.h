@@ -1,0 +1,110 @@
+// The Kernel interface: what attest tests. A kernel has a name, declares Capabilities, and
+// runs forward and backward on host tensors; a call may answer Unsupported{reason} but must
+// never be silently wrong. Names: `cpu/<name>` built-in models, `mutant/<name>` seeded bugs,
+// `plugin:<path.so>[:<name>]` C ABI plugins, `exec:<command line>` external workers.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "reference/problem/problem.h"
+#include "reference/status.h"
+#include "reference/tensor.h"
+
+namespace attest {
+
+// What a kernel claims to support. An empty list means any value; a false flag means the
+// kernel may answer Unsupported for that feature. The JSON form is the `capabilities`
+// object of the exec protocol (DESIGN.md "External kernels").
+struct Capabilities {
+  std::vector<DType> dtypes;
+  std::vector<int64_t> head_dims;
+  std::vector<int64_t> head_dims_v;
+  bool causal = false;
+  bool window = false;
+  bool softcap = false;
+  bool alibi = false;
+  bool varlen = false;
+  bool gqa = false;
+  bool documents = false;     // per-token document ids
+  bool prefix_lm = false;
+  bool block_sparse = false;
+  bool backward = false;
+  bool deterministic = false;  // repeat runs are bitwise equal
+  std::string profile;         // tolerance profile name (verify/), e.g. "bf16"
+  std::string recipe;          // low-precision recipe name (reference/recipes), or ""
+
+  // Whether `p` lies inside these capabilities; if not, `why` says which feature.
+  bool Covers(const Problem& p, std::string* why = nullptr) const;
+};
+
+nlohmann::json CapabilitiesToJson(const Capabilities& caps);
+Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j);
+
+struct Unsupported {
+  std::string reason;
+};
+
+struct ForwardResult {
+  Tensor o;    // [B, Sq, Hq, Dv] (packed: [total_q, Hq, Dv]), any float dtype
+  Tensor lse;  // [B, Hq, Sq] (packed: [Hq, total_q]), natural log
+};
+
+struct BackwardResult {
+  Tensor dq, dk, dv;
+};
+
+// A kernel call's answer: outputs, an honest refusal, or an error (a finding: crash,
+// device error, protocol violation).
+template <class T>
+using KernelAnswer = std::variant<T, Unsupported, Error>;
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual std::string name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  // Inputs are the problem's dtype-rounded values (dtype as the problem says).
+  virtual KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q,
+                                              const Tensor& k, const Tensor& v) = 0;
+  // `o` and `lse` are what this kernel's Forward returned for the same inputs.
+  virtual KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q,
+                                                const Tensor& k, const Tensor& v,
+                                                const Tensor& o, const Tensor& lse,
+                                                const Tensor& dout) = 0;
+  // Free-form notes about the last call (e.g. which code path a hybrid kernel took).
+  virtual std::string last_route() const { return {}; }
+};
+
+// Built once at start-up: built-in kernels register a factory under their name; prefixes
+// (`plugin:`, `exec:`) register a factory that receives the rest of the spec.
+class KernelRegistry {
+ public:
+  using Factory = std::function<Expected<std::unique_ptr<Kernel>>(std::string_view arg)>;
+
+  static KernelRegistry& Global();
+  void Register(std::string name, std::string description, Factory factory);
+  void RegisterPrefix(std::string prefix, Factory factory);
+  // Named kernels, sorted.
+  std::vector<std::string> Names() const;
+  std::string Description(const std::string& name) const;
+  // "cpu/flash2-bf16", "plugin:/path/lib.so:name", "exec:python3 worker.py".
+  Expected<std::unique_ptr<Kernel>> Create(std::string_view spec) const;
+
+ private:
+  struct Entry {
+    std::string description;
+    Factory factory;
+  };
+  std::map<std::string, Entry, std::less<>> named_;
+  std::map<std::string, Factory, std::less<>> prefixes_;
+};
+
+}  // namespace attest

@@ -1,0 +1,59 @@
+// Capabilities JSON (the exec protocol's `capabilities` object) and the kernel registry.
+#include "kernels/kernel.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace attest {
+namespace {
+
+TEST(Capabilities, JsonRoundTripAndMissingFlagsAreFalse) {
+  auto j = nlohmann::json::parse(R"({"dtypes":["bf16","f16"],"head_dims":[64,128],
+      "head_dims_v":[],"causal":true,"window":true,"softcap":true,"alibi":true,
+      "varlen":true,"gqa":true,"backward":true,"deterministic":true,"profile":"bf16"})");
+  auto caps = CapabilitiesFromJson(j);
+  ASSERT_TRUE(caps.ok()) << caps.error().message;
+  EXPECT_EQ(caps->dtypes, (std::vector<DType>{DType::kBF16, DType::kF16}));
+  EXPECT_EQ(caps->head_dims, (std::vector<int64_t>{64, 128}));
+  EXPECT_TRUE(caps->causal && caps->backward && caps->deterministic);
+  EXPECT_FALSE(caps->documents);
+  auto again = CapabilitiesFromJson(CapabilitiesToJson(*caps));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(CapabilitiesToJson(*again), CapabilitiesToJson(*caps));
+}
+
+TEST(Capabilities, BadFieldsAreNamed) {
+  auto bad = CapabilitiesFromJson(nlohmann::json::parse(R"({"dtypes":["bf17"]})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("capabilities.dtypes"), std::string::npos);
+  auto flag = CapabilitiesFromJson(nlohmann::json::parse(R"({"causal":1})"));
+  ASSERT_FALSE(flag.ok());
+  EXPECT_NE(flag.error().message.find("capabilities.causal"), std::string::npos);
+}
+
+TEST(Capabilities, CoversNamesTheMissingFeature) {
+  Capabilities caps;
+  caps.dtypes = {DType::kBF16};
+  caps.head_dims = {64, 128};
+  Problem p;
+  p.head_dim = 64;
+  std::string why;
+  EXPECT_TRUE(caps.Covers(p, &why));
+  p.causal = true;
+  EXPECT_FALSE(caps.Covers(p, &why));
+  EXPECT_EQ(why, "causal");
+  caps.causal = true;
+  p.head_dim = 96;
+  EXPECT_FALSE(caps.Covers(p, &why));
+  EXPECT_EQ(why, "head_dim 96");
+}
+
+TEST(KernelRegistry, UnknownKernelIsAnError) {
+  KernelRegistry registry;
+  auto k = registry.Create("cpu/nope");
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.error().message.find("unknown kernel 'cpu/nope'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace attest

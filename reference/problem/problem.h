@@ -1,0 +1,98 @@
+// Problem: one attention call as the case-file JSON of DESIGN.md describes it ("problem"
+// object; field names are public contract), plus the extensions for mask families that
+// FlexAttention-class kernels need (per-token document ids, prefix-LM, block-sparse lists).
+//
+// Layout (flash_attn_func conventions): q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
+// v [B, Sk, Hkv, Dv], o [B, Sq, Hq, Dv], lse [B, Hq, Sq]. Packed varlen (cu_seqlens set):
+// q [total_q, Hq, D], k/v [total_k, Hkv, ...], lse [Hq, total_q]; `batch` counts sequences.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "reference/dtype.h"
+#include "reference/status.h"
+#include "reference/tensor.h"
+
+namespace attest {
+
+enum class CausalAlign { kBottomRight, kTopLeft };
+
+// Block-sparse mask: key block kb is visible to query block qb iff (qb, kb) is listed.
+// Blocks are counted from the start of each sequence; the same list applies to every
+// batch entry and head. Combined (AND) with every other mask.
+struct BlockSparse {
+  int64_t block_q = 128;
+  int64_t block_k = 128;
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // (query block, key block)
+};
+
+struct Problem {
+  int64_t batch = 1;
+  int64_t heads_q = 1;
+  int64_t heads_kv = 1;
+  int64_t seqlen_q = 1;  // packed: max_seqlen_q (>= every sequence's length)
+  int64_t seqlen_k = 1;  // packed: max_seqlen_k
+  int64_t head_dim = 64;
+  int64_t head_dim_v = 64;
+  DType dtype = DType::kBF16;
+  std::optional<double> scale;  // null: 1/sqrt(head_dim)
+  bool causal = false;
+  CausalAlign causal_align = CausalAlign::kBottomRight;
+  int64_t window_left = -1;  // -1: unbounded
+  int64_t window_right = -1;
+  double softcap = 0.0;  // 0: off
+  std::optional<std::vector<double>> alibi_slopes;  // one per query head
+  std::optional<std::vector<int32_t>> cu_seqlens_q;  // batch + 1 entries, starts at 0
+  std::optional<std::vector<int32_t>> cu_seqlens_k;
+  // Extensions (not in FlashAttention's API; FlexAttention mask_mods):
+  // per-token document ids [batch][seqlen]; key j visible to query i only if equal.
+  std::optional<std::vector<std::vector<int32_t>>> document_ids_q;
+  std::optional<std::vector<std::vector<int32_t>>> document_ids_k;
+  int64_t prefix_lm = 0;  // > 0 (needs causal): keys j < prefix_lm visible to every query
+  std::optional<BlockSparse> block_sparse;
+
+  double EffectiveScale() const;
+  bool varlen() const { return cu_seqlens_q.has_value(); }
+  int64_t gqa_ratio() const { return heads_q / heads_kv; }
+  // Query head h reads kv head h / (Hq / Hkv).
+  int64_t KvHead(int64_t h) const { return h / gqa_ratio(); }
+  int64_t TotalQ() const;  // rows of q: B*Sq, or cu_seqlens_q.back()
+  int64_t TotalK() const;
+
+  // Shapes of the tensors of this problem (packed shapes when varlen).
+  Shape QShape() const;
+  Shape KShape() const;
+  Shape VShape() const;
+  Shape OShape() const;
+  Shape LseShape() const;
+
+  bool operator==(const Problem&) const = default;
+};
+
+// One sequence of a (possibly packed) batch: where its rows start in the flattened
+// token axis (b * Sq for padded layouts, cu_seqlens[b] for packed) and how long it is.
+struct Sequence {
+  int64_t q_begin = 0;
+  int64_t q_len = 0;
+  int64_t k_begin = 0;
+  int64_t k_len = 0;
+};
+Sequence SequenceOf(const Problem& p, int64_t b);
+
+// JSON <-> Problem. Parsing validates everything (see Validate) and names the offending
+// field in the error: "problem.heads_q: 6 is not a multiple of heads_kv = 4".
+Expected<Problem> ProblemFromJson(const nlohmann::json& j);
+nlohmann::json ProblemToJson(const Problem& p);
+// Semantic validation of a Problem built in code.
+Status Validate(const Problem& p);
+// Checks that q, k, v (and optionally do) have the problem's shapes; names the tensor.
+Status ValidateInputShapes(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor* dout = nullptr);
+
+}  // namespace attest
