@@ -24,3 +24,12 @@ endif()
 if(ATTEST_BUILD_BENCH)
   find_package(benchmark QUIET)
 endif()
+
+# Python for interop tests: the virtual environment tools/bootstrap makes (numpy,
+# safetensors, ml_dtypes), else the system python3 (tests then skip what they cannot import).
+if(EXISTS ${PROJECT_SOURCE_DIR}/build/venv/bin/python3)
+  set(_attest_python ${PROJECT_SOURCE_DIR}/build/venv/bin/python3)
+else()
+  find_program(_attest_python python3)
+endif()
+set(ATTEST_PYTHON ${_attest_python} CACHE FILEPATH "Python used by interop tests")

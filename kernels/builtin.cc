@@ -1,9 +1,17 @@
 // The list of built-in kernels (see builtin.h). Later layers add rows here.
 #include "kernels/builtin.h"
 
+#include "kernels/models/flash_models.h"
+#include "kernels/models/lowp_models.h"
+#include "kernels/mutants/mutants.h"
+
 namespace attest {
 
-void RegisterBuiltinKernels(KernelRegistry& registry) { (void)registry; }
+void RegisterBuiltinKernels(KernelRegistry& registry) {
+  RegisterFlashModels(registry);  // cpu/flash2-bf16, cpu/flash2-fp16, cpu/feather-fp16
+  RegisterLowpModels(registry);   // cpu/mxfp8-{cudnn,pvbf16}, cpu/nvfp4-mixed, cpu/fp8-e4m3-tensor
+  RegisterMutants(registry);      // mutant/<name>: the seeded-bug catalogue
+}
 
 const KernelRegistry& Kernels() {
   static const bool registered = [] {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -14,6 +15,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "reference/formats/format.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
 #include "reference/tensor.h"
@@ -81,6 +83,14 @@ class Kernel {
                                                 const Tensor& dout) = 0;
   // Free-form notes about the last call (e.g. which code path a hybrid kernel took).
   virtual std::string last_route() const { return {}; }
+  // The format Backward rounds dP = dO·Vᵀ to on `p` before forming dS (a rounding point
+  // that recipes without a `dp` do not have: e.g. an fp16-output WMMA), or nullopt when dP
+  // stays in fp32. Checks that bound the backward's rounding include it; a kernel that rounds
+  // dP and does not say so is judged against the tighter fp32-dP bound.
+  virtual std::optional<Format> BackwardDpFormat(const Problem& p) const {
+    (void)p;
+    return std::nullopt;
+  }
 };
 
 // Built once at start-up: built-in kernels register a factory under their name; prefixes

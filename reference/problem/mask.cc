@@ -66,4 +66,15 @@ std::pair<int64_t, int64_t> MaskView::QueryBounds(int64_t j) const {
   return {std::clamp<int64_t>(lo, 0, seq_.q_len), std::clamp<int64_t>(hi, 0, seq_.q_len)};
 }
 
+std::string RenderMask(const Problem& p, int64_t b) {
+  const MaskView mask(p, b);
+  std::string out;
+  out.reserve(static_cast<size_t>(mask.q_len() * (mask.k_len() + 1)));
+  for (int64_t i = 0; i < mask.q_len(); ++i) {
+    for (int64_t j = 0; j < mask.k_len(); ++j) out += mask.Visible(i, j) ? 'x' : '.';
+    out += '\n';
+  }
+  return out;
+}
+
 }  // namespace attest

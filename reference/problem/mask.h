@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,11 @@ class MaskView {
   std::set<std::pair<int64_t, int64_t>> sparse_set_;
   bool interval_only_ = true;
 };
+
+// Draws the mask of sequence b: one line per query i, one character per key j, 'x' where
+// Visible(i, j) and '.' elsewhere, each line ending in '\n'. docs/semantics.md shows these
+// drawings and semantics_doc_test checks them against this function.
+std::string RenderMask(const Problem& p, int64_t b = 0);
 
 // The score transform before masking (scale already applied to `s`), generic in the scalar
 // so the multiprecision oracle uses the same rule. `tanh` is found by ADL for MP types.

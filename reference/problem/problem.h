@@ -30,6 +30,8 @@ struct BlockSparse {
   int64_t block_q = 128;
   int64_t block_k = 128;
   std::vector<std::pair<int64_t, int64_t>> blocks;  // (query block, key block)
+
+  bool operator==(const BlockSparse&) const = default;
 };
 
 struct Problem {

@@ -1,13 +1,19 @@
-// `attest list [kernels|checks|suites|recipes|profiles|formats] [--json]`: what attest knows.
-// The JSON form of `kernels` is an array of {name, description, capabilities}, where
+// `attest list [kernels|checks|suites|recipes|profiles|formats|schemes] [--json]`: what attest
+// knows. The JSON form of `kernels` is an array of {name, description, capabilities}, where
 // capabilities is the exec protocol's `capabilities` object (DESIGN.md).
 #include <iostream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/builtin.h"
-#include "reference/dtype.h"
+#include "reference/formats/format.h"
+#include "reference/formats/quantize.h"
+#include "reference/recipes/recipe.h"
 #include "tools/attest/command.h"
+#include "verify/checks/check.h"
+#include "verify/suite.h"
+#include "verify/tolerance.h"
 
 namespace attest::cli {
 namespace {
@@ -30,35 +36,73 @@ nlohmann::json ListKernels() {
   return out;
 }
 
+nlohmann::json ListChecks() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const CheckInfo& c : AllChecks()) {
+    out.push_back({{"name", c.name}, {"description", c.description}});
+  }
+  return out;
+}
+
+nlohmann::json ListSuites() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Suite& s : AllSuites()) {
+    out.push_back({{"name", s.name}, {"description", s.description}, {"rows", s.rows.size()}});
+  }
+  return out;
+}
+
+nlohmann::json ListRecipes() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Recipe& r : AllRecipes()) {
+    out.push_back({{"name", r.name}, {"description", r.description}});
+  }
+  return out;
+}
+
 nlohmann::json ListFormats() {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& info : AllDTypes()) {
-    out.push_back({{"name", info.name},
-                   {"safetensors", info.safetensors},
-                   {"bytes", info.size},
-                   {"float", info.is_float}});
+  for (const FormatSpec& f : AllFormats()) {
+    const auto dtype = DTypeOf(f.format);
+    out.push_back({{"name", f.name},
+                   {"description", fmt::format("{} bits: {} exponent, {} mantissa, bias {}",
+                                               f.bits(), f.exponent_bits, f.mantissa_bits,
+                                               f.bias)},
+                   {"safetensors", dtype ? std::string(Info(*dtype).safetensors) : "U8"},
+                   {"max", MaxFinite(f.format)}});
+  }
+  return out;
+}
+
+nlohmann::json ListSchemes() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Scheme& s : AllSchemes()) {
+    out.push_back({{"name", s.name}, {"description", s.description}});
   }
   return out;
 }
 
 int RunList(const ListOptions& opt) {
   nlohmann::json items;
-  if (opt.what == "kernels") {
-    items = ListKernels();
-  } else if (opt.what == "formats") {
-    items = ListFormats();
-  } else {
-    // checks, suites, recipes, profiles: registries that later layers fill.
-    items = nlohmann::json::array();
-  }
+  if (opt.what == "kernels") items = ListKernels();
+  if (opt.what == "checks") items = ListChecks();
+  if (opt.what == "suites") items = ListSuites();
+  if (opt.what == "recipes") items = ListRecipes();
+  if (opt.what == "profiles") items = ProfilesToJson();
+  if (opt.what == "formats") items = ListFormats();
+  if (opt.what == "schemes") items = ListSchemes();
   if (opt.json) {
     std::cout << items.dump(2) << "\n";
     return kExitPass;
   }
   if (items.empty()) std::cout << "(no " << opt.what << ")\n";
   for (const auto& item : items) {
-    std::cout << item["name"].get<std::string>();
-    if (item.contains("description")) std::cout << "  " << item["description"].get<std::string>();
+    const std::string name = item["name"].get<std::string>();
+    std::cout << name;
+    std::string text;
+    if (item.contains("description")) text = item["description"].get<std::string>();
+    if (text.empty() && item.contains("summary")) text = item["summary"].get<std::string>();
+    if (!text.empty()) std::cout << std::string(name.size() < 28 ? 28 - name.size() : 2, ' ') << text;
     std::cout << "\n";
   }
   return kExitPass;
@@ -66,15 +110,16 @@ int RunList(const ListOptions& opt) {
 
 Runner SetupList(CLI::App& sub) {
   auto opt = std::make_shared<ListOptions>();
-  sub.add_option("what", opt->what, "What to list")
-      ->check(CLI::IsMember({"kernels", "checks", "suites", "recipes", "profiles", "formats"}));
+  sub.add_option("what", opt->what, "What to list (default: kernels)")
+      ->check(CLI::IsMember(
+          {"kernels", "checks", "suites", "recipes", "profiles", "formats", "schemes"}));
   sub.add_flag("--json", opt->json, "Print JSON");
   return [opt] { return RunList(*opt); };
 }
 
 }  // namespace
 
-ATTEST_COMMAND("list", "List kernels, checks, suites, recipes, profiles or formats", 10,
-               SetupList);
+ATTEST_COMMAND("list", "List kernels, checks, suites, recipes, profiles, formats or schemes",
+               10, SetupList);
 
 }  // namespace attest::cli

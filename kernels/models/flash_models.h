@@ -1,0 +1,63 @@
+// The CPU numerics models built on the tiled engine (flash_engine.h): cpu/flash2-bf16,
+// cpu/flash2-fp16 (FlashAttention-2, arXiv 2307.08691) and cpu/feather-fp16 (the RDNA3 hybrid:
+// FA2 forward, a fused no-atomics fp16 backward for dense non-causal MHA at head dim 64/128,
+// every other case routed to the FA2 backward). docs/kernels.md documents their rounding
+// points and sources.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/kernel.h"
+#include "kernels/models/flash_engine.h"
+#include "reference/recipes/recipe.h"
+
+namespace attest {
+
+// A FlashAttention-2 model: the engine with one recipe and tile configuration.
+class Flash2Model : public Kernel {
+ public:
+  Flash2Model(std::string name, const Recipe& recipe, DType dtype, EngineOptions options = {});
+  std::string name() const override { return name_; }
+  Capabilities capabilities() const override;
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override;
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override;
+  std::string last_route() const override { return route_; }
+  std::optional<Format> BackwardDpFormat(const Problem& p) const override;
+  const EngineOptions& options() const { return options_; }
+
+ protected:
+  std::string name_;
+  const Recipe* recipe_;
+  DType dtype_;
+  EngineOptions options_;
+  std::string route_;
+};
+
+// cpu/feather-fp16: Flash2Model's forward; Backward takes the fused path only where
+// FusedBackwardUnsupported() is empty, and reports "fused" or "fallback: <reason>".
+class FeatherModel : public Flash2Model {
+ public:
+  explicit FeatherModel(EngineOptions options = {});
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override;
+  // Why the fused backward does not apply to `p` ("" when it does): head_dim not 64/128,
+  // head_dim_v != head_dim, any mask (causal, window, documents, prefix-LM, block-sparse),
+  // GQA, varlen, softcap or ALiBi.
+  static std::string FusedBackwardUnsupported(const Problem& p);
+  // f16 on the fused route (its fp16-output dP GEMM), nullopt on the FA2 fallback.
+  std::optional<Format> BackwardDpFormat(const Problem& p) const override;
+
+ private:
+  // The engine options Backward uses on `p` (the fused or the FA2 variant).
+  EngineOptions BackwardOptions(const Problem& p) const;
+};
+
+// Registers cpu/flash2-bf16, cpu/flash2-fp16 and cpu/feather-fp16.
+void RegisterFlashModels(KernelRegistry& registry);
+
+}  // namespace attest

@@ -1,0 +1,132 @@
+// The low-precision CPU models (see lowp_models.h, docs/kernels.md "Low-precision models"):
+// a table of specs and one Kernel that runs the tiled engine on the spec's recipe.
+#include "kernels/models/lowp_models.h"
+
+#include <utility>
+
+namespace attest {
+namespace {
+
+// Head dims (D and Dv) a recipe supports. MX blocks along D need D % 32 == 0 (cuDNN's MXFP8
+// SDPA pads D to whole 32-blocks; a partial block would be a different quantisation); NVFP4
+// needs D % 16 == 0; both up to 256 (the largest head dim of the modelled kernels). FA3 runs
+// any D <= 256 (a multiple of 8, its alignment rule) in the kernel of the next instantiated
+// size (hopper/flash_api.cpp round_up_headdim: 64, 96, 128, 192, 256); the zero padding does
+// not change the per-(batch, head) amax, so the numerics are those of D itself.
+std::vector<int64_t> Multiples(int64_t step) {
+  std::vector<int64_t> out;
+  for (int64_t d = step; d <= 256; d += step) out.push_back(d);
+  return out;
+}
+
+const std::vector<LowpModelSpec>& Specs() {
+  static const std::vector<LowpModelSpec> specs = {
+      {"cpu/mxfp8-cudnn",
+       "mxfp8-cudnn",
+       "cuDNN MXFP8 SDPA numerics (mxfp8_ref.py): MXFP8 Q, K along D, V along S, P x16 -> "
+       "E4M3; dS MXFP8 both ways in backward; leaks across causal/document boundaries by "
+       "construction",
+       Multiples(32),
+       true,
+       true,
+       {},
+       {}},
+      {"cpu/mxfp8-pvbf16",
+       "mxfp8-pvbf16",
+       "MXFP8 only for Q.K^T and dO.V^T (blocks along D); P.V and the sequence-contracting "
+       "backward products in bf16: leak-free",
+       Multiples(32),
+       true,
+       true,
+       {},
+       {}},
+      {"cpu/nvfp4-mixed",
+       "nvfp4-mixed",
+       "NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 tensor scale), per-tensor FP8 E4M3 "
+       "V, P x16 -> E4M3; backward at the forward's quantised operands",
+       Multiples(16),
+       true,
+       true,
+       {},
+       {}},
+      {"cpu/fp8-e4m3-tensor", "fp8-e4m3-tensor",
+       "FlashAttention-3 FP8 forward: E4M3 Q, K, V with a current-scaled descale per (batch, "
+       "head), P x256 -> E4M3; forward only",
+       Multiples(8), false, false,
+       "FlashAttention-3 has no FP8 backward (flash_attn_interface.py: the fp8 path is "
+       "forward-only); recipe fp8-e4m3-tensor defines no backward GEMMs",
+       "GQA and varlen are not modelled: FA3 shares one q_descale per (batch, kv head) across "
+       "the query heads of a group and per sequence in a packed batch, and the recipe's "
+       "per-(batch, head) blocks of [B, S, H, D] can express neither"},
+  };
+  return specs;
+}
+
+}  // namespace
+
+std::span<const LowpModelSpec> LowpModelSpecs() { return Specs(); }
+
+std::string LowpModel::Refusal(const std::string& why) const {
+  std::string out = name() + ": " + why;
+  if (!spec_->limits.empty()) out += " (" + std::string(spec_->limits) + ")";
+  return out;
+}
+
+LowpModel::LowpModel(const LowpModelSpec& spec, EngineOptions options)
+    : spec_(&spec), recipe_(FindRecipe(spec.recipe)), options_(options) {}
+
+Capabilities LowpModel::capabilities() const {
+  Capabilities caps;
+  caps.dtypes = {DType::kBF16};  // every recipe here takes bf16 inputs and quantises them
+  caps.head_dims = spec_->head_dims;
+  caps.head_dims_v = spec_->head_dims;
+  // Masks and score modifiers: the engine implements them all (flash_models.cc says why the
+  // models extend the modelled kernels' numerics to them); GQA and varlen per spec.
+  caps.causal = caps.window = caps.softcap = caps.alibi = true;
+  caps.documents = caps.prefix_lm = caps.block_sparse = true;
+  caps.gqa = spec_->gqa;
+  caps.varlen = spec_->varlen;
+  caps.backward = spec_->no_backward.empty();
+  caps.deterministic = true;  // fixed tile order; quantisation is a pure function of the data
+  // verify/tolerance.cc has one profile row per recipe (the family rows mxfp8 / nvfp4 / fp8
+  // hold the same numbers, except mxfp8-pvbf16's tighter o cosine).
+  caps.profile = std::string(spec_->recipe);
+  caps.recipe = std::string(spec_->recipe);
+  return caps;
+}
+
+KernelAnswer<ForwardResult> LowpModel::Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                               const Tensor& v) {
+  route_ = "forward " + std::string(spec_->recipe);
+  std::string why;
+  if (recipe_ == nullptr)
+    return Error{name() + ": recipe " + std::string(spec_->recipe) + " missing"};
+  if (!capabilities().Covers(p, &why)) return Unsupported{Refusal(why)};
+  return FlashForward(p, *recipe_, q, k, v, options_);
+}
+
+KernelAnswer<BackwardResult> LowpModel::Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                                 const Tensor& v, const Tensor& o,
+                                                 const Tensor& lse, const Tensor& dout) {
+  if (!spec_->no_backward.empty()) {
+    route_ = "unsupported";
+    return Unsupported{name() + ": " + std::string(spec_->no_backward)};
+  }
+  route_ = "backward " + std::string(spec_->recipe);
+  std::string why;
+  if (recipe_ == nullptr)
+    return Error{name() + ": recipe " + std::string(spec_->recipe) + " missing"};
+  if (!capabilities().Covers(p, &why)) return Unsupported{Refusal(why)};
+  return FlashBackward(p, *recipe_, q, k, v, o, lse, dout, options_);
+}
+
+void RegisterLowpModels(KernelRegistry& registry) {
+  for (const LowpModelSpec& spec : Specs()) {
+    registry.Register(std::string(spec.name), std::string(spec.description),
+                      [&spec](std::string_view) -> Expected<std::unique_ptr<Kernel>> {
+                        return std::unique_ptr<Kernel>(std::make_unique<LowpModel>(spec));
+                      });
+  }
+}
+
+}  // namespace attest

@@ -1,0 +1,501 @@
+// The mutant catalogue (see mutants.h; bug sources in /work/shared/REFERENCES.md and in each
+// row's `bug` text; docs/kernels.md "Mutants").
+#include "kernels/mutants/mutants.h"
+
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/builtin.h"
+#include "kernels/models/flash_models.h"
+
+namespace attest {
+namespace {
+
+// ---- Operands of the local recipe copies -----------------------------------------------------
+
+// MXFP8 E4M3, 32-element blocks with E8M0 scales, RCEIL scale rule (cuDNN and
+// TransformerEngine float_to_e8m0; cudnn-frontend test/python/sdpa/mxfp8_ref.py).
+OperandQuant Mx(QuantAxis axis) {
+  OperandQuant q;
+  q.scheme.kind = OperandKind::kBlock;
+  q.scheme.block = "mxfp8-e4m3";
+  q.scheme.block_options.scale_mode = ScaleMode::kRceil;
+  q.axis = axis;
+  return q;
+}
+
+// Every element x -> round(x · pre_scale, f) / pre_scale, saturating (cvt.rn.satfinite).
+OperandQuant Scaled(Format f, double pre_scale) {
+  OperandQuant q;
+  q.scheme.kind = OperandKind::kElement;
+  q.scheme.element = f;
+  q.scheme.pre_scale = pre_scale;
+  q.scheme.overflow = Overflow::kSaturate;
+  return q;
+}
+
+// Copies of the low-precision rows (reference/recipes/recipe.cc gets them from their own
+// issue; these follow the same description so that the catalogue does not depend on when
+// they land). Both start from the bf16 FlashAttention-2 row: bf16 inputs, fp32 accumulation,
+// D from the stored O, bf16 gradients.
+//
+// mxfp8-pvbf16: MXFP8 only in the products that contract over the head dim (Q·Kᵀ and dO·Vᵀ,
+// blocks along D); P·V and every sequence-contracting backward product stay in bf16.
+Recipe LocalMxfp8PvBf16() {
+  Recipe r = *FindRecipe("bf16");
+  r.name = "mxfp8-pvbf16";
+  r.description = "MXFP8 Q.K^T and dO.V^T (blocks along D), bf16 elsewhere (leak-free)";
+  r.qk = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kHeadDim)};
+  r.dov = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kHeadDim)};
+  r.output = r.gradients = Format::kBF16;
+  return r;
+}
+
+// mxfp8-cudnn (cudnn-frontend mxfp8_ref.py): Q, K along D; V along S_kv; P ×16 → E4M3 for P·V;
+// backward: dO along D for dO·Vᵀ (V's one copy stays along S_kv); P ×256 → E4M3 and dO
+// along S_q for dV; dS along S_kv with K along S_kv for dQ; dS along S_q with Q along S_q for
+// dK; bf16 outputs.
+Recipe LocalMxfp8Cudnn() {
+  Recipe r = *FindRecipe("bf16");
+  r.name = "mxfp8-cudnn";
+  r.description = "cuDNN MXFP8 SDPA reference recipe";
+  r.qk = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kHeadDim)};
+  r.pv = {Scaled(Format::kE4M3FN, 16.0), Mx(QuantAxis::kSequence)};
+  r.dov = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kSequence)};  // V: one copy, along S_kv
+  r.pdo = {Scaled(Format::kE4M3FN, 256.0), Mx(QuantAxis::kSequence)};
+  r.dsk = {Mx(QuantAxis::kSequence), Mx(QuantAxis::kSequence)};
+  r.dsq = {Mx(QuantAxis::kSequence), Mx(QuantAxis::kSequence)};
+  r.output = r.gradients = Format::kBF16;
+  return r;
+}
+
+// nvfp4-mixed: NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 tensor scale; TE arithmetic);
+// V FP8 E4M3 with one per-tensor current scale; P ×16 → E4M3; backward at the forward's
+// quantised operands, dS in bf16, dO as stored.
+Recipe LocalNvfp4Mixed() {
+  OperandQuant nvfp4;
+  nvfp4.scheme.kind = OperandKind::kBlock;
+  nvfp4.scheme.block = "nvfp4";
+  nvfp4.axis = QuantAxis::kHeadDim;
+  OperandQuant fp8_tensor;
+  fp8_tensor.scheme.kind = OperandKind::kBlock;
+  fp8_tensor.scheme.block = "fp8-tensor-e4m3";
+  fp8_tensor.scheme.block_options.pow2_scale = false;
+  fp8_tensor.axis = QuantAxis::kSequence;
+  Recipe r = *FindRecipe("bf16");
+  r.name = "nvfp4-mixed";
+  r.description = "NVFP4 Q, K along D; per-tensor FP8 V; P x16 -> E4M3";
+  r.qk = {nvfp4, nvfp4};
+  r.pv = {Scaled(Format::kE4M3FN, 16.0), fp8_tensor};
+  r.dov = {OperandQuant{}, fp8_tensor};
+  r.pdo = {Scaled(Format::kE4M3FN, 16.0), OperandQuant{}};
+  r.dsk.b = nvfp4;
+  r.dsq.b = nvfp4;
+  r.output = r.gradients = Format::kBF16;
+  return r;
+}
+
+Recipe ParentRecipeRow(std::string_view name) {
+  if (const Recipe* r = FindRecipe(name)) return *r;
+  if (name == "mxfp8-pvbf16") return LocalMxfp8PvBf16();
+  if (name == "mxfp8-cudnn") return LocalMxfp8Cudnn();
+  if (name == "nvfp4-mixed") return LocalNvfp4Mixed();
+  return *FindRecipe("bf16");  // unreachable for catalogue rows (mutants_test checks names)
+}
+
+// ---- Documented cases ------------------------------------------------------------------------
+
+// bf16, batch 1, D = Dv = 64 (a multiple of the MX block, so every parent covers it).
+Problem Case(int64_t sq, int64_t sk, int64_t hq = 2, int64_t hkv = 2) {
+  Problem p;
+  p.batch = 1;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.head_dim = p.head_dim_v = 64;
+  p.dtype = DType::kBF16;
+  return p;
+}
+template <class Fn>
+Problem Case(Problem p, Fn&& edit) {
+  edit(p);
+  return p;
+}
+
+GeneratorSpec Gaussian(uint64_t seed, nlohmann::json params = nlohmann::json::object()) {
+  return GeneratorSpec{"gaussian", seed, std::move(params)};
+}
+
+EngineFaults Faults(void (*set)(EngineFaults&)) {
+  EngineFaults f;
+  set(f);
+  return f;
+}
+
+// ---- The catalogue ---------------------------------------------------------------------------
+
+std::vector<MutantSpec> BuildCatalogue() {
+  const std::string_view kBf16 = "cpu/flash2-bf16";
+  std::vector<MutantSpec> rows;
+  auto add = [&rows](MutantSpec s) { rows.push_back(std::move(s)); };
+
+  // -- Leakage through shared block scales --
+  add({.name = "v-scale-crosses-causal",
+       .parent = "cpu/mxfp8-pvbf16",
+       .parent_recipe = "mxfp8-pvbf16",
+       .bug = "V quantised in MXFP8 blocks of 32 along the sequence: a block straddles the causal "
+              "diagonal, so a future key's value moves the scale of visible ones "
+              "(TransformerEngine #3248, flash-attention #2707, cudnn-frontend PRs #983/#1123)",
+       .change = "recipe: P·V's V operand MXFP8 along the sequence instead of bf16",
+       .edit_recipe = [](Recipe& r) { r.pv.b = Mx(QuantAxis::kSequence); },
+       .problem = Case(Case(96, 96), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(101),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "doc-scale-crosses-boundary",
+       .parent = "cpu/mxfp8-pvbf16",
+       .parent_recipe = "mxfp8-pvbf16",
+       .bug = "K's column-wise copy for dS·K blocked along the packed token axis: a 32-block "
+              "spans two documents of a varlen batch, so one document's keys set the scale of "
+              "another's (TransformerEngine #3248; cudnn-frontend PR #1123)",
+       .change = "recipe: dS·K's K operand MXFP8 along the (packed) sequence",
+       .edit_recipe = [](Recipe& r) { r.dsk.b = Mx(QuantAxis::kSequence); },
+       .problem = Case(Case(60, 60),
+                       [](Problem& p) {
+                         p.batch = 2;
+                         p.cu_seqlens_q = p.cu_seqlens_k = std::vector<int32_t>{0, 40, 100};
+                       }),
+       .generator = Gaussian(102),
+       .differs = {"dq"}});
+  // NVFP4, not MXFP8: an E4M3 element is a float, so re-blocking an MXFP8 operand changes
+  // its values only where the scale pushes elements into E4M3's subnormals (never, for
+  // Gaussian data); E2M1's 2-bit exponent makes the blocking visible at once.
+  add({.name = "bwd-requant-k-other-axis",
+       .parent = "cpu/nvfp4-mixed",
+       .parent_recipe = "nvfp4-mixed",
+       .bug = "backward re-quantises K for the recomputed Q·Kᵀ with blocks along another axis "
+              "than forward, so backward differentiates another forward (Attn-QAT, arXiv "
+              "2603.00040: FP4 forward, transposed operands blocked along another axis)",
+       .change = "fault bwd_requant_k_other_axis (K's NVFP4 blocks along the sequence)",
+       .faults = Faults([](EngineFaults& f) { f.bwd_requant_k_other_axis = true; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(103),
+       .differs = {"dq", "dk", "dv"}});
+  add({.name = "delta-from-other-o",
+       .parent = "cpu/mxfp8-cudnn",
+       .parent_recipe = "mxfp8-cudnn",
+       .bug = "D = rowsum(dO∘O) computed from another O than forward returned (its FP8 copy), "
+              "so D ≠ rowsum(P∘dP) (Attn-QAT, arXiv 2603.00040; cuDNN computes D from the "
+              "BF16 O: cudnn-frontend mxfp8_ref.py)",
+       .change = "fault delta_o_format = e4m3fn",
+       .faults = Faults([](EngineFaults& f) { f.delta_o_format = Format::kE4M3FN; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(104),
+       .differs = {"dq", "dk"}});
+  // -- Masks --
+  add({.name = "empty-row-nan",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "a fully masked row normalised without a guard gives 0·(1/0) = NaN instead of "
+              "o = 0 (flash-attention #443 class; FlexAttention test_fully_masked_out_rows)",
+       .change = "fault empty_row_nan",
+       .faults = Faults([](EngineFaults& f) { f.empty_row_nan = true; }),
+       .problem = Case(Case(80, 48), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(105),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "bwd-diag-tile-unmasked",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "keys past the causal bound unmasked in the backward's diagonal tile only "
+              "(flash-attention #443: keys beyond seqlen_k unmasked in the backward; ROCm/aiter "
+              "#3551: a backward missing its bounds mask)",
+       .change = "fault bwd_diag_tile_unmasked",
+       .faults = Faults([](EngineFaults& f) { f.bwd_diag_tile_unmasked = true; }),
+       .problem = Case(Case(100, 100), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(106),
+       .differs = {"dq", "dk", "dv"}});
+  add({.name = "window-right-clamped",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "window right bound clamped to seqlen_k: with Sq > Sk and bottom-right alignment "
+              "keys inside the window are dropped (flash-attention #895, flash_api.cpp)",
+       .change = "problem fault kWindowRightClamped",
+       .problem_fault = ProblemFault::kWindowRightClamped,
+       .problem = Case(Case(96, 32), [](Problem& p) { p.window_left = 16; }),
+       .generator = Gaussian(107),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "causal-top-left",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "causal aligned top-left (PyTorch SDPA is_causal) where bottom-right is meant "
+              "(flash-attention #1778 convention; REFERENCES.md on SDPA)",
+       .change = "problem fault kCausalTopLeft",
+       .problem_fault = ProblemFault::kCausalTopLeft,
+       .problem = Case(Case(32, 80), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(108),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  // -- Score modifiers --
+  add({.name = "softcap-s-tanh-s",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "softcap computed as s·tanh(s) instead of cap·tanh(s/cap) (flash-attention PR "
+              "#2402)",
+       .change = "fault softcap_s_tanh_s",
+       .faults = Faults([](EngineFaults& f) { f.softcap_s_tanh_s = true; }),
+       .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 5.0; }),
+       .generator = Gaussian(109, {{"q", {{"std", 2.0}}}}),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "softcap-no-bwd-derivative",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "softcap's derivative 1 − tanh² missing in the backward (flash-attention PR "
+              "#2402; PR #2544: varlen backward with softcap wrong dq)",
+       .change = "fault softcap_no_bwd_derivative",
+       .faults = Faults([](EngineFaults& f) { f.softcap_no_bwd_derivative = true; }),
+       .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 2.0; }),
+       .generator = Gaussian(110, {{"q", {{"std", 3.0}}}}),
+       .differs = {"dq", "dk"}});
+  // -- Softmax statistics --
+  add({.name = "lse-log2",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "lse returned in log2 units, off by a factor ln 2 (pytorch #181645: flex "
+              "returned lse off by ln 2)",
+       .change = "fault lse_log2 (the backward reads it consistently)",
+       .faults = Faults([](EngineFaults& f) { f.lse_log2 = true; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(111),
+       .differs = {"lse"}});
+  add({.name = "lse-scaled-twice",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "the row max scaled twice in lse = m·scale + log(l) (pytorch #181645 class); the "
+              "backward's P recomputed from it is unnormalised",
+       .change = "fault lse_scaled_twice",
+       .faults = Faults([](EngineFaults& f) { f.lse_scaled_twice = true; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(112, {{"q", {{"std", 2.0}}}}),
+       .differs = {"lse", "dq", "dk", "dv"}});
+  add({.name = "split-kv-combine",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "split-KV partials combined with weights l_s/Σl instead of exp(lse_s − lse): "
+              "results differ beyond rounding (flash-attention #1647)",
+       .change = "fault split_kv_bad_combine (keys in two splits)",
+       .faults = Faults([](EngineFaults& f) { f.split_kv_bad_combine = true; }),
+       .problem = Case(32, 256),
+       .generator = Gaussian(113, {{"q", {{"std", 2.0}}}}),
+       .differs = {"o", "lse", "dq", "dk"}});
+  add({.name = "gqa-h-mod-hkv",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "GQA query head h mapped to kv head h % Hkv instead of h / (Hq/Hkv) "
+              "(TransformerEngine #3216 class: FA4 GQA dq wrong)",
+       .change = "fault gqa_head_mod",
+       .faults = Faults([](EngineFaults& f) { f.gqa_head_mod = true; }),
+       .problem = Case(48, 48, 4, 2),
+       .generator = Gaussian(114),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  // -- FP8 P and block scales --
+  add({.name = "p-scale-past-e4m3-max",
+       .parent = "cpu/mxfp8-cudnn",
+       .parent_recipe = "mxfp8-cudnn",
+       .bug = "a lazy online-softmax rescale (threshold 8 in log2 units) lets P·16 reach 2^12 "
+              "> 448 before the E4M3 cast, which saturates or gives NaN as the parent's cast "
+              "does (flash-attention #2577: FA4 FP8 cosine dropping at 128-key boundaries)",
+       .change = "fault rescale_threshold_log2 = 8",
+       .faults = Faults([](EngineFaults& f) { f.rescale_threshold_log2 = 8.0f; }),
+       .problem = Case(64, 256),
+       .generator = Gaussian(115, {{"q", {{"std", 3.0}}}}),
+       .differs = {"o", "lse", "dq", "dk"}});
+  add({.name = "rowsum-before-p-cast",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "P cast to E4M3 without a scale while the row sum is taken before the cast: P "
+              "below 2^-9 underflows and the row loses mass (ROCm/FlyDSL PR #1020: up to 36%)",
+       .change = "recipe: P before P·V rounded to e4m3fn (saturating, no pre-scale)",
+       .edit_recipe = [](Recipe& r) { r.pv.a = Scaled(Format::kE4M3FN, 1.0); },
+       .problem = Case(64, 256),
+       .generator = Gaussian(116, {{"q", {{"std", 2.0}}}}),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "e8m0-scale-off-by-one",
+       .parent = "cpu/mxfp8-pvbf16",
+       .parent_recipe = "mxfp8-pvbf16",
+       .bug = "MX E8M0 scale exponent one too small: every block's largest elements saturate "
+              "(vllm PR #43557: MXFP4 scale from exponent(amax/6) off by one)",
+       .change = "fault mx_scale_offset = -1",
+       .faults = Faults([](EngineFaults& f) { f.mx_scale_offset = -1; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(117),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  // -- Determinism, stores --
+  add({.name = "nondeterministic-dq",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "claims determinism while dQ's accumulation order over key tiles varies from run "
+              "to run (flash-attention #2244: FA3 deterministic mode still varied dq; #414)",
+       .change = "dq_order_rotation = backward call count + 1 (first key tile of the walk)",
+       .vary_dq_order = true,
+       .problem = Case(128, 640),
+       .generator = Gaussian(118),
+       .differs = {"dq"},
+       .worse_than_parent = false});
+  add({.name = "store-permutation",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "o stored with two d-columns swapped: every row keeps its norm (flash-attention "
+              "PR #2553: norm-only comparisons missed a permutation)",
+       .change = "fault store_swap_columns",
+       .faults = Faults([](EngineFaults& f) { f.store_swap_columns = true; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(119),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "last-tile-unwritten",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "the last partial query tile is never written: its rows keep the output "
+              "buffer's (NaN-poisoned) content (tile-count rounding; pytorch #153799 class: "
+              "seq 1025)",
+       .change = "fault skip_last_partial_tile",
+       .faults = Faults([](EngineFaults& f) { f.skip_last_partial_tile = true; }),
+       .problem = Case(200, 200),
+       .generator = Gaussian(120),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "nan-ds-masked-tiles",
+       .parent = "cpu/mxfp8-cudnn",
+       .parent_recipe = "mxfp8-cudnn",
+       .bug = "NaN P and dS of empty rows in a visited tile (exp2(−inf − (−inf))) fed into "
+              "quantisation: the MX block's scale turns NaN (facebookexperimental/triton PR "
+              "#3395: clear NaN dS in masked tiles before quantising)",
+       .change = "fault masked_ds_nan",
+       .faults = Faults([](EngineFaults& f) { f.masked_ds_nan = true; }),
+       .problem = Case(Case(80, 48), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(121),
+       .differs = {"dq", "dk", "dv"}});
+  add({.name = "zero-scale-nan",
+       .parent = "cpu/mxfp8-cudnn",
+       .parent_recipe = "mxfp8-cudnn",
+       .bug = "a block of amax 0 (a zero V channel) gives scale 0 and 0/0 = NaN on "
+              "dequantisation (ROCm/aiter #4289: per-channel V scale of 0)",
+       .change = "fault zero_amax_block_nan",
+       .faults = Faults([](EngineFaults& f) { f.zero_amax_block_nan = true; }),
+       .problem = Case(64, 64),
+       .generator = Gaussian(122, {{"v", {{"std", 0.0}}}}),
+       .differs = {"o", "dq", "dk"}});
+  return rows;
+}
+
+struct Catalogue {
+  std::vector<MutantSpec> specs;
+  std::vector<Recipe> parents, mutants;  // per spec
+};
+
+const Catalogue& TheCatalogue() {
+  static const Catalogue c = [] {
+    Catalogue out;
+    out.specs = BuildCatalogue();
+    for (const MutantSpec& s : out.specs) {
+      out.parents.push_back(ParentRecipeRow(s.parent_recipe));
+      out.mutants.push_back(out.parents.back());
+      if (s.edit_recipe) s.edit_recipe(out.mutants.back());
+    }
+    return out;
+  }();
+  return c;
+}
+
+size_t IndexOf(const MutantSpec& spec) {
+  const Catalogue& c = TheCatalogue();
+  return static_cast<size_t>(&spec - c.specs.data());
+}
+
+DType ParentDType(const MutantSpec& spec) {
+  const Recipe& r = ParentRecipe(spec);
+  return r.input_dtypes.empty() ? DType::kBF16 : r.input_dtypes.front();
+}
+
+}  // namespace
+
+std::span<const MutantSpec> MutantCatalogue() { return TheCatalogue().specs; }
+
+const MutantSpec* FindMutant(std::string_view name) {
+  if (name.starts_with("mutant/")) name.remove_prefix(7);
+  for (const MutantSpec& s : MutantCatalogue()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const Recipe& ParentRecipe(const MutantSpec& spec) { return TheCatalogue().parents[IndexOf(spec)]; }
+const Recipe& MutantRecipe(const MutantSpec& spec) { return TheCatalogue().mutants[IndexOf(spec)]; }
+
+std::unique_ptr<Kernel> MakeParent(const MutantSpec& spec) {
+  return std::make_unique<Flash2Model>(std::string(spec.parent), ParentRecipe(spec),
+                                       ParentDType(spec));
+}
+
+Problem ApplyProblemFault(const Problem& p, ProblemFault fault) {
+  Problem out = p;
+  switch (fault) {
+    case ProblemFault::kNone:
+      break;
+    case ProblemFault::kWindowRightClamped:
+      // flash_api.cpp (issue #895): window_size_right < 0 or >= max_seqlen_k becomes
+      // max_seqlen_k once a window is set.
+      if ((out.window_left >= 0 || out.window_right >= 0) &&
+          (out.window_right < 0 || out.window_right >= out.seqlen_k)) {
+        out.window_right = out.seqlen_k;
+      }
+      break;
+    case ProblemFault::kCausalTopLeft:
+      if (out.causal) out.causal_align = CausalAlign::kTopLeft;
+      break;
+  }
+  return out;
+}
+
+MutantKernel::MutantKernel(const MutantSpec& spec) : spec_(&spec) {
+  // The parent's claims, exactly: from the registered parent where there is one.
+  Expected<std::unique_ptr<Kernel>> registered = Kernels().Create(spec.parent);
+  caps_ = registered.ok() ? (*registered)->capabilities() : MakeParent(spec)->capabilities();
+}
+
+KernelAnswer<ForwardResult> MutantKernel::Forward(const Problem& p, const Tensor& q,
+                                                  const Tensor& k, const Tensor& v) {
+  route_ = "mutant forward";
+  std::string why;
+  if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
+  EngineOptions options;
+  options.faults = spec_->faults;
+  return FlashForward(ApplyProblemFault(p, spec_->problem_fault), MutantRecipe(*spec_), q, k, v,
+                      options);
+}
+
+KernelAnswer<BackwardResult> MutantKernel::Backward(const Problem& p, const Tensor& q,
+                                                    const Tensor& k, const Tensor& v,
+                                                    const Tensor& o, const Tensor& lse,
+                                                    const Tensor& dout) {
+  route_ = "mutant backward";
+  std::string why;
+  if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
+  EngineOptions options;
+  options.faults = spec_->faults;
+  ++backward_calls_;
+  if (spec_->vary_dq_order) options.faults.dq_order_rotation = backward_calls_;
+  return FlashBackward(ApplyProblemFault(p, spec_->problem_fault), MutantRecipe(*spec_), q, k, v, o,
+                       lse, dout, options);
+}
+
+void RegisterMutants(KernelRegistry& registry) {
+  for (const MutantSpec& spec : MutantCatalogue()) {
+    registry.Register(
+        "mutant/" + std::string(spec.name),
+        "seeded bug (parent " + std::string(spec.parent) + "): " + std::string(spec.bug),
+        [&spec](std::string_view) -> Expected<std::unique_ptr<Kernel>> {
+          return std::unique_ptr<Kernel>(std::make_unique<MutantKernel>(spec));
+        });
+  }
+}
+
+}  // namespace attest

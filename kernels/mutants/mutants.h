@@ -1,0 +1,105 @@
+// The mutant catalogue (issue "Kernels under test", item 3; DESIGN.md "Kernels": mutants are
+// named `mutant/<name>`): seeded-bug kernels, each a small deviation from a correct model of
+// kernels/models/ that reproduces one real bug class (the sources are the issues and PRs of
+// /work/shared/REFERENCES.md "Real bugs worth modelling" and "FP8 P pitfalls"). A mutant is
+// data: its parent, a recipe edit and/or engine faults (flash_engine.h EngineFaults) and a
+// documented case (a Problem and a generator seed) on which it provably differs from its
+// parent (mutants_test shows it). A mutant lies exactly as the buggy kernel would: it claims
+// its parent's capabilities, determinism included. docs/kernels.md "Mutants" has the table.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/kernel.h"
+#include "kernels/models/flash_engine.h"
+#include "reference/problem/case_file.h"
+#include "reference/problem/problem.h"
+#include "reference/recipes/recipe.h"
+
+namespace attest {
+
+// A deviation that lives in how the kernel reads the problem's parameters (flash_api.cpp-style
+// set-up code) rather than in the tiled loop.
+enum class ProblemFault : uint8_t {
+  kNone,
+  // flash-attention #895: with a left window bound set, an unbounded (or too large) right
+  // bound becomes seqlen_k; with Sq > Sk and bottom-right alignment that drops keys.
+  kWindowRightClamped,
+  // Causal aligned top-left (PyTorch SDPA is_causal) where bottom-right is meant.
+  kCausalTopLeft,
+};
+
+// One row of the catalogue.
+struct MutantSpec {
+  std::string_view name{};           // registered as "mutant/<name>"
+  std::string_view parent{};         // the correct kernel it deviates from, e.g. "cpu/flash2-bf16"
+  std::string_view parent_recipe{};  // the parent's recipe row ("bf16", "mxfp8-pvbf16", ...)
+  std::string_view bug{};            // the real bug class and its source
+  std::string_view change{};         // the deviation, in words
+  // The deviation: a recipe edit (null: none), engine faults, a problem fault, and whether
+  // dQ's accumulation order changes from call to call (EngineFaults::dq_order_rotation set
+  // to the kernel's backward call count + 1).
+  void (*edit_recipe)(Recipe&) = nullptr;
+  EngineFaults faults{};
+  ProblemFault problem_fault = ProblemFault::kNone;
+  bool vary_dq_order = false;
+  // The documented case.
+  Problem problem{};
+  GeneratorSpec generator{};
+  // Outputs ("o", "lse", "dq", "dk", "dv") in which the mutant's answer on the case differs
+  // bitwise from the parent's (exactly these; the others are bitwise equal).
+  std::vector<std::string_view> differs{};
+  // Whether, on the case, the mutant's max |x − oracle| over `differs` exceeds the parent's
+  // for some tensor (false where the comparison means nothing, e.g. a run-to-run order).
+  bool worse_than_parent = true;
+};
+
+// Every mutant, in a fixed order (built once).
+std::span<const MutantSpec> MutantCatalogue();
+const MutantSpec* FindMutant(std::string_view name);  // "empty-row-nan" or "mutant/empty-row-nan"
+
+// The parent's recipe: the row of AllRecipes() named spec.parent_recipe when it exists, else
+// this file's copy of it (the low-precision rows are added by their own issue; the copy
+// follows the same sources). The mutant's recipe is that recipe after spec.edit_recipe; it
+// keeps the parent's name, because the buggy kernel claims the parent's recipe.
+const Recipe& ParentRecipe(const MutantSpec& spec);
+const Recipe& MutantRecipe(const MutantSpec& spec);
+
+// The parent the mutant deviates from: the engine on ParentRecipe() with default options
+// (for registered parents this computes the registered kernel's bits; mutants_test checks).
+std::unique_ptr<Kernel> MakeParent(const MutantSpec& spec);
+
+// A mutant kernel. Capabilities are the parent's: the registered parent's when it is
+// registered, else those of MakeParent().
+class MutantKernel : public Kernel {
+ public:
+  explicit MutantKernel(const MutantSpec& spec);
+  std::string name() const override { return "mutant/" + std::string(spec_->name); }
+  Capabilities capabilities() const override { return caps_; }
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override;
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override;
+  std::string last_route() const override { return route_; }
+  const MutantSpec& spec() const { return *spec_; }
+
+ private:
+  const MutantSpec* spec_;
+  Capabilities caps_;
+  uint64_t backward_calls_ = 0;  // per kernel object: the "run-to-run" state of vary_dq_order
+  std::string route_;
+};
+
+// The problem as a kernel with `fault` reads it.
+Problem ApplyProblemFault(const Problem& p, ProblemFault fault);
+
+// Registers mutant/<name> for every row.
+void RegisterMutants(KernelRegistry& registry);
+
+}  // namespace attest

@@ -1,0 +1,114 @@
+// Deterministic input generators: the same (problem, generator name, seed, params) gives
+// bit-identical float64 q, k, v, do on any machine, compiler, thread count and libm
+// (DESIGN.md "Case files": "the same case file gives bit-identical inputs on any machine").
+//
+// How: every element draws from its own counter-based stream (Philox-4x32-10, Salmon et al.,
+// "Parallel random numbers: as easy as 1, 2, 3", SC'11), keyed by the seed and addressed by
+// (tensor id, flat element index, block), and every distribution is built from IEEE-754
+// correctly rounded operations only (+ - * / sqrt, and a log written here in those), never
+// from std::log/exp/cos, whose last bit differs between libm implementations.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "reference/problem/case_file.h"
+#include "reference/problem/problem.h"
+#include "reference/status.h"
+#include "reference/tensor.h"
+
+namespace attest {
+
+// --- The counter-based bit source -------------------------------------------------------
+
+// Philox-4x32 with 10 rounds: a bijection of the 128-bit counter under a 64-bit key.
+std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+
+// Stream ids of the four input tensors (the third counter word). Generators that need
+// auxiliary randomness (e.g. which channels are outliers) use ids >= kFirstAuxStream.
+enum TensorStream : uint32_t { kStreamQ = 0, kStreamK = 1, kStreamV = 2, kStreamDO = 3 };
+inline constexpr uint32_t kFirstAuxStream = 16;
+
+// The random words of one element: counter (index lo, index hi, stream, block), two 64-bit
+// words per block. Cheap to construct; elements are independent of evaluation order.
+class ElementStream {
+ public:
+  ElementStream(uint64_t seed, uint32_t stream, uint64_t index)
+      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+        index_(index),
+        stream_(stream) {}
+
+  uint64_t NextU64();
+  // Uniform on [0, 1): the top 53 bits of a word times 2^-53 (exact).
+  double NextUniform();
+  // Standard normal by Marsaglia's polar method, with DeterministicLog.
+  double NextNormal();
+
+ private:
+  std::array<uint32_t, 2> key_;
+  uint64_t index_;
+  uint32_t stream_;
+  uint32_t block_ = 0;
+  std::array<uint32_t, 4> buffer_{};
+  int used_ = 4;  // 32-bit words of buffer_ consumed
+};
+
+// Natural log from + - * / only (frexp-style exponent split done on the bit pattern, then
+// 2*atanh series as in fdlibm e_log.c): identical on every IEEE-754 machine; within 1 ulp of
+// glibc log over 10^6 random doubles (generate_test) for
+// finite x > 0. Returns -inf for 0 and NaN for x < 0 or NaN.
+double DeterministicLog(double x);
+
+// --- Generators ---------------------------------------------------------------------------
+
+// What a generator row fills: one tensor of the problem, with its parameters resolved (the
+// tensor's override object merged over the top-level params and the row's defaults).
+struct FillContext {
+  const Problem* problem = nullptr;
+  std::string_view tensor;  // "q", "k", "v" or "do"
+  uint32_t stream = 0;
+  uint64_t seed = 0;
+  Shape shape;
+  nlohmann::json params;  // resolved: every parameter of the row is present
+  // Tensors generated before this one (q, then k, v, do), for generators that correlate them.
+  const std::vector<const Tensor*>* earlier = nullptr;
+};
+
+struct GeneratorParam {
+  std::string_view name;
+  double default_value;
+  std::string_view help;
+};
+
+// One row of the generator table. Adding a distribution is adding a row (in generate.cc, or in
+// another file compiled with -ffp-contract=off, see reference/data/CMakeLists.txt), using only
+// ElementStream draws and + - * / sqrt DeterministicLog on them.
+struct GeneratorRow {
+  std::string_view name;
+  std::string_view description;
+  std::vector<GeneratorParam> params;  // numeric parameters, overridable per tensor
+  // Checks one tensor's resolved params (e.g. low < high); `where` prefixes messages.
+  Status (*check)(const nlohmann::json& params, const std::string& where) = nullptr;
+  // Fills `out` (the tensor's elements, row-major) from ctx.
+  void (*fill)(const FillContext& ctx, std::span<double> out) = nullptr;
+};
+
+std::span<const GeneratorRow> GeneratorTable();
+std::vector<std::string> GeneratorNames();
+
+struct GeneratedInputs {
+  Tensor q, k, v, dout;  // f64, the problem's shapes, NOT rounded to the problem's dtype
+};
+
+// Checks the spec against the table: known name, known parameter names (top level and in
+// per-tensor overrides {"q": {...}, "k": ..., "v": ..., "do": ...}), numeric and valid values.
+Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec);
+Expected<GeneratedInputs> GenerateInputs(const Problem& p, const GeneratorSpec& spec);
+
+}  // namespace attest

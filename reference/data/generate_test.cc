@@ -1,0 +1,337 @@
+// Deterministic generators (generate.h): Philox known answers from Random123, the libm-free
+// log against std::log, pinned output values (a change in the stream must be deliberate),
+// distribution checks with CLT-derived bounds, independence between tensors and seeds.
+#include "reference/data/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <gtest/gtest.h>
+
+namespace attest {
+namespace {
+
+using nlohmann::json;
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  // Random123 examples/kat_vectors: "philox4x32 10 <ctr[4]> <key[2]> <expected[4]>".
+  using A4 = std::array<uint32_t, 4>;
+  using A2 = std::array<uint32_t, 2>;
+  EXPECT_EQ(Philox4x32(A4{0, 0, 0, 0}, A2{0, 0}),
+            (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(
+      Philox4x32(A4{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, A2{0xffffffff, 0xffffffff}),
+      (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(
+      Philox4x32(A4{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, A2{0xa4093822, 0x299f31d0}),
+      (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+int64_t UlpDistance(double a, double b) {
+  // Map doubles to a monotone integer line (sign-magnitude to two's complement).
+  auto key = [](double x) {
+    int64_t i;
+    std::memcpy(&i, &x, sizeof i);
+    return i < 0 ? std::numeric_limits<int64_t>::min() - i : i;
+  };
+  const int64_t d = key(a) - key(b);
+  return d < 0 ? -d : d;
+}
+
+TEST(DeterministicLog, WithinOneUlpOfLibmOverTheWholeRange) {
+  std::mt19937_64 rng(1);
+  int64_t worst = 0;
+  double worst_x = 0;
+  for (int n = 0; n < 1'000'000; ++n) {
+    // Random bit patterns of positive finite doubles (subnormals included), and values near 1
+    // where log is smallest and cancellation would show.
+    double x;
+    if (n % 2) {
+      const uint64_t bits = rng() & 0x7fef'ffff'ffff'ffffULL;
+      std::memcpy(&x, &bits, sizeof x);
+    } else {
+      x = 1.0 + std::ldexp(static_cast<double>(rng() >> 11), -53) * (n % 4 ? 0.5 : -0.3);
+    }
+    if (!(x > 0)) continue;
+    const int64_t u = UlpDistance(DeterministicLog(x), std::log(x));
+    if (u > worst) worst = u, worst_x = x;
+  }
+  std::printf("DeterministicLog: max distance to libm log = %lld ulp (at x = %a)\n",
+              static_cast<long long>(worst), worst_x);
+  EXPECT_LE(worst, 1);
+}
+
+TEST(DeterministicLog, PinnedValues) {
+  // Recorded from this implementation (x, log x); any change moves every gaussian input.
+  const double pins[][2] = {
+      {0x0.0000000000001p-1022, -0x1.74385446d71c3p+9},
+      {0x1.56e1fc2f8f359p-997, -0x1.5963447f87fb5p+9},
+      {0x1.999999999999ap-4, -0x1.26bb1bbb55515p+1},
+      {0x1.6a0902de00d1bp-1, -0x1.62e6b3842a25ep-2},
+      {0x1.fffffca501acbp-1, -0x1.ad7f2b1049b9fp-24},
+      {0x1.000001ad7f29bp+0, 0x1.ad7f2847b6492p-24},
+      {0x1.8p+0, 0x1.9f323ecbf984cp-2},
+      {0x1.2a05f2p+33, 0x1.7069e2aa2aa5bp+4},
+      {0x1.3aa3d3467ee82p+0, 0x1.a6672fdeee06ap-3},
+  };
+  for (const auto& [x, y] : pins) EXPECT_EQ(DeterministicLog(x), y) << std::hexfloat << x;
+}
+
+TEST(DeterministicLog, SpecialValues) {
+  EXPECT_EQ(DeterministicLog(1.0), 0.0);
+  EXPECT_EQ(DeterministicLog(2.0), std::log(2.0));
+  EXPECT_EQ(DeterministicLog(0.0), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(DeterministicLog(-1.0)));
+  EXPECT_TRUE(std::isnan(DeterministicLog(std::nan(""))));
+  EXPECT_EQ(DeterministicLog(std::numeric_limits<double>::infinity()),
+            std::numeric_limits<double>::infinity());
+  EXPECT_NEAR(DeterministicLog(std::numeric_limits<double>::denorm_min()), -744.44007192138126,
+              1e-12);
+}
+
+Problem Small() {
+  Problem p;
+  p.heads_q = 2;
+  p.seqlen_q = 3;
+  p.seqlen_k = 5;
+  p.head_dim = 4;
+  p.head_dim_v = 4;
+  return p;
+}
+
+std::array<double, 4> Probe(const Tensor& t) {
+  const auto s = t.span<double>();
+  return {s[0], s[1], s[2], s[s.size() - 1]};
+}
+
+TEST(Generators, PinnedValuesForSeed12345) {
+  // Recorded from this implementation; identical on any IEEE-754 machine. If these change,
+  // every stored case file's inputs change: bump a generator name instead.
+  using A = std::array<double, 4>;
+  const auto g = GenerateInputs(Small(), {"gaussian", 12345, json::object()});
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_EQ(Probe(g->q), (A{0x1.b9e8fd224fc87p-2, -0x1.0aa9e98af6cddp+0, -0x1.41ec33773c328p+1,
+                            0x1.7543b1651c333p-2}));
+  EXPECT_EQ(Probe(g->k), (A{-0x1.39e6c3dbaded1p-1, 0x1.21f976a0d2a3bp+1, 0x1.100269f1c353dp+0,
+                            0x1.8bb962e321bap-1}));
+  EXPECT_EQ(Probe(g->v), (A{0x1.2d5b0f4d2008ep-2, -0x1.bdc659fec0138p-1, -0x1.d05768f5e230bp-3,
+                            -0x1.c91645a6cc598p+0}));
+  EXPECT_EQ(Probe(g->dout), (A{-0x1.dd730a1b3d546p-2, -0x1.4dce7619398d9p+0, 0x1.8caeb50fa48e7p+0,
+                               0x1.31c235b88ea3cp+0}));
+  const auto u = GenerateInputs(Small(), {"uniform", 12345, json::object()});
+  ASSERT_TRUE(u.ok()) << u.error().message;
+  EXPECT_EQ(Probe(u->q), (A{0x1.47e8fa04bdffap-1, -0x1.fd265b5b6c3dcp-1, -0x1.3d32b6aabfb4p-3,
+                            0x1.8c93924183a42p-1}));
+  EXPECT_EQ(Probe(u->dout), (A{0x1.4f1573fdfc4a8p-1, -0x1.08b158d948e04p-1, 0x1.ffcb40460e644p-2,
+                               0x1.1965106ba1748p-3}));
+}
+
+TEST(Generators, ShapesFollowTheProblemIncludingVarlen) {
+  Problem p = Small();
+  p.heads_kv = 2;
+  p.head_dim_v = 3;
+  auto g = GenerateInputs(p, {"gaussian", 1, json::object()});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->q.shape(), p.QShape());
+  EXPECT_EQ(g->k.shape(), p.KShape());
+  EXPECT_EQ(g->v.shape(), p.VShape());
+  EXPECT_EQ(g->dout.shape(), p.OShape());
+  EXPECT_EQ(g->q.dtype(), DType::kF64);
+  p.batch = 2;
+  p.cu_seqlens_q = std::vector<int32_t>{0, 3, 3};
+  p.cu_seqlens_k = std::vector<int32_t>{0, 0, 5};
+  g = GenerateInputs(p, {"uniform", 1, json::object()});
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_EQ(g->q.shape(), (Shape{3, 2, 4}));
+  EXPECT_EQ(g->v.shape(), (Shape{5, 2, 3}));
+  // Zero-size tensors are fine.
+  p.cu_seqlens_k = std::vector<int32_t>{0, 0, 0};
+  g = GenerateInputs(p, {"gaussian", 1, json::object()});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->k.numel(), 0);
+}
+
+TEST(Generators, ElementsDependOnlyOnSeedTensorAndIndex) {
+  // This is what makes any parallel fill order give the same bits.
+  const Problem p = Small();
+  const auto g = GenerateInputs(p, {"gaussian", 77, json{{"std", 0.5}, {"mean", 2}}});
+  ASSERT_TRUE(g.ok());
+  const auto k = g->k.span<double>();
+  for (size_t n = 0; n < k.size(); ++n) {
+    ElementStream s(77, kStreamK, n);
+    EXPECT_EQ(k[n], 2.0 + 0.5 * s.NextNormal());
+  }
+  const auto again = GenerateInputs(p, {"gaussian", 77, json{{"std", 0.5}, {"mean", 2}}});
+  EXPECT_TRUE(again->q.BitwiseEqual(g->q));
+  EXPECT_TRUE(again->dout.BitwiseEqual(g->dout));
+}
+
+TEST(Generators, ThreadedFillMatchesSingleStreams) {
+  // 2^18 elements per tensor: large enough for the multi-threaded path.
+  Problem p;
+  p.heads_q = p.heads_kv = 4;
+  p.seqlen_q = p.seqlen_k = 1024;
+  p.head_dim = p.head_dim_v = 64;
+  const auto g = GenerateInputs(p, {"gaussian", 4242, json::object()});
+  ASSERT_TRUE(g.ok());
+  const auto v = g->v.span<double>();
+  ASSERT_EQ(v.size(), size_t{1} << 18);
+  for (size_t n = 0; n < v.size(); n += 97) {
+    ElementStream s(4242, kStreamV, n);
+    ASSERT_EQ(v[n], s.NextNormal()) << n;
+  }
+  ElementStream last(4242, kStreamV, v.size() - 1);
+  EXPECT_EQ(v.back(), last.NextNormal());
+}
+
+// Kolmogorov-Smirnov statistic of `xs` against `cdf`.
+template <class Cdf>
+double KsStatistic(std::vector<double> xs, Cdf cdf) {
+  std::sort(xs.begin(), xs.end());
+  double d = 0;
+  const double n = static_cast<double>(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double f = cdf(xs[i]);
+    d = std::max({d, f - static_cast<double>(i) / n, static_cast<double>(i + 1) / n - f});
+  }
+  return d;
+}
+
+Problem Big() {
+  Problem p;
+  p.heads_q = 4;
+  p.heads_kv = 4;
+  p.seqlen_q = 256;
+  p.seqlen_k = 256;
+  p.head_dim = 64;
+  p.head_dim_v = 64;
+  return p;  // 65536 elements per tensor
+}
+
+std::vector<double> Values(const Tensor& t) {
+  const auto s = t.span<double>();
+  return {s.begin(), s.end()};
+}
+
+TEST(Generators, GaussianMomentsAndShapeWithinClTBounds) {
+  const auto g = GenerateInputs(Big(), {"gaussian", 2026, json{{"std", 3.0}, {"mean", -1.0}}});
+  ASSERT_TRUE(g.ok());
+  for (const Tensor* t : {&g->q, &g->k, &g->v, &g->dout}) {
+    const std::vector<double> x = Values(*t);
+    const double n = static_cast<double>(x.size());
+    double m1 = 0, m2 = 0, m4 = 0;
+    for (double v : x) {
+      const double z = (v + 1.0) / 3.0;
+      m1 += z, m2 += z * z, m4 += z * z * z * z;
+    }
+    m1 /= n, m2 /= n, m4 /= n;
+    // Standard errors of the sample moments of N(0, 1): sqrt(1/n), sqrt(2/n), sqrt(96/n)
+    // (Var z^2 = 3 - 1, Var z^4 = 105 - 9). Five of them: a false alarm is < 1e-6 likely.
+    EXPECT_LT(std::abs(m1), 5 * std::sqrt(1 / n));
+    EXPECT_LT(std::abs(m2 - 1), 5 * std::sqrt(2 / n));
+    EXPECT_LT(std::abs(m4 - 3), 5 * std::sqrt(96 / n));
+    // The whole distribution: KS at the 0.1% level is 1.95 / sqrt(n).
+    const double d = KsStatistic(
+        x, [](double v) { return 0.5 * std::erfc(-((v + 1.0) / 3.0) / std::sqrt(2.0)); });
+    std::printf("gaussian KS D*sqrt(n) = %.3f (0.1%% critical value 1.95)\n", d * std::sqrt(n));
+    EXPECT_LT(d * std::sqrt(n), 1.95);
+  }
+}
+
+TEST(Generators, UniformMomentsRangeAndShape) {
+  const auto g = GenerateInputs(Big(), {"uniform", 5, json{{"low", -2.0}, {"high", 6.0}}});
+  ASSERT_TRUE(g.ok());
+  const std::vector<double> x = Values(g->v);
+  const double n = static_cast<double>(x.size());
+  double m1 = 0, m2 = 0;
+  for (double v : x) {
+    ASSERT_GE(v, -2.0);
+    ASSERT_LT(v, 6.0);
+    m1 += v, m2 += v * v;
+  }
+  m1 /= n, m2 /= n;
+  const double var = m2 - m1 * m1;
+  // U(-2, 6): mean 2, variance 64/12; Var of (u - 2)^2 is 4^4/5 - (16/3)^2.
+  EXPECT_LT(std::abs(m1 - 2.0), 5 * std::sqrt(64.0 / 12.0 / n));
+  EXPECT_LT(std::abs(var - 64.0 / 12.0), 5 * std::sqrt((256.0 / 5 - 256.0 / 9) / n));
+  const double d = KsStatistic(x, [](double v) { return (v + 2.0) / 8.0; });
+  EXPECT_LT(d * std::sqrt(n), 1.95);
+}
+
+double Correlation(const std::vector<double>& a, const std::vector<double>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < n; ++i) ma += a[i], mb += b[i];
+  ma /= static_cast<double>(n), mb /= static_cast<double>(n);
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sab += (a[i] - ma) * (b[i] - mb);
+    saa += (a[i] - ma) * (a[i] - ma);
+    sbb += (b[i] - mb) * (b[i] - mb);
+  }
+  return sab / std::sqrt(saa * sbb);
+}
+
+TEST(Generators, TensorsSeedsAndNeighboursAreIndependent) {
+  const auto g = GenerateInputs(Big(), {"gaussian", 9, json::object()});
+  const auto h = GenerateInputs(Big(), {"gaussian", 10, json::object()});
+  ASSERT_TRUE(g.ok() && h.ok());
+  const auto q = Values(g->q), k = Values(g->k), v = Values(g->v), d = Values(g->dout);
+  const double bound = 5 / std::sqrt(static_cast<double>(q.size()));  // 5 sigma of r under H0
+  EXPECT_LT(std::abs(Correlation(q, k)), bound);
+  EXPECT_LT(std::abs(Correlation(q, v)), bound);
+  EXPECT_LT(std::abs(Correlation(k, v)), bound);
+  EXPECT_LT(std::abs(Correlation(v, d)), bound);
+  EXPECT_LT(std::abs(Correlation(q, Values(h->q))), bound);  // adjacent seeds
+  // Neighbouring elements of one tensor.
+  const std::vector<double> shifted(q.begin() + 1, q.end());
+  EXPECT_LT(std::abs(Correlation(q, shifted)), bound);
+  // Squares too: a dependence in magnitude (e.g. a shared polar radius) shows here.
+  std::vector<double> q2(q.size()), s2(shifted.size());
+  for (size_t i = 0; i < q.size(); ++i) q2[i] = q[i] * q[i];
+  for (size_t i = 0; i < shifted.size(); ++i) s2[i] = shifted[i] * shifted[i];
+  EXPECT_LT(std::abs(Correlation(q2, s2)), bound);
+}
+
+TEST(Generators, PerTensorOverridesApplyToThatTensorOnly) {
+  const json params = {{"std", 2.0}, {"k", {{"std", 0.0}, {"mean", 5.0}}}};
+  const auto g = GenerateInputs(Small(), {"gaussian", 3, params});
+  const auto base = GenerateInputs(Small(), {"gaussian", 3, json{{"std", 2.0}}});
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  for (double x : g->k.span<double>()) EXPECT_EQ(x, 5.0);
+  EXPECT_TRUE(g->q.BitwiseEqual(base->q));
+  EXPECT_TRUE(g->v.BitwiseEqual(base->v));
+}
+
+TEST(Generators, RejectsBadSpecsNamingTheField) {
+  const Problem p = Small();
+  auto message = [&](const GeneratorSpec& s) {
+    const auto g = GenerateInputs(p, s);
+    return g.ok() ? std::string("(accepted)") : g.error().message;
+  };
+  EXPECT_EQ(message({"gausian", 1, json::object()}),
+            "generator.name: unknown generator \"gausian\" (known: gaussian, uniform)");
+  EXPECT_EQ(message({"gaussian", 1, json{{"sdt", 1}}}),
+            "generator.params: unknown parameter \"sdt\" for generator gaussian (parameters: "
+            "mean, std; per-tensor overrides: q, k, v, do)");
+  EXPECT_EQ(message({"gaussian", 1, json{{"std", -1}}}), "generator.params.q.std: -1 must be >= 0");
+  EXPECT_EQ(message({"gaussian", 1, json{{"std", "1"}}}),
+            "generator.params.std: expected a finite number, got \"1\"");
+  EXPECT_EQ(message({"gaussian", 1, json{{"v", {{"low", 0}}}}}),
+            "generator.params.v: unknown parameter \"low\" for generator gaussian (parameters: "
+            "mean, std)");
+  EXPECT_EQ(message({"gaussian", 1, json{{"do", 3}}}),
+            "generator.params.do: expected an object, got 3");
+  EXPECT_EQ(message({"uniform", 1, json{{"low", 1}, {"high", 1}}}),
+            "generator.params.q: low = 1 must be below high = 1 (and high - low finite)");
+  EXPECT_EQ(message({"uniform", 1, json{{"do", {{"high", -2}}}}}),
+            "generator.params.do: low = -1 must be below high = -2 (and high - low finite)");
+  EXPECT_EQ(message({"uniform", 1, json::array()}).substr(0, 30), "generator.params: expected an ");
+  EXPECT_EQ(GeneratorNames(), (std::vector<std::string>{"gaussian", "uniform"}));
+}
+
+}  // namespace
+}  // namespace attest

@@ -1,0 +1,617 @@
+// safetensors reader and writer (see safetensors.h; rules from huggingface/safetensors
+// safetensors/src/tensor.rs `read_metadata`, `Metadata::validate` and `prepare`).
+#include "reference/io/safetensors.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+#include <unordered_set>
+
+namespace attest {
+
+// Tensor bytes are copied as they lie in memory; safetensors data is little-endian.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors I/O assumes a little-endian host");
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kLengthBytes = 8;  // tensor.rs `N_LEN`
+
+// Every dtype of tensor.rs `enum Dtype`, in declaration order. The writer sorts tensors by
+// descending position here ("sorting by descending dtype alignment, then by name"); the
+// reader reports a dtype listed here that attest does not hold as unsupported rather than
+// unknown, so that the message says which side is lacking.
+constexpr std::array<std::string_view, 22> kReferenceDTypes = {
+    "BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
+    "U32",     "F32",         "C64",         "F64",     "I64", "U64"};
+
+int ReferenceDTypeRank(DType dtype) {
+  const auto it =
+      std::find(kReferenceDTypes.begin(), kReferenceDTypes.end(), Info(dtype).safetensors);
+  assert(it != kReferenceDTypes.end());
+  return static_cast<int>(it - kReferenceDTypes.begin());
+}
+
+// JSON string literal with serde_json's escaping (which tensor.rs uses to write headers):
+// '"', '\\', \b \f \n \r \t, other control characters as \u00xx in lower-case hex, all
+// other bytes (including non-ASCII UTF-8) verbatim.
+std::string JsonString(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size() + 2);
+  out += '"';
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (u < 0x20) {
+          out += "\\u00";
+          out += kHex[u >> 4];
+          out += kHex[u & 0xF];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// Error builders: every message starts with the file, then the tensor when there is one.
+Error FileError(std::string_view source, std::string_view what) {
+  return Error{fmt::format("{}: {}", source, what)};
+}
+Error TensorError(std::string_view source, std::string_view name, std::string_view what) {
+  return Error{fmt::format("{}: tensor {}: {}", source, JsonString(name), what)};
+}
+
+uint64_t LoadLittleEndianU64(std::span<const std::byte> bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < kLengthBytes; ++i) {
+    v |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  }
+  return v;
+}
+
+// Step 1 of reading (tensor.rs `read_metadata`): the length prefix against the file size.
+// Returns N, the header length.
+Expected<uint64_t> CheckLengthPrefix(std::span<const std::byte> first_bytes, uint64_t file_size,
+                                     std::string_view source) {
+  if (file_size < kLengthBytes) {
+    return FileError(source, fmt::format("file is {} bytes, shorter than the 8-byte header "
+                                         "length prefix",
+                                         file_size));
+  }
+  const uint64_t n = LoadLittleEndianU64(first_bytes);
+  if (n > kSafetensorsMaxHeaderBytes) {
+    return FileError(source, fmt::format("header length {} exceeds the {}-byte limit", n,
+                                         kSafetensorsMaxHeaderBytes));
+  }
+  if (n > file_size - kLengthBytes) {
+    return FileError(source, fmt::format("header length {} runs past the end of the file "
+                                         "({} bytes)",
+                                         n, file_size));
+  }
+  return n;
+}
+
+// A defect found while the JSON is being parsed; thrown out of the parser callback to stop
+// the parse at once (before a hostile header can grow the document further).
+struct HeaderDefect {
+  std::string message;
+};
+
+// A safetensors header nests at most three containers deep (header object, entry object,
+// shape or data_offsets list); anything deeper is malformed, and refusing it at once bounds
+// the parser's stack to the header's legitimate shape.
+constexpr int kMaxContainerDepth = 3;
+
+// Parses the header text, rejecting duplicate keys at any level (nlohmann::json would keep
+// one of them silently) and containers nested deeper than a header can be.
+Expected<Json> ParseHeaderJson(std::string_view text, std::string_view source) {
+  // UTF-8 first, as tensor.rs does (`from_utf8` before `serde_json::from_str`), so that the
+  // message is about the encoding rather than a JSON token.
+  size_t bad = 0;
+  if (!IsValidUtf8(text, &bad)) {
+    return FileError(
+        source, fmt::format("invalid UTF-8 in header at byte {} of the file", kLengthBytes + bad));
+  }
+  // nlohmann::json skips a leading UTF-8 byte-order mark; serde_json (and RFC 8259 §8.1
+  // for JSON texts exchanged between systems) does not accept one.
+  if (text.starts_with("\xEF\xBB\xBF")) {
+    return FileError(source, "invalid JSON in header: starts with a byte-order mark");
+  }
+  std::vector<std::unordered_set<std::string>> keys;  // one set per open object
+  std::vector<std::string> path;                      // key of each open object, for messages
+  std::string last_key;
+  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (depth >= kMaxContainerDepth) {
+          throw HeaderDefect{
+              fmt::format("header nests containers deeper than a safetensors "
+                          "header can (under key {})",
+                          JsonString(last_key))};
+        }
+        if (event == Json::parse_event_t::object_start) {
+          keys.emplace_back();
+          path.push_back(last_key);
+        }
+        break;
+      case Json::parse_event_t::key: {
+        last_key = parsed.get<std::string>();
+        if (!keys.back().insert(last_key).second) {
+          const bool top = keys.size() == 1;
+          throw HeaderDefect{top ? fmt::format("duplicate key {} in header", JsonString(last_key))
+                                 : fmt::format("duplicate key {} inside {}", JsonString(last_key),
+                                               JsonString(path.back()))};
+        }
+        break;
+      }
+      case Json::parse_event_t::object_end:
+        keys.pop_back();
+        path.pop_back();
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
+  } catch (const HeaderDefect& defect) {
+    return FileError(source, defect.message);
+  } catch (const Json::parse_error& e) {
+    // e.byte is 1-based within the header text.
+    std::string what = e.what();
+    if (const auto colon = what.find("syntax error"); colon != std::string::npos) {
+      what = what.substr(colon);
+    }
+    return FileError(source, fmt::format("invalid JSON in header (byte {} of the file): {}",
+                                         kLengthBytes + e.byte - 1, what));
+  } catch (const Json::out_of_range& e) {
+    // nlohmann::json reports a float literal beyond double's range (1e400) this way, while
+    // serde_json calls it a JSON error; so do we.
+    return FileError(source,
+                     fmt::format("invalid JSON in header: number out of range ({})", e.what()));
+  } catch (const Json::exception& e) {
+    return FileError(source, fmt::format("invalid JSON in header: {}", e.what()));
+  }
+}
+
+bool IsUnsignedInteger(const Json& j) { return j.is_number_unsigned(); }
+
+// One tensor entry: exactly the fields dtype, shape, data_offsets, each well-typed, with a
+// byte extent that matches the element count. (tensor.rs ignores unknown fields; we reject
+// them, since a field we do not understand may change what the data means.)
+Expected<SafetensorsEntry> ParseEntry(const std::string& name, const Json& value,
+                                      std::string_view source) {
+  if (!value.is_object()) return TensorError(source, name, "entry is not a JSON object");
+  for (const auto& [field, unused] : value.items()) {
+    if (field != "dtype" && field != "shape" && field != "data_offsets") {
+      return TensorError(source, name, fmt::format("unexpected field {}", JsonString(field)));
+    }
+  }
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    if (!value.contains(field)) {
+      return TensorError(source, name, fmt::format("missing field \"{}\"", field));
+    }
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+
+  // dtype
+  const Json& dtype = value["dtype"];
+  if (!dtype.is_string()) return TensorError(source, name, "dtype is not a string");
+  const auto& dtype_name = dtype.get_ref<const std::string&>();
+  if (auto d = DTypeFromSafetensors(dtype_name)) {
+    entry.dtype = *d;
+  } else if (std::find(kReferenceDTypes.begin(), kReferenceDTypes.end(), dtype_name) !=
+             kReferenceDTypes.end()) {
+    return TensorError(
+        source, name,
+        fmt::format("safetensors dtype {} is not supported by attest", JsonString(dtype_name)));
+  } else {
+    return TensorError(source, name, fmt::format("unknown dtype {}", JsonString(dtype_name)));
+  }
+
+  // shape: non-negative integers whose product, in bytes, fits an int64 (Tensor's extent
+  // type; tensor.rs likewise refuses products that overflow its usize).
+  const Json& shape = value["shape"];
+  const bool shape_ok =
+      shape.is_array() && std::all_of(shape.begin(), shape.end(), IsUnsignedInteger);
+  if (!shape_ok) {
+    return TensorError(source, name, "shape is not a list of non-negative integers");
+  }
+  constexpr uint64_t kMaxExtent = std::numeric_limits<int64_t>::max();
+  uint64_t numel = 1;
+  bool overflow = false;
+  entry.shape.reserve(shape.size());
+  for (const Json& dim : shape) {
+    const auto d = dim.get<uint64_t>();
+    overflow = overflow || d > kMaxExtent || __builtin_mul_overflow(numel, d, &numel);
+    entry.shape.push_back(static_cast<int64_t>(std::min(d, kMaxExtent)));
+  }
+  const auto size = static_cast<uint64_t>(SizeOf(entry.dtype));
+  uint64_t nbytes = 0;
+  overflow = overflow || __builtin_mul_overflow(numel, size, &nbytes) || nbytes > kMaxExtent;
+  if (overflow) {
+    return TensorError(source, name,
+                       fmt::format("element count of shape {} overflows 64 bits", shape.dump()));
+  }
+
+  // data_offsets
+  const Json& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    return TensorError(source, name, "data_offsets is not a list of two non-negative integers");
+  }
+  entry.begin = offsets[0].get<uint64_t>();
+  entry.end = offsets[1].get<uint64_t>();
+  if (entry.begin > entry.end) {
+    return TensorError(
+        source, name,
+        fmt::format("data_offsets [{}, {}] have begin > end", entry.begin, entry.end));
+  }
+  if (entry.end - entry.begin != nbytes) {
+    return TensorError(source, name,
+                       fmt::format("data_offsets [{}, {}] span {} bytes but {}[{}] needs {}",
+                                   entry.begin, entry.end, entry.end - entry.begin,
+                                   Name(entry.dtype), fmt::join(entry.shape, ", "), nbytes));
+  }
+  return entry;
+}
+
+// Step 2 of reading: the header JSON against the data buffer of `data_bytes` bytes.
+Expected<SafetensorsHeader> ParseHeaderText(std::string_view text, uint64_t data_bytes,
+                                            std::string_view source) {
+  auto parsed = ParseHeaderJson(text, source);
+  if (!parsed.ok()) return parsed.error();
+  const Json& root = *parsed;
+  if (!root.is_object()) return FileError(source, "header is not a JSON object");
+
+  SafetensorsHeader header;
+  header.header_bytes = text.size();
+  header.data_bytes = data_bytes;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) {
+        return FileError(source, "__metadata__ is not a JSON object of strings");
+      }
+      for (const auto& [mkey, mvalue] : value.items()) {
+        if (!mvalue.is_string()) {
+          return FileError(source, fmt::format("__metadata__ value for key {} is not a string",
+                                               JsonString(mkey)));
+        }
+        header.metadata.emplace(mkey, mvalue.get<std::string>());
+      }
+      continue;
+    }
+    auto entry = ParseEntry(key, value, source);
+    if (!entry.ok()) return entry.error();
+    header.entries.push_back(std::move(entry).value());
+  }
+
+  // Layout (tensor.rs sorts entries by data_offsets, then requires each to start where the
+  // previous one ended and the last to end at the end of the file). Ties between empty
+  // tensors at one offset are broken by name so that the order is deterministic.
+  std::sort(header.entries.begin(), header.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+            });
+  uint64_t covered = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const auto& e : header.entries) {
+    if (e.begin < covered) {
+      return TensorError(
+          source, e.name,
+          fmt::format("data_offsets [{}, {}] overlap tensor {} [{}, {}]", e.begin, e.end,
+                      JsonString(previous->name), previous->begin, previous->end));
+    }
+    if (e.begin > covered) {
+      const std::string after = previous ? fmt::format("after tensor {} ending at {}",
+                                                       JsonString(previous->name), previous->end)
+                                         : std::string("at the start of the data buffer");
+      return TensorError(source, e.name,
+                         fmt::format("data_offsets [{}, {}] leave a hole of {} bytes {} "
+                                     "(tensors must cover the data buffer exactly)",
+                                     e.begin, e.end, e.begin - covered, after));
+    }
+    if (e.end > data_bytes) {
+      return TensorError(source, e.name,
+                         fmt::format("data_offsets [{}, {}] run past the end of the {}-byte "
+                                     "data buffer",
+                                     e.begin, e.end, data_bytes));
+    }
+    covered = e.end;
+    previous = &e;
+  }
+  if (covered != data_bytes) {
+    return FileError(source, fmt::format("data buffer has {} bytes but the tensors cover only "
+                                         "{} (trailing bytes)",
+                                         data_bytes, covered));
+  }
+  return header;
+}
+
+// Tensor::Zeros of the entry's dtype and shape: the destination of its bytes.
+Tensor AllocateFor(const SafetensorsEntry& e) { return Tensor::Zeros(e.dtype, e.shape); }
+
+}  // namespace
+
+const Tensor* NamedTensors::Find(std::string_view name) const {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return &t;
+  }
+  return nullptr;
+}
+
+bool IsValidUtf8(std::string_view text, size_t* bad_offset) {
+  // Unicode §3.9 table 3-7, "Well-Formed UTF-8 Byte Sequences": the allowed range of the
+  // second byte depends on the first (E0: A0..BF, ED: 80..9F, F0: 90..BF, F4: 80..8F).
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char b = s[i];
+    size_t len = 0;
+    unsigned char lo = 0x80;
+    unsigned char hi = 0xBF;
+    if (b < 0x80) {
+      len = 1;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    }
+    bool ok = len != 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char c = s[i + k];
+      ok = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xBF);
+    }
+    if (!ok) {
+      if (bad_offset) *bad_offset = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+Expected<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> bytes,
+                                                   std::string_view source_name) {
+  auto n = CheckLengthPrefix(bytes, bytes.size(), source_name);
+  if (!n.ok()) return n.error();
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + kLengthBytes, *n);
+  return ParseHeaderText(text, bytes.size() - kLengthBytes - *n, source_name);
+}
+
+Expected<NamedTensors> ParseSafetensors(std::span<const std::byte> bytes,
+                                        std::string_view source_name) {
+  auto header = ParseSafetensorsHeader(bytes, source_name);
+  if (!header.ok()) return header.error();
+  NamedTensors out;
+  out.metadata = std::move(header->metadata);
+  out.tensors.reserve(header->entries.size());
+  const std::byte* data = bytes.data() + header->data_start();
+  for (const auto& e : header->entries) {
+    Tensor t = AllocateFor(e);
+    if (e.end > e.begin) std::memcpy(t.bytes(), data + e.begin, e.end - e.begin);
+    out.Add(e.name, std::move(t));
+  }
+  return out;
+}
+
+namespace {
+
+// An open file and its size, or an Error naming the path.
+struct OpenFile {
+  std::ifstream stream;
+  uint64_t size = 0;
+};
+
+Expected<OpenFile> Open(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    return FileError(path, "cannot open: no such file");
+  }
+  if (std::filesystem::is_directory(status)) return FileError(path, "cannot open: a directory");
+  OpenFile f;
+  f.stream.open(path, std::ios::binary);
+  if (!f.stream) return FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  f.stream.seekg(0, std::ios::end);
+  const auto end = f.stream.tellg();
+  f.stream.seekg(0, std::ios::beg);
+  if (end < 0 || !f.stream) return FileError(path, "cannot determine the file size");
+  f.size = static_cast<uint64_t>(end);
+  return f;
+}
+
+Status ReadExactly(OpenFile& f, void* dst, uint64_t count, std::string_view path) {
+  if (count == 0) return Status::Ok();
+  f.stream.read(static_cast<char*>(dst), static_cast<std::streamsize>(count));
+  if (static_cast<uint64_t>(f.stream.gcount()) != count) {
+    return FileError(path, "short read (was the file changed while being read?)");
+  }
+  return Status::Ok();
+}
+
+// Reads the length prefix and the header of an open file (positioned at its start).
+Expected<SafetensorsHeader> ReadHeader(OpenFile& f, const std::string& path) {
+  std::array<std::byte, kLengthBytes> prefix{};
+  if (f.size >= kLengthBytes) {
+    if (auto s = ReadExactly(f, prefix.data(), kLengthBytes, path); !s.ok()) return s.error();
+  }
+  auto n = CheckLengthPrefix(prefix, f.size, path);
+  if (!n.ok()) return n.error();
+  std::string text(*n, '\0');  // N <= min(file size - 8, 100 MB), checked above
+  if (auto s = ReadExactly(f, text.data(), *n, path); !s.ok()) return s.error();
+  return ParseHeaderText(text, f.size - kLengthBytes - *n, path);
+}
+
+}  // namespace
+
+Expected<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
+  auto f = Open(path);
+  if (!f.ok()) return f.error();
+  return ReadHeader(*f, path);
+}
+
+Expected<NamedTensors> ReadSafetensors(const std::string& path) {
+  auto f = Open(path);
+  if (!f.ok()) return f.error();
+  auto header = ReadHeader(*f, path);
+  if (!header.ok()) return header.error();
+  // The entries are sorted and cover the buffer exactly, so the data is read in one pass.
+  NamedTensors out;
+  out.metadata = std::move(header->metadata);
+  out.tensors.reserve(header->entries.size());
+  for (const auto& e : header->entries) {
+    Tensor t = AllocateFor(e);
+    if (auto s = ReadExactly(*f, t.bytes(), e.end - e.begin, path); !s.ok()) return s.error();
+    out.Add(e.name, std::move(t));
+  }
+  return out;
+}
+
+Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensors) {
+  constexpr std::string_view kWhere = "SerializeSafetensors";
+  // 1. Check names, tensors and metadata.
+  std::set<std::string_view> names;
+  for (const auto& [name, t] : tensors.tensors) {
+    if (name == "__metadata__") {
+      return TensorError(kWhere, name, "the name is reserved for the metadata");
+    }
+    if (!IsValidUtf8(name)) return TensorError(kWhere, name, "name is not valid UTF-8");
+    if (!names.insert(name).second) return TensorError(kWhere, name, "duplicate name");
+    if (!t.defined()) return TensorError(kWhere, name, "tensor is undefined");
+  }
+  for (const auto& [key, value] : tensors.metadata) {
+    if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+      return FileError(kWhere,
+                       fmt::format("__metadata__ entry {} is not valid UTF-8", JsonString(key)));
+    }
+  }
+
+  // 2. Order as tensor.rs `prepare`: decreasing dtype rank (so larger elements come first and
+  //    stay aligned), then by name (bytewise, as Rust's String ordering).
+  std::vector<const std::pair<std::string, Tensor>*> order;
+  order.reserve(tensors.tensors.size());
+  for (const auto& item : tensors.tensors) order.push_back(&item);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    const int ra = ReferenceDTypeRank(a->second.dtype());
+    const int rb = ReferenceDTypeRank(b->second.dtype());
+    if (ra != rb) return ra > rb;
+    return a->first < b->first;
+  });
+
+  // 3. Header JSON, compact, in serde_json's spelling: metadata first, then the entries in
+  //    layout order; padded with spaces to a multiple of 8 bytes.
+  std::string header = "{";
+  if (!tensors.metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : tensors.metadata) {
+      if (!first) header += ',';
+      first = false;
+      header += JsonString(key) + ':' + JsonString(value);
+    }
+    header += '}';
+  }
+  uint64_t offset = 0;
+  for (const auto* item : order) {
+    const Tensor& t = item->second;
+    const auto nbytes = static_cast<uint64_t>(t.nbytes());
+    if (header.size() > 1) header += ',';
+    header += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          JsonString(item->first), Info(t.dtype()).safetensors,
+                          fmt::join(t.shape(), ","), offset, offset + nbytes);
+    offset += nbytes;
+  }
+  header += '}';
+  header.resize((header.size() + kLengthBytes - 1) / kLengthBytes * kLengthBytes, ' ');
+  if (header.size() > kSafetensorsMaxHeaderBytes) {
+    return FileError(kWhere, fmt::format("header of {} bytes exceeds the {}-byte limit",
+                                         header.size(), kSafetensorsMaxHeaderBytes));
+  }
+
+  // 4. Length prefix, header, then each tensor's bytes in row-major order.
+  std::vector<std::byte> out(kLengthBytes + header.size() + offset);
+  const uint64_t n = header.size();
+  for (size_t i = 0; i < kLengthBytes; ++i) out[i] = static_cast<std::byte>(n >> (8 * i));
+  std::memcpy(out.data() + kLengthBytes, header.data(), header.size());
+  std::byte* dst = out.data() + kLengthBytes + header.size();
+  for (const auto* item : order) {
+    const Tensor& t = item->second;
+    if (t.numel() == 0) continue;
+    const int64_t size = SizeOf(t.dtype());
+    if (t.contiguous()) {
+      std::memcpy(dst, t.bytes(), static_cast<size_t>(t.nbytes()));
+      dst += t.nbytes();
+    } else {
+      ForEachIndex(t.shape(), [&](std::span<const int64_t> idx) {
+        std::memcpy(dst, t.bytes() + t.Offset(idx) * size, static_cast<size_t>(size));
+        dst += size;
+      });
+    }
+  }
+  return out;
+}
+
+Status WriteSafetensors(const std::string& path, const NamedTensors& tensors) {
+  auto bytes = SerializeSafetensors(tensors);
+  if (!bytes.ok()) return Error{path + ": " + bytes.error().message};
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return FileError(path, fmt::format("cannot open for writing: {}", std::strerror(errno)));
+  f.write(reinterpret_cast<const char*>(bytes->data()),
+          static_cast<std::streamsize>(bytes->size()));
+  f.close();
+  if (!f) return FileError(path, "write failed");
+  return Status::Ok();
+}
+
+}  // namespace attest

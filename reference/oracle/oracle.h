@@ -1,0 +1,127 @@
+// The attention oracle: forward and backward of exactly the semantics of
+// reference/problem/problem.h and mask.h (DESIGN.md "Semantics" and "Oracle"), in float64
+// (oracle_double.cc: tiled over keys, OpenBLAS dgemm inside tiles, std::threads over batch x
+// head x query tile in the forward and batch x head in the backward, compensated sums,
+// O(tile) memory per thread, results bitwise independent of the thread count) and in
+// boost::multiprecision (oracle_generic.h: MPFR at 128 and 257 bits) to certify the float64
+// path and to produce golden files.
+//
+// Conventions (DESIGN.md): q [B,Sq,Hq,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], o [B,Sq,Hq,Dv],
+// lse [B,Hq,Sq] (natural log); packed varlen [total,H,*] with lse [Hq,total_q]. Query head h
+// reads kv head h / (Hq/Hkv). Empty rows (no visible key): o = 0, lse = -inf, dq = 0,
+// delta = 0; keys seen by no query: dk = dv = 0. Every output is f64 and contiguous; an MP
+// result is computed entirely in MP and rounded once to double at the end.
+//
+// Inputs are f64 tensors of the problem's shapes (any strides) holding the values the
+// kernel saw (already rounded to the problem's dtype). Backward differentiates the oracle's
+// own forward (its own o and lse), never a kernel's.
+//
+// Certification (ErrorBound below): every run reports OracleStats, a handful of magnitudes
+// from which a first-order worst-case bound on |computed - exact| follows for each output
+// (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., §3.1: any order of a
+// length-n sum or dot product errs by at most gamma_n = n*u/(1 - n*u) times the sum of
+// absolute values). The float64 path's error against the MP path must stay within it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "reference/problem/problem.h"
+#include "reference/tensor.h"
+
+namespace attest {
+
+struct OracleOptions {
+  int threads = 0;       // worker threads; 0: std::thread::hardware_concurrency()
+  int64_t tile_q = 64;   // query rows per work item (and per dgemm)
+  int64_t tile_k = 256;  // keys per tile: the only score storage is tile_q x tile_k
+};
+
+// Magnitudes that bound the rounding error of a run (all maxima over the whole problem,
+// computed in double from the inputs and the exact-path intermediates). Notation used by
+// ErrorBound: u = unit_roundoff, a = score_abs_max, V = v_norm_max, G = do_norm_max, c =
+// col_mass_max, Lk = sum_len_k, Lq = sum_len_q.
+struct OracleStats {
+  double unit_roundoff = 0;  // u: 2^-53 (double), 2^-128 (mp128), 2^-257 (mp256)
+  double scale = 0;          // the score scale used
+  double softcap = 0;        // the problem's softcap (0: off)
+  int64_t head_dim = 0;      // D: length of the q.k dot products
+  int64_t head_dim_v = 0;    // Dv: length of the dO.v dot products
+  // Forward.
+  // a: max over visible (b, h, i, j) of |scale| * ||q_i||_2 * ||k_j||_2 + |ALiBi bias_ij|,
+  // which bounds |scale * q.k| + |bias| (Cauchy-Schwarz): a score's rounding error is at
+  // most ~(D + 4) u a, and exp() turns it into a relative error of the softmax weights.
+  double score_abs_max = 0;
+  double v_abs_max = 0;    // max |v| over all elements
+  double v_norm_max = 0;   // V: max_j ||v_j||_2
+  double k_abs_max = 0;    // max |k|
+  double lse_abs_max = 0;  // max |lse| over non-empty rows
+  int64_t max_keys = 0;    // most visible keys of one row
+  int64_t sum_len_k = 0;   // Lk: longest accumulation chain over keys (per output element)
+  int64_t empty_rows = 0;  // rows (b, h, i) with no visible key
+  // Backward (zero after a forward-only run).
+  double q_abs_max = 0;     // max |q|
+  double do_abs_max = 0;    // max |dO|
+  double do_norm_max = 0;   // G: max_i ||dO_i||_2
+  double col_mass_max = 0;  // c: max over (b, kv head, j) of sum_{h in group, i} p_hij
+  int64_t max_queries = 0;  // most (query, head) pairs that see one key
+  int64_t sum_len_q = 0;    // Lq: longest accumulation chain over (query, head) pairs
+  int64_t unseen_keys = 0;  // (b, kv head, j) seen by no query
+};
+
+struct ForwardOut {
+  Tensor o, lse;  // f64, contiguous, problem shapes
+  OracleStats stats;
+};
+
+struct BackwardOut {
+  Tensor dq, dk, dv;  // f64, contiguous, shapes of q, k, v
+  Tensor delta;       // D_i = rowsum(dO_i * O_i), lse's shape (0 on empty rows)
+  Tensor o, lse;      // the forward this backward differentiated
+  OracleStats stats;
+};
+
+// Throws std::invalid_argument naming the tensor when shapes do not match the problem or the
+// problem does not Validate (callers at the edges validate first and report an Error).
+template <class T>
+ForwardOut Forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const OracleOptions& options = {});
+template <class T>
+BackwardOut Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& dout, const OracleOptions& options = {});
+
+// Defined (as explicit specializations) for double (oracle_double.cc: tiled, BLAS, threads)
+// and for Mp128 / Mp256 (oracle_mp128.cc, oracle_mp256.cc: the generic loop of
+// oracle_generic.h); include oracle_mp.h to call the MP ones by type.
+template <>
+ForwardOut Forward<double>(const Problem&, const Tensor&, const Tensor&, const Tensor&,
+                           const OracleOptions&);
+template <>
+BackwardOut Backward<double>(const Problem&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const OracleOptions&);
+
+enum class Precision { kDouble, kMp128, kMp256 };
+// "double" (also "f64"), "mp128", "mp256".
+std::optional<Precision> ParsePrecision(std::string_view name);
+std::string_view Name(Precision p);
+
+ForwardOut Forward(Precision precision, const Problem& p, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const OracleOptions& options = {});
+BackwardOut Backward(Precision precision, const Problem& p, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& dout, const OracleOptions& options = {});
+
+// The outputs a certification bound exists for.
+enum class OracleTensor { kO, kLse, kDq, kDk, kDv, kDelta };
+std::string_view Name(OracleTensor t);  // "o", "lse", "dq", "dk", "dv", "delta"
+
+// A bound on max over elements of |computed - exact| (absolute, in the tensor's units) for
+// the run that produced `stats`, including the final rounding of each output. Compare the
+// float64 oracle with an MP result as
+//   max|x_double - x_mp| <= ErrorBound(stats_double, t) + ErrorBound(stats_mp, t)
+// (the MP term is negligible but keeps the statement exact). First-order worst-case, times
+// a safety factor of 2 for the second-order terms; the derivation is in oracle_bound.cc.
+// Empty rows are exact (0 and -inf) and excluded. Backward tensors need backward stats.
+double ErrorBound(const OracleStats& stats, OracleTensor t);
+
+}  // namespace attest

@@ -1,0 +1,200 @@
+// Shared oracle plumbing: input checks, norms, work distribution and the precision dispatch
+// (oracle.h, oracle_internal.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "reference/oracle/oracle_internal.h"
+#include "reference/oracle/oracle_mp.h"
+
+namespace attest {
+namespace oracle_internal {
+
+Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor* dout) {
+  if (Status s = Validate(p); !s) throw std::invalid_argument("oracle: " + s.error().message);
+  if (Status s = ValidateInputShapes(p, q, k, v, dout); !s) {
+    throw std::invalid_argument("oracle: " + s.error().message);
+  }
+  auto contiguous_f64 = [](const Tensor& t, const char* name) {
+    if (t.dtype() != DType::kF64) {
+      throw std::invalid_argument(
+          fmt::format("oracle: {}: expected f64 values (widened from the problem's dtype), got {}",
+                      name, t.Describe()));
+    }
+    return t.contiguous() ? t : t.Clone();
+  };
+  Inputs in;
+  in.q = contiguous_f64(q, "q");
+  in.k = contiguous_f64(k, "k");
+  in.v = contiguous_f64(v, "v");
+  if (dout != nullptr) in.dout = contiguous_f64(*dout, "do");
+  return in;
+}
+
+namespace {
+
+// ||x_r,h||_2 for every (row, head) of a [rows, heads, width] tensor, plus max |x|.
+void RowNorms(const double* x, int64_t rows, int64_t heads, int64_t width,
+              std::vector<double>& norms, double& abs_max, double& norm_max) {
+  norms.assign(static_cast<size_t>(rows * heads), 0.0);
+  for (int64_t r = 0; r < rows * heads; ++r) {
+    const double* row = x + r * width;
+    // Scaled sum of squares (LAPACK dnrm2 style) is unnecessary here: inputs come from
+    // dtypes whose squares cannot overflow double, and a norm is only a magnitude.
+    double ss = 0;
+    for (int64_t d = 0; d < width; ++d) {
+      ss += row[d] * row[d];
+      abs_max = std::max(abs_max, std::abs(row[d]));
+    }
+    norms[static_cast<size_t>(r)] = std::sqrt(ss);
+    norm_max = std::max(norm_max, norms[static_cast<size_t>(r)]);
+  }
+}
+
+}  // namespace
+
+Norms ComputeNorms(const Problem& p, const Inputs& in) {
+  Norms n;
+  double unused = 0;
+  RowNorms(in.Q(), p.TotalQ(), p.heads_q, p.head_dim, n.q, n.q_abs, unused);
+  RowNorms(in.K(), p.TotalK(), p.heads_kv, p.head_dim, n.k, n.k_abs, unused);
+  RowNorms(in.V(), p.TotalK(), p.heads_kv, p.head_dim_v, n.v, n.v_abs, n.v_norm);
+  if (in.dout.defined()) {
+    RowNorms(in.DO(), p.TotalQ(), p.heads_q, p.head_dim_v, n.dout, n.do_abs, n.do_norm);
+  }
+  return n;
+}
+
+std::vector<MaskView> MaskViews(const Problem& p) {
+  std::vector<MaskView> views;
+  views.reserve(static_cast<size_t>(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) views.emplace_back(p, b);
+  return views;
+}
+
+int ThreadCount(const OracleOptions& options, int64_t items) {
+  int64_t t = options.threads > 0 ? options.threads
+                                  : static_cast<int64_t>(std::thread::hardware_concurrency());
+  t = std::clamp<int64_t>(t, 1, std::max<int64_t>(items, 1));
+  return static_cast<int>(t);
+}
+
+void ParallelFor(int64_t items, int threads, const std::function<void(int64_t, int)>& fn,
+                 const std::function<void()>& worker_exit) {
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&](int worker) {
+    for (;;) {
+      const int64_t item = next.fetch_add(1);
+      if (item >= items || failed.load()) return;
+      try {
+        fn(item, worker);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(std::max(threads - 1, 0)));
+  for (int w = 1; w < threads; ++w) {
+    pool.emplace_back([&work, &worker_exit, w] {
+      work(w);
+      if (worker_exit) worker_exit();
+    });
+  }
+  work(0);
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void MergeStats(OracleStats& into, const OracleStats& from) {
+  into.score_abs_max = std::max(into.score_abs_max, from.score_abs_max);
+  into.lse_abs_max = std::max(into.lse_abs_max, from.lse_abs_max);
+  into.col_mass_max = std::max(into.col_mass_max, from.col_mass_max);
+  into.max_keys = std::max(into.max_keys, from.max_keys);
+  into.max_queries = std::max(into.max_queries, from.max_queries);
+  into.sum_len_k = std::max(into.sum_len_k, from.sum_len_k);
+  into.sum_len_q = std::max(into.sum_len_q, from.sum_len_q);
+  into.empty_rows += from.empty_rows;
+  into.unseen_keys += from.unseen_keys;
+}
+
+}  // namespace oracle_internal
+
+std::optional<Precision> ParsePrecision(std::string_view name) {
+  if (name == "double" || name == "f64") return Precision::kDouble;
+  if (name == "mp128") return Precision::kMp128;
+  if (name == "mp256") return Precision::kMp256;
+  return std::nullopt;
+}
+
+std::string_view Name(Precision p) {
+  switch (p) {
+    case Precision::kDouble:
+      return "double";
+    case Precision::kMp128:
+      return "mp128";
+    case Precision::kMp256:
+      return "mp256";
+  }
+  return "?";
+}
+
+std::string_view Name(OracleTensor t) {
+  switch (t) {
+    case OracleTensor::kO:
+      return "o";
+    case OracleTensor::kLse:
+      return "lse";
+    case OracleTensor::kDq:
+      return "dq";
+    case OracleTensor::kDk:
+      return "dk";
+    case OracleTensor::kDv:
+      return "dv";
+    case OracleTensor::kDelta:
+      return "delta";
+  }
+  return "?";
+}
+
+ForwardOut Forward(Precision precision, const Problem& p, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const OracleOptions& options) {
+  switch (precision) {
+    case Precision::kDouble:
+      return Forward<double>(p, q, k, v, options);
+    case Precision::kMp128:
+      return Forward<Mp128>(p, q, k, v, options);
+    case Precision::kMp256:
+      return Forward<Mp256>(p, q, k, v, options);
+  }
+  throw std::invalid_argument("oracle: unknown precision");
+}
+
+BackwardOut Backward(Precision precision, const Problem& p, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& dout, const OracleOptions& options) {
+  switch (precision) {
+    case Precision::kDouble:
+      return Backward<double>(p, q, k, v, dout, options);
+    case Precision::kMp128:
+      return Backward<Mp128>(p, q, k, v, dout, options);
+    case Precision::kMp256:
+      return Backward<Mp256>(p, q, k, v, dout, options);
+  }
+  throw std::invalid_argument("oracle: unknown precision");
+}
+
+}  // namespace attest

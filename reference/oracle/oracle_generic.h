@@ -1,0 +1,297 @@
+// The straightforward oracle loop, generic in the scalar (oracle.h): every score, weight and
+// sum is computed in T (boost::multiprecision for certification and golden files; also
+// instantiated for double in tests as an independent check of the BLAS path). One query row
+// at a time, keys in ascending order, work items (batch, kv head) over std::threads so that
+// every result is a fixed sequence of operations whatever the thread count. Memory: the
+// inputs converted to T, the forward's o and lse in T (the backward differentiates the
+// unrounded MP forward), and one row of k_len scores.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "reference/oracle/oracle_internal.h"
+
+namespace attest::oracle_internal {
+
+template <class T>
+std::vector<T> ToScalar(const double* x, int64_t n) {
+  std::vector<T> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) out.emplace_back(x[e]);  // exact: T has >= 53 bits
+  return out;
+}
+
+template <class T>
+T Dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+template <class T>
+struct GenericRun {
+  const Problem& p;
+  Inputs in;
+  Norms norms;
+  std::vector<MaskView> masks;
+  int threads;
+  std::vector<T> q, k, v, dout;  // inputs in T
+  std::vector<T> o, lse;         // forward: [total_q, Hq, Dv] and [total_q, Hq]
+  std::vector<char> empty;       // [total_q, Hq]: the row sees no key
+  OracleStats stats;
+  std::function<void()> worker_exit;  // per-thread cleanup of the scalar type's library
+
+  GenericRun(const Problem& prob, const Tensor& tq, const Tensor& tk, const Tensor& tv,
+             const Tensor* tdo, const OracleOptions& options, std::function<void()> exit_hook = {})
+      : p(prob),
+        in(CheckInputs(prob, tq, tk, tv, tdo)),
+        norms(ComputeNorms(prob, in)),
+        masks(MaskViews(prob)),
+        threads(ThreadCount(options, prob.batch * prob.heads_kv)),
+        worker_exit(std::move(exit_hook)) {
+    q = ToScalar<T>(in.Q(), in.q.numel());
+    k = ToScalar<T>(in.K(), in.k.numel());
+    v = ToScalar<T>(in.V(), in.v.numel());
+    if (tdo != nullptr) dout = ToScalar<T>(in.DO(), in.dout.numel());
+    stats.unit_roundoff = std::ldexp(1.0, -std::numeric_limits<T>::digits);
+    stats.scale = p.EffectiveScale();
+    stats.softcap = p.softcap;
+    stats.head_dim = p.head_dim;
+    stats.head_dim_v = p.head_dim_v;
+    stats.v_abs_max = norms.v_abs;
+    stats.v_norm_max = norms.v_norm;
+    stats.k_abs_max = norms.k_abs;
+  }
+
+  const T* QRow(int64_t row, int64_t h) const {
+    return &q[static_cast<size_t>(RowOffset(row, p.heads_q, h, p.head_dim))];
+  }
+  const T* KRow(int64_t row, int64_t g) const {
+    return &k[static_cast<size_t>(RowOffset(row, p.heads_kv, g, p.head_dim))];
+  }
+  const T* VRow(int64_t row, int64_t g) const {
+    return &v[static_cast<size_t>(RowOffset(row, p.heads_kv, g, p.head_dim_v))];
+  }
+  const T* DoRow(int64_t row, int64_t h) const {
+    return &dout[static_cast<size_t>(RowOffset(row, p.heads_q, h, p.head_dim_v))];
+  }
+
+  // The transformed score of a visible pair, with the pre-softcap score in *pre (for the
+  // softcap derivative), and the pair's score magnitude folded into `st`.
+  T Score(const MaskView& mask, int64_t h, int64_t i, int64_t j, T* pre, OracleStats& st) const {
+    const Sequence& seq = mask.sequence();
+    const int64_t g = p.KvHead(h);
+    const double scale = stats.scale;
+    const double slope = AlibiSlope(p, h);
+    const int64_t dist = mask.AlibiDistance(i, j);
+    *pre = T(scale) * Dot(QRow(seq.q_begin + i, h), KRow(seq.k_begin + j, g), p.head_dim);
+    const double a = std::abs(scale) *
+                         norms.q[static_cast<size_t>((seq.q_begin + i) * p.heads_q + h)] *
+                         norms.k[static_cast<size_t>((seq.k_begin + j) * p.heads_kv + g)] +
+                     std::abs(slope * static_cast<double>(dist));
+    st.score_abs_max = std::max(st.score_abs_max, a);
+    return TransformScore<T>(*pre, p.softcap, slope, dist);
+  }
+
+  void RunForward() {
+    using std::exp;
+    using std::log;
+    const int64_t rows = p.TotalQ();
+    o.assign(static_cast<size_t>(rows * p.heads_q * p.head_dim_v), T(0));
+    lse.assign(static_cast<size_t>(rows * p.heads_q), -std::numeric_limits<T>::infinity());
+    empty.assign(static_cast<size_t>(rows * p.heads_q), 1);
+    std::vector<OracleStats> partial(static_cast<size_t>(threads));
+    // Items (b, h): each writes only the rows of its own batch entry and head.
+    ParallelFor(
+        p.batch * p.heads_q, threads,
+        [&](int64_t item, int worker) {
+          const int64_t b = item / p.heads_q, h = item % p.heads_q;
+          const MaskView& mask = masks[static_cast<size_t>(b)];
+          const Sequence& seq = mask.sequence();
+          const int64_t g = p.KvHead(h);
+          OracleStats& st = partial[static_cast<size_t>(worker)];
+          std::vector<T> s(static_cast<size_t>(seq.k_len));
+          std::vector<int64_t> keys;
+          for (int64_t i = 0; i < seq.q_len; ++i) {
+            const int64_t row = seq.q_begin + i;
+            const auto [lo, hi] = mask.KeyBounds(i);
+            keys.clear();
+            T m = -std::numeric_limits<T>::infinity();
+            T pre;
+            for (int64_t j = lo; j < hi; ++j) {
+              if (!mask.Visible(i, j)) continue;
+              keys.push_back(j);
+              s[static_cast<size_t>(j)] = Score(mask, h, i, j, &pre, st);
+              if (s[static_cast<size_t>(j)] > m) m = s[static_cast<size_t>(j)];
+            }
+            st.max_keys = std::max<int64_t>(st.max_keys, static_cast<int64_t>(keys.size()));
+            if (keys.empty()) {
+              ++st.empty_rows;
+              continue;  // o = 0, lse = -inf (already)
+            }
+            T l = 0;
+            T* orow = &o[static_cast<size_t>(RowOffset(row, p.heads_q, h, p.head_dim_v))];
+            for (int64_t j : keys) {
+              const T e = exp(s[static_cast<size_t>(j)] - m);
+              l += e;
+              const T* vrow = VRow(seq.k_begin + j, g);
+              for (int64_t d = 0; d < p.head_dim_v; ++d) orow[d] += e * vrow[d];
+            }
+            for (int64_t d = 0; d < p.head_dim_v; ++d) orow[d] /= l;
+            const size_t r = static_cast<size_t>(row * p.heads_q + h);
+            lse[r] = m + log(l);
+            empty[r] = 0;
+            st.lse_abs_max = std::max(st.lse_abs_max, std::abs(static_cast<double>(lse[r])));
+          }
+        },
+        worker_exit);
+    for (const auto& st : partial) MergeStats(stats, st);
+    stats.sum_len_k = stats.max_keys;
+  }
+
+  // dq, dk, dv, delta in T; requires RunForward first.
+  void RunBackward(std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv,
+                   std::vector<T>& delta) {
+    using std::exp;
+    using std::tanh;
+    const int64_t ratio = p.gqa_ratio();
+    dq.assign(static_cast<size_t>(p.TotalQ() * p.heads_q * p.head_dim), T(0));
+    dk.assign(static_cast<size_t>(p.TotalK() * p.heads_kv * p.head_dim), T(0));
+    dv.assign(static_cast<size_t>(p.TotalK() * p.heads_kv * p.head_dim_v), T(0));
+    delta.assign(static_cast<size_t>(p.TotalQ() * p.heads_q), T(0));
+    std::vector<OracleStats> partial(static_cast<size_t>(threads));
+    // Items (b, kv head): the query heads of one group and the keys of one kv head, so that
+    // dq rows and dk/dv rows of different items are disjoint.
+    ParallelFor(
+        p.batch * p.heads_kv, threads,
+        [&](int64_t item, int worker) {
+          const int64_t b = item / p.heads_kv, g = item % p.heads_kv;
+          const MaskView& mask = masks[static_cast<size_t>(b)];
+          const Sequence& seq = mask.sequence();
+          OracleStats& st = partial[static_cast<size_t>(worker)];
+          std::vector<T> mass(static_cast<size_t>(seq.k_len), T(0));
+          std::vector<int64_t> seen(static_cast<size_t>(seq.k_len), 0);
+          std::vector<T> dq_acc(static_cast<size_t>(p.head_dim));
+          for (int64_t h = g * ratio; h < (g + 1) * ratio; ++h) {
+            for (int64_t i = 0; i < seq.q_len; ++i) {
+              const int64_t row = seq.q_begin + i;
+              const size_t r = static_cast<size_t>(row * p.heads_q + h);
+              if (empty[r]) continue;  // dq = 0, delta = 0
+              const T* dorow = DoRow(row, h);
+              const T* qrow = QRow(row, h);
+              delta[r] = Dot(dorow, &o[r * static_cast<size_t>(p.head_dim_v)], p.head_dim_v);
+              std::fill(dq_acc.begin(), dq_acc.end(), T(0));
+              const auto [lo, hi] = mask.KeyBounds(i);
+              T pre;
+              for (int64_t j = lo; j < hi; ++j) {
+                if (!mask.Visible(i, j)) continue;
+                const int64_t krow = seq.k_begin + j;
+                const T s = Score(mask, h, i, j, &pre, st);
+                const T pij = exp(s - lse[r]);
+                const T dp = Dot(dorow, VRow(krow, g), p.head_dim_v);
+                T ds = pij * (dp - delta[r]);
+                if (p.softcap > 0) {
+                  // d/dx [cap tanh(x / cap)] = 1 - tanh^2(x / cap); ALiBi is a constant bias.
+                  const T t = tanh(pre / T(p.softcap));
+                  ds *= T(1) - t * t;
+                }
+                const T* krow_p = KRow(krow, g);
+                T* dk_row = &dk[static_cast<size_t>(RowOffset(krow, p.heads_kv, g, p.head_dim))];
+                T* dv_row = &dv[static_cast<size_t>(RowOffset(krow, p.heads_kv, g, p.head_dim_v))];
+                for (int64_t d = 0; d < p.head_dim; ++d) {
+                  dq_acc[static_cast<size_t>(d)] += ds * krow_p[d];
+                  dk_row[d] += ds * qrow[d];
+                }
+                for (int64_t d = 0; d < p.head_dim_v; ++d) dv_row[d] += pij * dorow[d];
+                mass[static_cast<size_t>(j)] += pij;
+                ++seen[static_cast<size_t>(j)];
+              }
+              T* dq_row = &dq[static_cast<size_t>(RowOffset(row, p.heads_q, h, p.head_dim))];
+              for (int64_t d = 0; d < p.head_dim; ++d) {
+                dq_row[d] = T(stats.scale) * dq_acc[static_cast<size_t>(d)];
+              }
+            }
+          }
+          for (int64_t j = 0; j < seq.k_len; ++j) {
+            const int64_t krow = seq.k_begin + j;
+            T* dk_row = &dk[static_cast<size_t>(RowOffset(krow, p.heads_kv, g, p.head_dim))];
+            for (int64_t d = 0; d < p.head_dim; ++d) dk_row[d] *= T(stats.scale);
+            st.col_mass_max =
+                std::max(st.col_mass_max, static_cast<double>(mass[static_cast<size_t>(j)]));
+            st.max_queries = std::max(st.max_queries, seen[static_cast<size_t>(j)]);
+            if (seen[static_cast<size_t>(j)] == 0) ++st.unseen_keys;
+          }
+        },
+        worker_exit);
+    OracleStats merged;
+    for (const auto& st : partial) MergeStats(merged, st);
+    stats.col_mass_max = merged.col_mass_max;
+    stats.max_queries = merged.max_queries;
+    stats.unseen_keys = merged.unseen_keys;
+    stats.sum_len_q = merged.max_queries;
+    stats.q_abs_max = norms.q_abs;
+    stats.do_abs_max = norms.do_abs;
+    stats.do_norm_max = norms.do_norm;
+  }
+};
+
+// Rounds each element once to double (MPFR: round to nearest).
+template <class T>
+Tensor ToTensor(const Shape& shape, const std::vector<T>& x) {
+  Tensor t = Tensor::Zeros(DType::kF64, shape);
+  double* out = t.data<double>();
+  for (size_t e = 0; e < x.size(); ++e) out[e] = static_cast<double>(x[e]);
+  return t;
+}
+
+// lse in T is stored [rows, Hq]; the public layout is [B, Hq, Sq] or [Hq, total_q].
+template <class T>
+Tensor LseToTensor(const Problem& p, const std::vector<T>& per_row) {
+  Tensor t = Tensor::Zeros(DType::kF64, p.LseShape());
+  double* out = t.data<double>();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence seq = SequenceOf(p, b);
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      for (int64_t i = 0; i < seq.q_len; ++i) {
+        out[LseOffset(p, b, h, seq, i)] =
+            static_cast<double>(per_row[static_cast<size_t>((seq.q_begin + i) * p.heads_q + h)]);
+      }
+    }
+  }
+  return t;
+}
+
+template <class T>
+ForwardOut GenericForward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const OracleOptions& options,
+                          const std::function<void()>& worker_exit = {}) {
+  GenericRun<T> run(p, q, k, v, nullptr, options, worker_exit);
+  run.RunForward();
+  return {ToTensor(p.OShape(), run.o), LseToTensor(p, run.lse), run.stats};
+}
+
+template <class T>
+BackwardOut GenericBackward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& dout, const OracleOptions& options,
+                            const std::function<void()>& worker_exit = {}) {
+  GenericRun<T> run(p, q, k, v, &dout, options, worker_exit);
+  run.RunForward();
+  std::vector<T> dq, dk, dv, delta;
+  run.RunBackward(dq, dk, dv, delta);
+  BackwardOut out;
+  out.dq = ToTensor(p.QShape(), dq);
+  out.dk = ToTensor(p.KShape(), dk);
+  out.dv = ToTensor(p.VShape(), dv);
+  out.delta = LseToTensor(p, delta);
+  out.o = ToTensor(p.OShape(), run.o);
+  out.lse = LseToTensor(p, run.lse);
+  out.stats = run.stats;
+  return out;
+}
+
+}  // namespace attest::oracle_internal

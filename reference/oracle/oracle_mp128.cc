@@ -1,0 +1,36 @@
+// The oracle for Mp128 (oracle_mp.h): explicit specializations, one precision per file to keep
+// compile times and memory in check (oracle_generic.h holds the algorithm).
+#include "reference/oracle/oracle.h"
+#include "reference/oracle/oracle_generic.h"
+#include "reference/oracle/oracle_mp.h"
+
+#if ATTEST_ORACLE_HAVE_MPFR
+#include <mpfr.h>
+#endif
+
+namespace attest {
+namespace {
+
+// MPFR keeps per-thread caches (constants, exp tables) that only the owning thread can
+// free; worker threads free theirs before they end.
+void FreeThreadCaches() {
+#if ATTEST_ORACLE_HAVE_MPFR
+  mpfr_free_cache();
+#endif
+}
+
+}  // namespace
+
+template <>
+ForwardOut Forward<Mp128>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const OracleOptions& options) {
+  return oracle_internal::GenericForward<Mp128>(p, q, k, v, options, FreeThreadCaches);
+}
+
+template <>
+BackwardOut Backward<Mp128>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& dout, const OracleOptions& options) {
+  return oracle_internal::GenericBackward<Mp128>(p, q, k, v, dout, options, FreeThreadCaches);
+}
+
+}  // namespace attest

@@ -1,0 +1,227 @@
+// Case files (case_file.h) against DESIGN.md "Case files": exactly one data source, errors
+// naming file and field, canonical bytes, relative input paths that survive a move.
+#include "reference/problem/case_file.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+namespace attest {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+json DesignCase() {
+  return json::parse(R"({
+  "problem": {
+    "batch": 1, "heads_q": 4, "heads_kv": 2, "seqlen_q": 77, "seqlen_k": 130,
+    "head_dim": 64, "head_dim_v": 64, "dtype": "bf16", "scale": null,
+    "causal": true, "causal_align": "bottom_right", "window": [-1, -1],
+    "softcap": 0.0, "alibi_slopes": null, "cu_seqlens_q": null, "cu_seqlens_k": null
+  },
+  "generator": {"name": "gaussian", "seed": 12345, "params": {}}
+})");
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// A fresh directory per test under the system temp directory.
+class CaseFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / (std::string("attest_case_file_test_") + info->name() + "_" +
+                                        std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+std::string ErrorOf(const json& j) {
+  const auto c = CaseFromJson(j);
+  return c.ok() ? "(accepted)" : c.error().message;
+}
+
+TEST(CaseJson, ParsesTheDesignExample) {
+  const auto c = CaseFromJson(DesignCase());
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->problem.seqlen_k, 130);
+  ASSERT_TRUE(c->generator.has_value());
+  EXPECT_FALSE(c->inputs.has_value());
+  EXPECT_EQ(c->generator->name, "gaussian");
+  EXPECT_EQ(c->generator->seed, 12345u);
+  EXPECT_EQ(c->generator->params, json::object());
+  EXPECT_EQ(CaseToJson(*c), DesignCase());
+}
+
+TEST(CaseJson, ExactlyOneDataSource) {
+  json both = DesignCase();
+  both["inputs"] = "x.safetensors";
+  EXPECT_EQ(ErrorOf(both), "case: has both \"inputs\" and \"generator\" (give exactly one)");
+  json neither = DesignCase();
+  neither.erase("generator");
+  EXPECT_EQ(ErrorOf(neither), "case: has neither \"inputs\" nor \"generator\" (give exactly one)");
+  json empty_path = neither;
+  empty_path["inputs"] = "";
+  EXPECT_EQ(ErrorOf(empty_path), "inputs: expected a non-empty path string, got \"\"");
+}
+
+TEST(CaseJson, ErrorsNameTheField) {
+  json j = DesignCase();
+  j["generatr"] = 1;
+  EXPECT_EQ(ErrorOf(j), "case: unknown field \"generatr\"");
+  j = DesignCase();
+  j["problem"]["heads_q"] = 6;
+  j["problem"]["heads_kv"] = 4;
+  EXPECT_EQ(ErrorOf(j), "problem.heads_q: 6 is not a multiple of heads_kv = 4");
+  j = DesignCase();
+  j.erase("problem");
+  EXPECT_EQ(ErrorOf(j), "problem: missing");
+  j = DesignCase();
+  j["generator"].erase("seed");
+  EXPECT_EQ(ErrorOf(j), "generator.seed: missing");
+  j["generator"]["seed"] = -3;
+  EXPECT_EQ(ErrorOf(j), "generator.seed: expected an integer in [0, 2^64), got -3");
+  j["generator"]["seed"] = 1.5;
+  EXPECT_EQ(ErrorOf(j), "generator.seed: expected an integer in [0, 2^64), got 1.5");
+  j["generator"]["seed"] = 18446744073709551615ULL;  // the largest seed is fine
+  EXPECT_EQ(ErrorOf(j), "(accepted)");
+  j["generator"]["name"] = "gausian";
+  EXPECT_EQ(ErrorOf(j), "generator.name: unknown generator \"gausian\" (known: gaussian, uniform)");
+  j["generator"]["name"] = "gaussian";
+  j["generator"]["params"] = {{"std", -1}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.q.std: -1 must be >= 0");
+  j["generator"]["params"] = 3;
+  EXPECT_EQ(ErrorOf(j), "generator.params: expected an object, got 3");
+  j["generator"] = {{"name", "uniform"}, {"seed", 1}, {"parms", {}}};
+  EXPECT_EQ(ErrorOf(j), "generator: unknown field \"parms\"");
+}
+
+TEST_F(CaseFileTest, LoadResolvesRelativeInputsAgainstTheCaseFileDirectory) {
+  fs::create_directories(dir_ / "cases");
+  json j = DesignCase();
+  j.erase("generator");
+  j["inputs"] = "../data/x.safetensors";
+  WriteFile(dir_ / "cases" / "a.case.json", j.dump());
+  const auto c = LoadCase(dir_ / "cases" / "a.case.json");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(fs::path(*c->inputs), (dir_ / "data" / "x.safetensors").lexically_normal());
+  // Absolute paths are kept.
+  j["inputs"] = "/abs/y.safetensors";
+  WriteFile(dir_ / "cases" / "b.case.json", j.dump());
+  EXPECT_EQ(*LoadCase(dir_ / "cases" / "b.case.json")->inputs, "/abs/y.safetensors");
+}
+
+TEST_F(CaseFileTest, LoadErrorsNameTheFile) {
+  const fs::path missing = dir_ / "nope.case.json";
+  EXPECT_EQ(LoadCase(missing).error().message, missing.string() + ": cannot open case file");
+  const fs::path bad = dir_ / "bad.case.json";
+  WriteFile(bad, "{\"problem\": ");
+  const auto b = LoadCase(bad);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.error().message.rfind(bad.string() + ": invalid JSON", 0), 0u) << b.error().message;
+  json j = DesignCase();
+  j["problem"]["window"] = {-2, 0};
+  WriteFile(bad, j.dump());
+  EXPECT_EQ(LoadCase(bad).error().message,
+            bad.string() + ": problem.window[0]: -2 is out of range [-1, 2147483647]");
+  // Numbers too large for a double are a JSON error, not an infinite scale.
+  WriteFile(bad, R"({"problem": {"scale": 1e999}, "generator": {"name": "uniform", "seed": 1}})");
+  EXPECT_FALSE(LoadCase(bad).ok());
+}
+
+TEST_F(CaseFileTest, SaveWritesCanonicalStableBytes) {
+  const Case c = CaseFromJson(DesignCase()).value();
+  const fs::path a = dir_ / "a.case.json", b = dir_ / "b.case.json";
+  ASSERT_TRUE(SaveCase(a, c).ok());
+  ASSERT_TRUE(SaveCase(b, LoadCase(a).value()).ok());
+  EXPECT_EQ(ReadFile(a), ReadFile(b));
+  EXPECT_EQ(ReadFile(a), R"({
+  "problem": {
+    "batch": 1,
+    "heads_q": 4,
+    "heads_kv": 2,
+    "seqlen_q": 77,
+    "seqlen_k": 130,
+    "head_dim": 64,
+    "head_dim_v": 64,
+    "dtype": "bf16",
+    "scale": null,
+    "causal": true,
+    "causal_align": "bottom_right",
+    "window": [-1,-1],
+    "softcap": 0.0,
+    "alibi_slopes": null,
+    "cu_seqlens_q": null,
+    "cu_seqlens_k": null
+  },
+  "generator": {"name": "gaussian", "seed": 12345, "params": {}}
+}
+)");
+  EXPECT_EQ(LoadCase(a).value(), c);
+}
+
+TEST_F(CaseFileTest, SaveRoundTripsEveryFieldIncludingExtensions) {
+  json j = DesignCase();
+  j["problem"]["seqlen_q"] = 4;
+  j["problem"]["seqlen_k"] = 6;
+  j["problem"]["scale"] = 0.1;
+  j["problem"]["softcap"] = 1.0 / 3.0;
+  j["problem"]["alibi_slopes"] = {0.5, 0.25, 0.125, 1.0 / 3.0};
+  j["problem"]["document_ids_q"] = {{0, 0, 1, 1}};
+  j["problem"]["document_ids_k"] = {{0, 0, 0, 1, 1, 1}};
+  j["problem"]["prefix_lm"] = 2;
+  j["problem"]["block_sparse"] = {{"block_q", 2}, {"block_k", 3}, {"blocks", {{0, 0}, {1, 1}}}};
+  j["generator"] = {
+      {"name", "uniform"}, {"seed", 7}, {"params", {{"low", -0.1}, {"q", {{"high", 3}}}}}};
+  const auto parsed = CaseFromJson(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  const Case c = *parsed;
+  const fs::path a = dir_ / "a.case.json";
+  ASSERT_TRUE(SaveCase(a, c).ok());
+  const auto back = LoadCase(a);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(*back, c);
+  EXPECT_EQ(CaseToJson(*back), CaseToJson(c));
+}
+
+TEST_F(CaseFileTest, SaveRewritesInputsRelativeToTheNewFile) {
+  fs::create_directories(dir_ / "data");
+  fs::create_directories(dir_ / "deep" / "cases");
+  json j = DesignCase();
+  j.erase("generator");
+  j["inputs"] = "data/x.safetensors";
+  const Case c = CaseFromJson(j, dir_).value();  // as if loaded from dir_/some.case.json
+  const fs::path saved = dir_ / "deep" / "cases" / "c.case.json";
+  ASSERT_TRUE(SaveCase(saved, c).ok());
+  EXPECT_EQ(json::parse(ReadFile(saved)).at("inputs"), "../../data/x.safetensors");
+  EXPECT_EQ(fs::path(*LoadCase(saved)->inputs),
+            (dir_ / "data" / "x.safetensors").lexically_normal());
+}
+
+TEST_F(CaseFileTest, SaveReportsUnwritablePaths) {
+  const Status s =
+      SaveCase(dir_ / "no" / "such" / "dir" / "x.case.json", CaseFromJson(DesignCase()).value());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("cannot open for writing"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace attest

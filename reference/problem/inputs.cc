@@ -1,0 +1,88 @@
+// Case inputs: generated from the seed and rounded to the problem's dtype, or read from the
+// case's safetensors file and widened exactly (see inputs.h).
+#include "reference/problem/inputs.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "reference/data/generate.h"
+#include "reference/formats/format.h"
+#include "reference/io/safetensors.h"
+
+namespace attest {
+namespace {
+
+// A file's tensor must already hold values of the problem's dtype: the oracle runs on what
+// the kernel saw, so a silent rounding here would judge the kernel on other data.
+Status CheckRepresentable(const Tensor& f64, DType dtype, std::string_view name,
+                          const std::string& file) {
+  const Tensor rounded = RoundTensor(f64, dtype);
+  const auto a = f64.span<const double>();
+  const auto r = rounded.span<const double>();
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool same = std::memcmp(&a[i], &r[i], sizeof(double)) == 0 ||
+                      (std::isnan(a[i]) && std::isnan(r[i]));
+    if (!same) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return {};
+  return Error{fmt::format(
+      "{}: tensor '{}': {} values are not representable in the problem's dtype {} (first at "
+      "flat index {}: {}); convert the file first (attest convert --to {})",
+      file, name, bad, Name(dtype), first, a[static_cast<size_t>(first)], Name(dtype))};
+}
+
+Expected<CaseInputs> FromFile(const Case& c) {
+  const std::string& path = *c.inputs;
+  auto file = ReadSafetensors(path);
+  if (!file.ok()) return file.error();
+  CaseInputs in;
+  struct Slot {
+    const char* name;
+    Tensor* out;
+    bool required;
+  };
+  const Slot slots[] = {{"q", &in.q, true}, {"k", &in.k, true}, {"v", &in.v, true},
+                        {"do", &in.dout, false}};
+  for (const Slot& s : slots) {
+    const Tensor* t = file->Find(s.name);
+    if (t == nullptr) {
+      if (s.required) return Error{fmt::format("{}: no tensor named '{}'", path, s.name)};
+      continue;
+    }
+    if (!Info(t->dtype()).is_float || t->dtype() == DType::kE8M0FNU) {
+      return Error{fmt::format("{}: tensor '{}' has dtype {}, not a float input dtype", path,
+                               s.name, Name(t->dtype()))};
+    }
+    *s.out = ToF64(*t);
+    if (Status st = CheckRepresentable(*s.out, c.problem.dtype, s.name, path); !st.ok()) {
+      return st.error();
+    }
+  }
+  if (Status st = ValidateInputShapes(c.problem, in.q, in.k, in.v,
+                                      in.dout.defined() ? &in.dout : nullptr);
+      !st.ok()) {
+    return Error{path + ": " + st.error().message};
+  }
+  return in;
+}
+
+}  // namespace
+
+Expected<CaseInputs> MakeCaseInputs(const Case& c) {
+  if (c.inputs) return FromFile(c);
+  if (!c.generator) return Error{"case: neither 'inputs' nor 'generator' is set"};
+  auto gen = GenerateInputs(c.problem, *c.generator);
+  if (!gen.ok()) return gen.error();
+  // DESIGN.md: generated in float64, rounded to the kernel's input dtype.
+  const DType dtype = c.problem.dtype;
+  return CaseInputs{RoundTensor(gen->q, dtype), RoundTensor(gen->k, dtype),
+                    RoundTensor(gen->v, dtype), RoundTensor(gen->dout, dtype)};
+}
+
+}  // namespace attest

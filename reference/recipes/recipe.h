@@ -1,0 +1,116 @@
+// Low-precision attention recipes as data (DESIGN.md "Formats and recipes"): for each GEMM of
+// forward (Q·Kᵀ, P·V) and backward (dO·Vᵀ, Pᵀ·dO, dS·K, dSᵀ·Q) how each operand is represented
+// before the product, where P and dS are rounded, which O the backward's D = rowsum(dO∘O)
+// reads, and the accumulation / output formats. A new recipe is a new row of AllRecipes().
+// The tiled engine that interprets a recipe is kernels/models/flash_engine.h; docs/kernels.md
+// has the table.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "reference/formats/format.h"
+#include "reference/formats/quantize.h"
+#include "reference/status.h"
+
+namespace attest {
+
+// Which axis the blocks of a block scheme run along. kSequence blocks span positions (keys or
+// queries), so one scale is shared across a causal diagonal or a document boundary: that is
+// where leakage through shared scales happens, and why such operands are quantised over the
+// whole tensor up front, never per tile (see QuantizeOperand).
+enum class QuantAxis : uint8_t { kHeadDim, kSequence };
+std::string_view Name(QuantAxis axis);  // "head_dim", "sequence"
+
+enum class OperandKind : uint8_t {
+  kNone,     // the operand is used as it is (already in the input dtype, or fp32)
+  kElement,  // every element rounded to `element` (after multiplying by pre_scale)
+  kBlock,    // a block scheme of reference/formats/quantize.h (`block` names its row)
+};
+
+// How one operand is represented before a product.
+struct OperandScheme {
+  OperandKind kind = OperandKind::kNone;
+  // kElement: x -> Decode(Encode(x * pre_scale, element)) / pre_scale. pre_scale is a power of
+  // two, so the scaling is exact (cuDNN's fp8 reference: P × 16 → e4m3fn → ÷ 16... see docs).
+  Format element = Format::kF32;
+  double pre_scale = 1.0;
+  Overflow overflow = Overflow::kDefault;
+  // kBlock: a scheme name from AllSchemes() ("mxfp8-e4m3", "nvfp4", "fp8-tensor-e4m3",
+  // "fp8-block-e4m3") and its options (scale mode etc.; `scheme` and `axis` are set by the
+  // engine from `block` and the operand's QuantAxis).
+  std::string_view block;
+  SchemeOptions block_options;
+};
+
+struct OperandQuant {
+  OperandScheme scheme;
+  QuantAxis axis = QuantAxis::kHeadDim;
+};
+
+// The two operands of one GEMM C = A · B, named as the product is written (for Q·Kᵀ, a = Q and
+// b = K; for dS·K, a = dS and b = K).
+struct GemmQuant {
+  OperandQuant a;
+  OperandQuant b;
+};
+
+// Which O the backward reads to form D = rowsum(dO∘O).
+enum class DeltaSource : uint8_t {
+  kRoundedO,  // the forward's output in its output dtype (FlashAttention: flash_bwd_preprocess)
+  kFp32O,     // the fp32 accumulator before the final rounding (kernels that keep it)
+};
+
+struct Recipe {
+  std::string_view name;
+  std::string_view description;
+  // Forward. pv.a is the rounding of P before P·V (P unnormalised, as FA2 rounds it).
+  GemmQuant qk;
+  GemmQuant pv;
+  // Backward. pdo.a is the rounding of P before dV += Pᵀ·dO; dsk.a the rounding of dS before
+  // dQ += dS·K; dsq.a the rounding of dS before dK += dSᵀ·Q (may differ from dsk.a, e.g. a
+  // block scheme along the other axis).
+  GemmQuant dov;
+  GemmQuant pdo;
+  GemmQuant dsk;
+  GemmQuant dsq;
+  DeltaSource delta = DeltaSource::kRoundedO;
+  Format accumulate = Format::kF32;  // every GEMM and the softmax statistics
+  std::optional<Format> output;      // o; nullopt: the problem's input dtype
+  Format lse = Format::kF32;
+  std::optional<Format> gradients;  // dq, dk, dv; nullopt: the input dtype
+  std::vector<DType> input_dtypes;  // problem dtypes the recipe is defined for
+  // Backward: dP = dO·Vᵀ rounded to this format before dP − D (a GEMM with a low-precision
+  // output, e.g. an fp16-output WMMA); nullopt: dP stays in `accumulate` (FlashAttention).
+  // A rounding point like the others: the consistency check's bounds include it.
+  std::optional<Format> dp;
+};
+
+// Every named recipe, in a fixed order.
+std::span<const Recipe> AllRecipes();
+const Recipe* FindRecipe(std::string_view name);
+
+// Checks that every operand of the recipe names something that exists (block schemes in
+// quantize.h's registry, power-of-two pre-scales); the Error names the recipe and GEMM.
+Status ValidateRecipe(const Recipe& recipe);
+// True when no operand uses a block scheme (the engine then needs no Quantize() call).
+bool ElementOnly(const Recipe& recipe);
+
+// The hook every operand goes through. `values` is a row-major tensor of `shape`; `axis` is
+// the dimension the scheme's blocks run along (the operand's QuantAxis already resolved to
+// an index by the caller). kNone returns the values unchanged; kElement rounds elementwise;
+// kBlock calls Quantize() and returns its dequantised values (as fp32: every dequantised
+// block value of these schemes is an fp32 value). Errors name the scheme.
+Expected<std::vector<float>> QuantizeOperand(std::span<const float> values, const Shape& shape,
+                                             int64_t axis, const OperandScheme& scheme);
+
+// Fast elementwise rounding of fp32 values to bf16 / f16 (RNE, IEEE overflow to Inf, as
+// __float2bfloat16_rn / __float2half_rn), identical to RoundTo(x, f) for every float x;
+// other formats go through RoundTo. Used in the engine's inner loops.
+float RoundElement(float x, Format f);
+float RoundElement(float x, const OperandScheme& scheme);
+
+}  // namespace attest

@@ -1,0 +1,124 @@
+// `attest oracle --case F.case.json --out F.safetensors [--precision double|mp128|mp256]
+// [--threads N]` (DESIGN.md "CLI contract"): runs the oracle (reference/oracle/oracle.h) on a
+// case's inputs (reference/problem/inputs.h: loaded or generated, rounded to the dtype) and
+// writes o, lse, dq, dk, dv and delta as F64 (forward outputs only when the case has no
+// "do"). The file's metadata records the precision, the OracleStats and each tensor's
+// certification bound (ErrorBound). A missing or invalid case file, inputs that do not
+// match the problem, or an unwritable output exit 2.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "reference/io/safetensors.h"
+#include "reference/oracle/oracle.h"
+#include "reference/problem/case_file.h"
+#include "reference/problem/inputs.h"
+#include "tools/attest/command.h"
+
+namespace attest::cli {
+namespace {
+
+struct OracleCmdOptions {
+  std::string case_path;
+  std::string out;
+  std::string precision = "double";
+  int threads = 0;
+  bool quiet = false;
+};
+
+nlohmann::json StatsJson(const OracleStats& s) {
+  return {{"unit_roundoff", s.unit_roundoff},
+          {"scale", s.scale},
+          {"softcap", s.softcap},
+          {"head_dim", s.head_dim},
+          {"head_dim_v", s.head_dim_v},
+          {"score_abs_max", s.score_abs_max},
+          {"v_abs_max", s.v_abs_max},
+          {"v_norm_max", s.v_norm_max},
+          {"k_abs_max", s.k_abs_max},
+          {"lse_abs_max", s.lse_abs_max},
+          {"max_keys", s.max_keys},
+          {"sum_len_k", s.sum_len_k},
+          {"empty_rows", s.empty_rows},
+          {"q_abs_max", s.q_abs_max},
+          {"do_abs_max", s.do_abs_max},
+          {"do_norm_max", s.do_norm_max},
+          {"col_mass_max", s.col_mass_max},
+          {"max_queries", s.max_queries},
+          {"sum_len_q", s.sum_len_q},
+          {"unseen_keys", s.unseen_keys}};
+}
+
+int RunOracle(const OracleCmdOptions& opt) {
+  const auto precision = ParsePrecision(opt.precision);
+  if (!precision) {
+    throw UsageError("--precision: expected double, mp128 or mp256, got '" + opt.precision + "'");
+  }
+  auto c = LoadCase(opt.case_path);
+  if (!c.ok()) throw UsageError(c.error().message);
+  auto in = MakeCaseInputs(*c);
+  if (!in.ok()) throw UsageError(opt.case_path + ": " + in.error().message);
+
+  OracleOptions options;
+  options.threads = opt.threads;
+  NamedTensors out;
+  nlohmann::json bounds = nlohmann::json::object();
+  OracleStats stats;
+  std::vector<OracleTensor> tensors;
+  try {
+    if (in->dout.defined()) {
+      BackwardOut b = Backward(*precision, c->problem, in->q, in->k, in->v, in->dout, options);
+      out.Add("o", b.o);
+      out.Add("lse", b.lse);
+      out.Add("dq", b.dq);
+      out.Add("dk", b.dk);
+      out.Add("dv", b.dv);
+      out.Add("delta", b.delta);
+      stats = b.stats;
+      tensors = {OracleTensor::kO,  OracleTensor::kLse, OracleTensor::kDq,
+                 OracleTensor::kDk, OracleTensor::kDv,  OracleTensor::kDelta};
+    } else {
+      ForwardOut f = Forward(*precision, c->problem, in->q, in->k, in->v, options);
+      out.Add("o", f.o);
+      out.Add("lse", f.lse);
+      stats = f.stats;
+      tensors = {OracleTensor::kO, OracleTensor::kLse};
+      if (!opt.quiet) {
+        std::cerr << opt.case_path << ": no 'do' among the inputs: forward outputs only\n";
+      }
+    }
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(opt.case_path + ": " + e.what());
+  }
+  for (OracleTensor t : tensors) bounds[std::string(Name(t))] = ErrorBound(stats, t);
+  out.metadata["attest.oracle.precision"] = std::string(Name(*precision));
+  out.metadata["attest.oracle.stats"] = StatsJson(stats).dump();
+  out.metadata["attest.oracle.error_bound"] = bounds.dump();
+  if (Status s = WriteSafetensors(opt.out, out); !s.ok()) throw UsageError(s.error().message);
+  if (!opt.quiet) {
+    std::cout << fmt::format("{}: {} oracle -> {} ({} empty rows, {} unseen keys)\n", opt.case_path,
+                             Name(*precision), opt.out, stats.empty_rows, stats.unseen_keys);
+  }
+  return kExitPass;
+}
+
+Runner SetupOracle(CLI::App& sub) {
+  auto opt = std::make_shared<OracleCmdOptions>();
+  sub.add_option("--case", opt->case_path, "Case file (*.case.json)")->required();
+  sub.add_option("--out", opt->out, "Output safetensors file (o, lse, dq, dk, dv, delta as F64)")
+      ->required();
+  sub.add_option("--precision", opt->precision, "double (tiled, BLAS), mp128 or mp256 (MPFR)");
+  sub.add_option("--threads", opt->threads, "Worker threads (0: all cores)");
+  sub.add_flag("--quiet", opt->quiet, "Print nothing on success");
+  return [opt] { return RunOracle(*opt); };
+}
+
+}  // namespace
+
+ATTEST_COMMAND("oracle", "Compute the reference outputs of a case (float64 or multiprecision)", 60,
+               SetupOracle);
+
+}  // namespace attest::cli

@@ -1,0 +1,184 @@
+// Tests of verify/baseline.h: known answers with one key, agreement with the float64 oracle
+// in fp32 across every mask feature (so the baseline has the oracle's semantics), and a bf16
+// error of the order REFERENCES.md measured for PyTorch's math path.
+#include "verify/baseline.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "reference/formats/format.h"
+#include "reference/oracle/oracle.h"
+#include "reference/problem/inputs.h"
+
+namespace attest {
+namespace {
+
+double MaxAbs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.span<const double>()) {
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  }
+  return m;
+}
+
+// max |a - b| over elements where both are finite; non-finite must agree exactly.
+double MaxDiff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double m = 0;
+  const auto x = a.span<const double>(), y = b.span<const double>();
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (!std::isfinite(x[k]) || !std::isfinite(y[k])) {
+      EXPECT_EQ(x[k], y[k]) << "element " << k;
+      continue;
+    }
+    m = std::max(m, std::fabs(x[k] - y[k]));
+  }
+  return m;
+}
+
+CaseInputs Inputs(const Problem& p, uint64_t seed) {
+  Case c;
+  c.problem = p;
+  c.generator = GeneratorSpec{"gaussian", seed, nlohmann::json::object()};
+  auto in = MakeCaseInputs(c);
+  EXPECT_TRUE(in.ok()) << (in.ok() ? "" : in.error().message);
+  return std::move(in).value();
+}
+
+TEST(Baseline, OneKeyKnownAnswers) {
+  // One key: p = 1 exactly, so o = v, dS = p (dP - dP) = 0 (dq = dk = 0), dv = dO, and lse
+  // is the fp32 score.
+  Problem p;
+  p.seqlen_q = 3;
+  p.seqlen_k = 1;
+  p.head_dim = p.head_dim_v = 8;
+  p.dtype = DType::kBF16;
+  const CaseInputs in = Inputs(p, 1);
+  auto b = BaselineBackward(p, in.q, in.k, in.v, in.dout, BaselineMode::kEveryOp);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t d = 0; d < 8; ++d) {
+      EXPECT_EQ(b->o.at<double>({0, i, 0, d}), in.v.at<double>({0, 0, 0, d}));
+      EXPECT_EQ(b->dq.at<double>({0, i, 0, d}), 0.0);
+    }
+    // lse = the fp32 score: sum_d fp32(q_d / sqrt(8)) k_d, sequential in d.
+    float s = 0;
+    for (int64_t d = 0; d < 8; ++d) {
+      s += static_cast<float>(in.q.at<double>({0, i, 0, d})) / std::sqrt(8.0f) *
+           static_cast<float>(in.k.at<double>({0, 0, 0, d}));
+    }
+    EXPECT_EQ(b->lse.at<double>({0, 0, i}), static_cast<double>(s));
+  }
+  for (int64_t d = 0; d < 8; ++d) {
+    EXPECT_EQ(b->dk.at<double>({0, 0, 0, d}), 0.0);
+    // dv = rnd(sum over the 3 queries of dO): fp32 sum rounded to bf16.
+    float acc = 0;
+    for (int64_t i = 0; i < 3; ++i) acc += static_cast<float>(in.dout.at<double>({0, i, 0, d}));
+    EXPECT_EQ(b->dv.at<double>({0, 0, 0, d}), RoundTo(acc, Format::kBF16));
+  }
+}
+
+// Every feature at once: causal + window, GQA, softcap, ALiBi, Dv != D, Sq != Sk.
+Problem Featureful(DType dtype) {
+  Problem p;
+  p.batch = 2;
+  p.heads_q = 4;
+  p.heads_kv = 2;
+  p.seqlen_q = 19;
+  p.seqlen_k = 33;
+  p.head_dim = 16;
+  p.head_dim_v = 24;
+  p.dtype = dtype;
+  p.causal = true;
+  p.window_left = 9;
+  p.softcap = 5.0;
+  p.alibi_slopes = std::vector<double>{0.5, 0.25, 0.125, 0.0625};
+  return p;
+}
+
+void ExpectCloseToOracle(const Problem& p, double rel, BaselineMode mode) {
+  const CaseInputs in = Inputs(p, 7);
+  auto b = BaselineBackward(p, in.q, in.k, in.v, in.dout, mode);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  const BackwardOut r = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  EXPECT_LE(MaxDiff(b->o, r.o), rel * MaxAbs(r.o));
+  EXPECT_LE(MaxDiff(b->lse, r.lse), rel * MaxAbs(r.lse));
+  EXPECT_LE(MaxDiff(b->dq, r.dq), rel * MaxAbs(r.dq));
+  EXPECT_LE(MaxDiff(b->dk, r.dk), rel * MaxAbs(r.dk));
+  EXPECT_LE(MaxDiff(b->dv, r.dv), rel * MaxAbs(r.dv));
+}
+
+TEST(Baseline, Fp32AgreesWithTheOracleOnEveryFeature) {
+  ExpectCloseToOracle(Featureful(DType::kF32), 1e-5, BaselineMode::kSdpaMath);
+  ExpectCloseToOracle(Featureful(DType::kF32), 1e-5, BaselineMode::kEveryOp);
+}
+
+TEST(Baseline, Fp32AgreesWithTheOracleWhenPacked) {
+  Problem p = Featureful(DType::kF32);
+  p.batch = 3;
+  p.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 19};
+  p.cu_seqlens_k = std::vector<int32_t>{0, 12, 20, 33};
+  p.seqlen_q = 14;
+  p.seqlen_k = 13;
+  ExpectCloseToOracle(p, 1e-5, BaselineMode::kSdpaMath);
+}
+
+TEST(Baseline, Bf16ErrorHasTheMeasuredOrder) {
+  // REFERENCES.md (H200, S=1024, D=128, SDPA math backend): pt bf16 o error 2.1e-3 to
+  // 2.9e-3 of max|o|, dq 1.5e-3 to 3.0e-3. kSdpaMath rounds only the outputs: its error is
+  // about half a bf16 ULP of the largest elements (2.3e-3 for o, 2.6e-3 for dq here). The
+  // every-op path rounds scores and P too and errs several times more (measured here at
+  // S=128, D=64; numpy with ml_dtypes gives 1.0e-2 at S=1024, D=128).
+  Problem p = Featureful(DType::kBF16);
+  p.softcap = 0;
+  p.alibi_slopes.reset();
+  p.causal = false;
+  p.window_left = -1;
+  p.seqlen_q = p.seqlen_k = 128;
+  p.head_dim = p.head_dim_v = 64;
+  const CaseInputs in = Inputs(p, 3);
+  const BackwardOut r = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  auto sdpa = BaselineBackward(p, in.q, in.k, in.v, in.dout);
+  auto every = BaselineBackward(p, in.q, in.k, in.v, in.dout, BaselineMode::kEveryOp);
+  ASSERT_TRUE(sdpa.ok() && every.ok());
+  for (auto [name, x, y, z] :
+       {std::tuple{"o", &sdpa->o, &every->o, &r.o}, std::tuple{"dq", &sdpa->dq, &every->dq, &r.dq},
+        std::tuple{"dk", &sdpa->dk, &every->dk, &r.dk},
+        std::tuple{"dv", &sdpa->dv, &every->dv, &r.dv}}) {
+    const double rel_sdpa = MaxDiff(*x, *z) / MaxAbs(*z);
+    const double rel_every = MaxDiff(*y, *z) / MaxAbs(*z);
+    std::printf("bf16 pt %s: max|pt - oracle| / max|oracle| = %.3g (sdpa math), %.3g (every op)\n",
+                name, rel_sdpa, rel_every);
+    EXPECT_GT(rel_sdpa, 2e-4) << name;
+    // Output rounding only: half a ULP of an element below max|x| is at most 2^-8 max|x|.
+    EXPECT_LE(rel_sdpa, 0x1.0p-8 * 1.01) << name;
+    EXPECT_GT(rel_every, 1.5 * rel_sdpa) << name;
+    EXPECT_LT(rel_every, 3e-2) << name;
+    // Outputs hold bf16 values.
+    EXPECT_TRUE(RoundTensor(*x, DType::kBF16).BitwiseEqual(*x)) << name;
+    EXPECT_TRUE(RoundTensor(*y, DType::kBF16).BitwiseEqual(*y)) << name;
+  }
+}
+
+TEST(Baseline, EmptyRowsAndUnsupportedDtype) {
+  Problem p;
+  p.seqlen_q = 6;
+  p.seqlen_k = 3;  // bottom-right causal: rows 0..2 see nothing
+  p.causal = true;
+  p.head_dim = p.head_dim_v = 8;
+  const CaseInputs in = Inputs(p, 5);
+  auto b = BaselineBackward(p, in.q, in.k, in.v, in.dout);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->lse.at<double>({0, 0, 0}), -INFINITY);
+  EXPECT_EQ(b->o.at<double>({0, 1, 0, 3}), 0.0);
+  EXPECT_EQ(b->dq.at<double>({0, 2, 0, 3}), 0.0);
+  EXPECT_TRUE(std::isfinite(b->lse.at<double>({0, 0, 3})));
+  p.dtype = DType::kE4M3FN;
+  auto bad = BaselineForward(p, in.q, in.k, in.v);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("e4m3fn"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace attest

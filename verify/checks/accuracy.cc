@@ -1,0 +1,120 @@
+// The accuracy check (see accuracy.h): the same comparison as `attest compare`
+// (verify/compare.cc), run on a kernel's answers instead of a file.
+#include "verify/checks/accuracy.h"
+
+#include <fmt/format.h>
+
+#include "reference/formats/format.h"
+#include "verify/baseline.h"
+#include "verify/metrics.h"
+
+namespace attest {
+
+std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view check,
+                                        const ForwardResult& fwd, const BackwardResult* bwd) {
+  const Problem& p = ctx.case_.problem;
+  std::vector<Verdict> out;
+  struct Slot {
+    const char* name;
+    const Tensor* observed;
+    Shape shape;
+  };
+  std::vector<Slot> slots = {{"o", &fwd.o, p.OShape()}, {"lse", &fwd.lse, p.LseShape()}};
+  if (bwd != nullptr) {
+    slots.push_back({"dq", &bwd->dq, p.QShape()});
+    slots.push_back({"dk", &bwd->dk, p.KShape()});
+    slots.push_back({"dv", &bwd->dv, p.VShape()});
+  }
+  // 1. Outputs that cannot be compared at all (the unwritten-outputs check names the bug
+  // class; accuracy still fails, because nothing about the values is known).
+  for (const Slot& s : slots) {
+    if (Status st = CheckOutputTensor(*s.observed, s.name, s.shape); !st.ok()) {
+      out.push_back(Failure(check, s.name, "output of the problem's shape",
+                            "cannot compare: " + st.error().message));
+    }
+  }
+  if (!out.empty()) return out;
+  if (ctx.profile == nullptr) {
+    out.push_back(Failure(check, "", "a tolerance profile", "the kernel has no tolerance profile"));
+    return out;
+  }
+
+  // 2. Oracle and, where the profile asks for it, the same-precision baseline.
+  Tensor ref[5];
+  if (bwd != nullptr) {
+    const BackwardOut& b = ctx.OracleBackward();
+    ref[0] = b.o;
+    ref[1] = b.lse;
+    ref[2] = b.dq;
+    ref[3] = b.dk;
+    ref[4] = b.dv;
+  } else {
+    const ForwardOut& f = ctx.OracleForward();
+    ref[0] = f.o;
+    ref[1] = f.lse;
+  }
+  Tensor base[5];
+  const bool with_baseline = ctx.profile->needs_baseline();
+  if (with_baseline) {
+    const CaseInputs& in = ctx.inputs;
+    auto b = bwd != nullptr ? BaselineBackward(p, in.q, in.k, in.v, in.dout)
+                            : BaselineForward(p, in.q, in.k, in.v);
+    if (!b.ok()) {
+      out.push_back(Failure(check, "", "a baseline for the profile",
+                            fmt::format("profile {}: {}", ctx.profile->name, b.error().message)));
+      return out;
+    }
+    base[0] = b->o;
+    base[1] = b->lse;
+    base[2] = b->dq;
+    base[3] = b->dk;
+    base[4] = b->dv;
+  }
+
+  // 3. Metrics and verdicts per tensor, ULPs counted in the format the kernel delivered.
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const Slot& s = slots[k];
+    const Format format = FormatOf(s.observed->dtype()).value_or(Format::kF64);
+    const Layout layout = LayoutOf(p, s.name);
+    auto m = Compare(s.name, *s.observed, ref[k], format, layout);
+    if (!m.ok()) {
+      out.push_back(Failure(check, s.name, "comparable outputs", m.error().message));
+      continue;
+    }
+    std::optional<TensorMetrics> bm;
+    if (with_baseline) {
+      auto b = Compare(s.name, base[k], ref[k], format, layout);
+      if (!b.ok()) {
+        out.push_back(Failure(check, s.name, "comparable baseline", b.error().message));
+        continue;
+      }
+      bm = std::move(b).value();
+    }
+    for (Verdict& v : EvaluateProfile(*ctx.profile, *m, bm ? &*bm : nullptr, check)) {
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+std::vector<Verdict> RunAccuracy(CheckContext& ctx) {
+  constexpr std::string_view kCheck = "accuracy";
+  const Problem& p = ctx.case_.problem;
+  const auto& f = ctx.KernelForward();
+  if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, f, "forward")) return *v;
+  const ForwardResult& fwd = std::get<ForwardResult>(f);
+  const BackwardResult* bwd = nullptr;
+  std::vector<Verdict> out;
+  if (ctx.WantsBackward()) {
+    const auto& b = ctx.KernelBackward();
+    if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, b, "backward")) {
+      out = *v;  // a failed backward; the forward is still judged
+    } else {
+      bwd = &std::get<BackwardResult>(b);
+    }
+  }
+  for (Verdict& v : JudgeAgainstOracle(ctx, kCheck, fwd, bwd)) out.push_back(std::move(v));
+  return out;
+}
+
+}  // namespace attest

@@ -1,0 +1,422 @@
+// Determinism, unwritten outputs, special values, honesty (see basic.h).
+#include "verify/checks/basic.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "reference/formats/format.h"
+#include "reference/problem/mask.h"
+#include "verify/checks/accuracy.h"
+
+namespace attest {
+namespace {
+
+// Where rows and key columns of a problem's tensors live in their contiguous f64 widening.
+// Padded tensors flatten (b, i) to the token b * S + i, packed ones use cu_seqlens; both are
+// SequenceOf's q_begin / k_begin.
+struct Offsets {
+  const Problem& p;
+  int64_t RowO(const Sequence& s, int64_t h, int64_t i, int64_t width) const {
+    return ((s.q_begin + i) * p.heads_q + h) * width;
+  }
+  int64_t RowK(const Sequence& s, int64_t hk, int64_t j, int64_t width) const {
+    return ((s.k_begin + j) * p.heads_kv + hk) * width;
+  }
+  int64_t Lse(int64_t b, const Sequence& s, int64_t h, int64_t i) const {
+    if (p.varlen()) return h * p.TotalQ() + s.q_begin + i;
+    return (b * p.heads_q + h) * p.seqlen_q + i;
+  }
+};
+
+// Counts of elements breaking an exact rule, with the first one.
+struct Violations {
+  int64_t count = 0;
+  Location first;
+  void Add(const Problem& p, std::string_view tensor, const Tensor& t, int64_t flat,
+           double value) {
+    if (count++ == 0) {
+      first = LocateElement(p, tensor, t.shape(), flat);
+      first.observed = value;
+    }
+  }
+};
+
+Verdict ExactRule(std::string_view tensor, std::string policy, const Violations& v,
+                  int64_t checked, std::string_view what) {
+  Verdict out;
+  out.check = "special-values";
+  out.tensor = std::string(tensor);
+  out.policy = std::move(policy);
+  out.observed = static_cast<double>(v.count);
+  out.allowed = 0;
+  out.pass = v.count == 0;
+  out.margin = out.pass ? 0.0 : std::numeric_limits<double>::infinity();
+  out.worst = v.first;
+  out.message = out.pass ? fmt::format("{}: {} {} element(s) exact", tensor, checked, what)
+                         : fmt::format("{}: {} of {} {} element(s) break the rule, first at {}",
+                                       tensor, v.count, checked, what, v.first.ToString());
+  return out;
+}
+
+}  // namespace
+
+std::vector<Verdict> RunDeterminism(CheckContext& ctx) {
+  constexpr std::string_view kCheck = "determinism";
+  constexpr int kRepeats = 2;
+  const Problem& p = ctx.case_.problem;
+  const CaseInputs& in = ctx.inputs;
+  const bool claimed = ctx.kernel->capabilities().deterministic;
+  const auto& f0 = ctx.KernelForward();
+  if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, f0, "forward")) return *v;
+  const ForwardResult& first = std::get<ForwardResult>(f0);
+
+  struct Run {
+    const char* name;
+    const Tensor* base;
+    std::vector<Tensor> repeats;
+  };
+  std::vector<Run> runs = {{"o", &first.o, {}}, {"lse", &first.lse, {}}};
+  std::vector<Verdict> out;
+  for (int r = 0; r < kRepeats; ++r) {
+    auto f = ctx.kernel->Forward(p, in.q, in.k, in.v);
+    if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, f, "repeated forward")) {
+      if (v->empty()) {
+        v->push_back(Failure(kCheck, "", "the same answer every run",
+                             "the repeated forward answered Unsupported where the first did not"));
+      }
+      return *v;
+    }
+    runs[0].repeats.push_back(std::get<ForwardResult>(f).o);
+    runs[1].repeats.push_back(std::get<ForwardResult>(f).lse);
+  }
+  BackwardResult bwd_first;
+  if (ctx.WantsBackward()) {
+    const auto& b0 = ctx.KernelBackward();
+    if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, b0, "backward")) {
+      out = *v;
+    } else {
+      bwd_first = std::get<BackwardResult>(b0);
+      runs.push_back({"dq", &bwd_first.dq, {}});
+      runs.push_back({"dk", &bwd_first.dk, {}});
+      runs.push_back({"dv", &bwd_first.dv, {}});
+      for (int r = 0; r < kRepeats; ++r) {
+        // The same forward outputs each time, so only the backward's own variation shows.
+        auto b = ctx.kernel->Backward(p, in.q, in.k, in.v, first.o, first.lse, in.dout);
+        if (!std::holds_alternative<BackwardResult>(b)) {
+          out.push_back(Failure(kCheck, "", "the same answer every run",
+                                "the repeated backward returned no outputs where the first did"));
+          runs.resize(2);
+          break;
+        }
+        const auto& br = std::get<BackwardResult>(b);
+        runs[2].repeats.push_back(br.dq);
+        runs[3].repeats.push_back(br.dk);
+        runs[4].repeats.push_back(br.dv);
+      }
+    }
+  }
+
+  const std::string policy =
+      claimed ? fmt::format("bitwise equal over {} runs", kRepeats + 1)
+              : std::string("not claimed deterministic (variation reported, not failed)");
+  for (const Run& run : runs) {
+    BitwiseDiff worst;
+    int worst_run = -1;
+    bool shape_mismatch = false;
+    for (size_t r = 0; r < run.repeats.size(); ++r) {
+      const Tensor& t = run.repeats[r];
+      if (t.shape() != run.base->shape() || t.dtype() != run.base->dtype()) {
+        shape_mismatch = true;
+        break;
+      }
+      BitwiseDiff d = DiffBitwise(*run.base, t);
+      if (d.differing > worst.differing) {
+        worst = d;
+        worst_run = static_cast<int>(r) + 2;
+      }
+    }
+    if (shape_mismatch) {
+      out.push_back(Failure(kCheck, run.name, policy,
+                            fmt::format("{}: a repeated run returned another shape or dtype",
+                                        run.name)));
+      continue;
+    }
+    Verdict v;
+    v.check = std::string(kCheck);
+    v.tensor = run.name;
+    v.policy = policy;
+    v.observed = static_cast<double>(worst.differing);
+    v.allowed = 0;
+    if (worst.differing == 0) {
+      v.pass = true;
+      v.margin = 0;
+      v.message = fmt::format("{}: bitwise equal over {} runs", run.name, kRepeats + 1);
+    } else {
+      v.worst = LocateElement(p, run.name, run.base->shape(), worst.first);
+      v.worst.observed = worst.b;
+      v.worst.reference = worst.a;
+      v.pass = !claimed;
+      v.margin = claimed ? std::numeric_limits<double>::infinity() : 0.0;
+      v.message = fmt::format(
+          "{}: run {} differs from run 1 in {} element(s), first at {} (run 1: {:.9g}){}",
+          run.name, worst_run, worst.differing, v.worst.Coordinates(), worst.a,
+          claimed ? " although the kernel claims deterministic" : " (not claimed)");
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+std::vector<Verdict> RunUnwrittenOutputs(CheckContext& ctx) {
+  constexpr std::string_view kCheck = "unwritten-outputs";
+  const Problem& p = ctx.case_.problem;
+  const auto& f = ctx.KernelForward();
+  if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, f, "forward")) return *v;
+  const ForwardResult& fwd = std::get<ForwardResult>(f);
+  std::vector<Verdict> out;
+  struct Slot {
+    const char* name;
+    const Tensor* t;
+    Shape shape;
+  };
+  std::vector<Slot> slots = {{"o", &fwd.o, p.OShape()}, {"lse", &fwd.lse, p.LseShape()}};
+  const BackwardResult* bwd = nullptr;
+  if (ctx.WantsBackward()) {
+    const auto& b = ctx.KernelBackward();
+    if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, b, "backward")) {
+      for (auto& x : *v) out.push_back(std::move(x));
+    } else {
+      bwd = &std::get<BackwardResult>(b);
+      slots.push_back({"dq", &bwd->dq, p.QShape()});
+      slots.push_back({"dk", &bwd->dk, p.KShape()});
+      slots.push_back({"dv", &bwd->dv, p.VShape()});
+    }
+  }
+  const std::string policy = "every element written (no NaN where the oracle is finite)";
+  for (const Slot& s : slots) {
+    if (Status st = CheckOutputTensor(*s.t, s.name, s.shape); !st.ok()) {
+      out.push_back(Failure(kCheck, s.name, "output of the problem's shape and a float dtype",
+                            st.error().message + " (an output the kernel did not produce as "
+                                                 "specified)"));
+      continue;
+    }
+    Tensor ref;
+    if (bwd != nullptr) {
+      const BackwardOut& o = ctx.OracleBackward();
+      const Tensor* r[] = {&o.o, &o.lse, &o.dq, &o.dk, &o.dv};
+      ref = *r[&s - slots.data()];
+    } else {
+      const ForwardOut& o = ctx.OracleForward();
+      ref = (&s - slots.data()) == 0 ? o.o : o.lse;
+    }
+    const Tensor obs = ToF64(*s.t);
+    const auto so = obs.span<const double>();
+    const auto sr = ref.span<const double>();
+    Violations v;
+    for (size_t e = 0; e < so.size(); ++e) {
+      if (std::isnan(so[e]) && std::isfinite(sr[e])) {
+        v.Add(p, s.name, obs, static_cast<int64_t>(e), so[e]);
+        if (v.count == 1) v.first.reference = sr[e];
+      }
+    }
+    Verdict verdict;
+    verdict.check = std::string(kCheck);
+    verdict.tensor = s.name;
+    verdict.policy = policy;
+    verdict.observed = static_cast<double>(v.count);
+    verdict.pass = v.count == 0;
+    verdict.margin = verdict.pass ? 0.0 : std::numeric_limits<double>::infinity();
+    verdict.worst = v.first;
+    verdict.message =
+        verdict.pass ? fmt::format("{}: all {} elements written", s.name, so.size())
+                     : fmt::format("{}: {} of {} element(s) are NaN where the oracle is finite "
+                                   "(unwritten or NaN-poisoned output), first at {}",
+                                   s.name, v.count, so.size(), v.first.ToString());
+    out.push_back(std::move(verdict));
+  }
+  return out;
+}
+
+std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
+  constexpr std::string_view kCheck = "special-values";
+  const Problem& p = ctx.case_.problem;
+  const auto& f = ctx.KernelForward();
+  if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, f, "forward")) return *v;
+  const ForwardResult& fwd = std::get<ForwardResult>(f);
+  std::vector<Verdict> out;
+  const BackwardResult* bwd = nullptr;
+  if (ctx.WantsBackward()) {
+    const auto& b = ctx.KernelBackward();
+    if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, b, "backward")) {
+      for (auto& x : *v) out.push_back(std::move(x));
+    } else {
+      bwd = &std::get<BackwardResult>(b);
+    }
+  }
+  struct Slot {
+    const char* name;
+    const Tensor* t;
+    Shape shape;
+    Tensor ref;
+  };
+  std::vector<Slot> slots;
+  if (bwd != nullptr) {
+    const BackwardOut& o = ctx.OracleBackward();
+    slots = {{"o", &fwd.o, p.OShape(), o.o},   {"lse", &fwd.lse, p.LseShape(), o.lse},
+             {"dq", &bwd->dq, p.QShape(), o.dq}, {"dk", &bwd->dk, p.KShape(), o.dk},
+             {"dv", &bwd->dv, p.VShape(), o.dv}};
+  } else {
+    const ForwardOut& o = ctx.OracleForward();
+    slots = {{"o", &fwd.o, p.OShape(), o.o}, {"lse", &fwd.lse, p.LseShape(), o.lse}};
+  }
+  std::vector<Tensor> obs(slots.size());
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (Status st = CheckOutputTensor(*slots[k].t, slots[k].name, slots[k].shape); !st.ok()) {
+      out.push_back(Failure(kCheck, slots[k].name, "output of the problem's shape",
+                            "cannot check: " + st.error().message));
+      return out;
+    }
+    obs[k] = ToF64(*slots[k].t);
+  }
+
+  // 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
+  // format edges). lse may be -inf exactly where the oracle's is.
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const auto so = obs[k].span<const double>();
+    const auto sr = slots[k].ref.span<const double>();
+    Violations v;
+    int64_t finite_refs = 0;
+    for (size_t e = 0; e < so.size(); ++e) {
+      if (!std::isfinite(sr[e])) continue;
+      ++finite_refs;
+      if (!std::isfinite(so[e])) {
+        v.Add(p, slots[k].name, obs[k], static_cast<int64_t>(e), so[e]);
+        if (v.count == 1) v.first.reference = sr[e];
+      }
+    }
+    out.push_back(ExactRule(slots[k].name, "finite where the oracle is finite", v, finite_refs,
+                            "finite-reference"));
+  }
+
+  // 2. Empty rows (oracle lse = -inf) and unseen keys: exact zeros and -inf.
+  const Tensor& ref_lse = slots[1].ref;
+  const auto rl = ref_lse.span<const double>();
+  const Offsets at{p};
+  Violations o_bad, lse_bad, dq_bad, dk_bad, dv_bad;
+  int64_t empty_rows = 0, unseen_keys = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence s = SequenceOf(p, b);
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        const int64_t l = at.Lse(b, s, h, i);
+        if (!(std::isinf(rl[static_cast<size_t>(l)]) && rl[static_cast<size_t>(l)] < 0)) continue;
+        ++empty_rows;
+        const double lo = obs[1].span<const double>()[static_cast<size_t>(l)];
+        if (!(std::isinf(lo) && lo < 0)) lse_bad.Add(p, "lse", obs[1], l, lo);
+        const int64_t ro = at.RowO(s, h, i, p.head_dim_v);
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          const double x = obs[0].span<const double>()[static_cast<size_t>(ro + d)];
+          if (x != 0) o_bad.Add(p, "o", obs[0], ro + d, x);
+        }
+        if (bwd != nullptr) {
+          const int64_t rq = at.RowO(s, h, i, p.head_dim);
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            const double x = obs[2].span<const double>()[static_cast<size_t>(rq + d)];
+            if (x != 0) dq_bad.Add(p, "dq", obs[2], rq + d, x);
+          }
+        }
+      }
+    }
+    if (bwd == nullptr) continue;
+    // Keys no query of the sequence sees (the mask is the same for every head).
+    const MaskView mask(p, b);
+    for (int64_t j = 0; j < s.k_len; ++j) {
+      bool seen = false;
+      for (int64_t i = 0; i < s.q_len && !seen; ++i) seen = mask.Visible(i, j);
+      if (seen) continue;
+      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+        ++unseen_keys;
+        const int64_t rk = at.RowK(s, hk, j, p.head_dim);
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          const double x = obs[3].span<const double>()[static_cast<size_t>(rk + d)];
+          if (x != 0) dk_bad.Add(p, "dk", obs[3], rk + d, x);
+        }
+        const int64_t rv = at.RowK(s, hk, j, p.head_dim_v);
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          const double x = obs[4].span<const double>()[static_cast<size_t>(rv + d)];
+          if (x != 0) dv_bad.Add(p, "dv", obs[4], rv + d, x);
+        }
+      }
+    }
+  }
+  if (empty_rows > 0) {
+    out.push_back(ExactRule("o", "o = 0 on empty rows", o_bad, empty_rows * p.head_dim_v,
+                            "empty-row"));
+    out.push_back(ExactRule("lse", "lse = -inf on empty rows", lse_bad, empty_rows, "empty-row"));
+    if (bwd != nullptr) {
+      out.push_back(ExactRule("dq", "dq = 0 on empty rows", dq_bad, empty_rows * p.head_dim,
+                              "empty-row"));
+    }
+  }
+  if (unseen_keys > 0) {
+    out.push_back(ExactRule("dk", "dk = 0 for keys no query sees", dk_bad,
+                            unseen_keys * p.head_dim, "unseen-key"));
+    out.push_back(ExactRule("dv", "dv = 0 for keys no query sees", dv_bad,
+                            unseen_keys * p.head_dim_v, "unseen-key"));
+  }
+  return out;
+}
+
+std::vector<Verdict> RunHonesty(CheckContext& ctx) {
+  constexpr std::string_view kCheck = "honesty";
+  const Problem& p = ctx.case_.problem;
+  const Capabilities caps = ctx.kernel->capabilities();
+  std::string why;
+  const bool covered = caps.Covers(p, &why);
+  const auto& f = ctx.KernelForward();
+  std::vector<Verdict> out;
+  if (const auto* u = std::get_if<Unsupported>(&f)) {
+    if (covered) {
+      out.push_back(Failure(kCheck, "", "a claimed feature is never refused",
+                            fmt::format("{} answered Unsupported ({}) to a forward its "
+                                        "capabilities cover",
+                                        ctx.kernel->name(), u->reason)));
+    } else {
+      out.push_back(Passing(kCheck, "", "refuses what it does not claim",
+                            fmt::format("honest refusal ({}): {}", why, u->reason)));
+    }
+    return out;
+  }
+  if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, f, "forward")) return *v;
+  const ForwardResult& fwd = std::get<ForwardResult>(f);
+  const BackwardResult* bwd = nullptr;
+  if (ctx.inputs.dout.defined() && (caps.backward || !covered)) {
+    // Outside its capabilities the kernel may still try a backward; it must then be right.
+    const auto& b = ctx.KernelBackward();
+    if (const auto* u = std::get_if<Unsupported>(&b)) {
+      if (covered) {
+        out.push_back(Failure(kCheck, "", "a claimed feature is never refused",
+                              fmt::format("{} answered Unsupported ({}) to a backward its "
+                                          "capabilities cover",
+                                          ctx.kernel->name(), u->reason)));
+      }
+    } else if (const auto* e = std::get_if<Error>(&b)) {
+      out.push_back(Failure(kCheck, "", "the kernel answers without error",
+                            fmt::format("{} backward failed: {}", ctx.kernel->name(), e->message)));
+    } else {
+      bwd = &std::get<BackwardResult>(b);
+    }
+  }
+  for (Verdict& v : JudgeAgainstOracle(ctx, kCheck, fwd, bwd)) {
+    if (!covered) {
+      v.message = fmt::format("answered a case outside its capabilities ({}): {}", why,
+                              v.message);
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace attest

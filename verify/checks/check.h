@@ -1,0 +1,119 @@
+// The check interface (DESIGN.md "Checks"; issue "verify/" items 3-4): a check takes a kernel
+// and one case, runs whatever kernel calls it needs (the harness never dies with the kernel:
+// kernel errors become failing verdicts), and returns verdicts with margins and worst
+// locations. Checks are rows of a registry; suites are lists of (check, case, seed) rows.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/kernel.h"
+#include "reference/oracle/oracle.h"
+#include "reference/problem/case_file.h"
+#include "reference/problem/inputs.h"
+#include "verify/tolerance.h"
+#include "verify/verdict.h"
+
+namespace attest {
+
+// Everything a check may use for one case. The inputs are the case's dtype-rounded f64
+// tensors; the oracle outputs are computed lazily once per case and shared between checks.
+struct CheckContext {
+  Kernel* kernel = nullptr;
+  std::string kernel_spec;  // as given on the command line, for repro lines
+  Case case_;               // the case (generator + seed or inputs file)
+  CaseInputs inputs;
+  const Profile* profile = nullptr;
+  OracleOptions oracle_options;
+  uint64_t seed = 0;  // for checks that draw their own perturbations
+
+  // Lazily computed float64 oracle forward / backward on `inputs`.
+  const ForwardOut& OracleForward();
+  const BackwardOut& OracleBackward();
+
+  // (check.cc extension) The kernel's answer on `inputs`, computed once per context and
+  // shared between checks (checks that need repeated or perturbed calls call the kernel
+  // themselves). KernelBackward differentiates the kernel's own forward; call it only when
+  // WantsBackward() and KernelForward() holds outputs.
+  const KernelAnswer<ForwardResult>& KernelForward();
+  const KernelAnswer<BackwardResult>& KernelBackward();
+  // The kernel claims a backward and the case has a "do".
+  bool WantsBackward() const;
+  // Put into every failing verdict: the command line that reproduces it.
+  std::string repro;
+  // A short name of the case for messages ("gqa-4-2 causal Sq=77 Sk=130").
+  std::string label;
+
+ private:
+  std::optional<ForwardOut> fwd_;
+  std::optional<BackwardOut> bwd_;
+  std::optional<KernelAnswer<ForwardResult>> kfwd_;
+  std::optional<KernelAnswer<BackwardResult>> kbwd_;
+};
+
+// Thrown by CheckContext when the oracle rejects the case (a harness fault, exit code 2),
+// so that runners can tell it from an exception thrown by the kernel (a finding).
+struct HarnessError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- Helpers shared by the checks (check.cc) ----
+
+// A categorical failure (margin inf): a kernel error, an output of the wrong shape, a
+// refusal where the kernel claims the feature.
+Verdict Failure(std::string_view check, std::string_view tensor, std::string policy,
+                std::string message);
+// A passing verdict with margin observed / allowed.
+Verdict Passing(std::string_view check, std::string_view tensor, std::string policy,
+                std::string message = {});
+
+// What a non-output answer means for a check: an Error is a failure; Unsupported for a
+// problem inside the kernel's capabilities is a failure (it claims the feature); Unsupported
+// outside them is an honest refusal, for which the check does not apply (empty list).
+// `what` is "forward" or "backward". Returns nullopt when the answer holds outputs.
+template <class T>
+std::optional<std::vector<Verdict>> NonOutputVerdicts(std::string_view check, const Kernel& kernel,
+                                                      const Problem& p,
+                                                      const KernelAnswer<T>& answer,
+                                                      std::string_view what);
+
+// Whether `t` is a defined float tensor of `shape`; the error names the tensor.
+Status CheckOutputTensor(const Tensor& t, std::string_view name, const Shape& shape);
+
+// The location of flat (row-major) element `flat` of problem p's tensor `tensor` of `shape`.
+Location LocateElement(const Problem& p, std::string_view tensor, const Shape& shape,
+                       int64_t flat);
+
+// Bitwise difference of two tensors of equal shape (any float dtypes, widened exactly; +0
+// and -0 differ, NaNs with different payloads differ): how many elements differ, the first.
+struct BitwiseDiff {
+  int64_t differing = 0;
+  int64_t first = -1;  // flat index of the first differing element
+  double a = 0, b = 0;  // their values there
+};
+BitwiseDiff DiffBitwise(const Tensor& a, const Tensor& b);
+
+// "[2, 3, 4]".
+std::string ShapeString(const Shape& s);
+
+// Rebuilds failing verdicts' message with the case label and sets their repro line.
+void Finish(std::vector<Verdict>& verdicts, const CheckContext& ctx);
+
+struct CheckInfo {
+  std::string_view name;         // "accuracy", "non-interference", "consistency", ...
+  std::string_view description;  // what passing proves, one sentence
+  // Runs the check; an empty result means "not applicable to this case/kernel" (e.g. a
+  // backward check on a forward-only kernel), never "passed".
+  std::function<std::vector<Verdict>(CheckContext&)> run;
+};
+
+// Every registered check, in a fixed order (the first failing one is reported first).
+std::span<const CheckInfo> AllChecks();
+const CheckInfo* FindCheck(std::string_view name);
+
+}  // namespace attest

@@ -1,0 +1,618 @@
+// Forward/backward consistency (see consistency.h; DESIGN.md "Checks"; FlashAttention-2,
+// arXiv 2307.08691, Algorithm 2: D_i = rowsum(dO_i ∘ O_i), dS = P ∘ (dP - D)).
+//
+// Derivations. For a non-empty row i with weights P_ij = exp(s_ij - lse_i), Σ_j P_ij = 1:
+//   Σ_j dS_ij = Σ_j P_ij dP_ij - D_i Σ_j P_ij = dO_i·(Σ_j P_ij v_j) - D_i = dO_i·O_i - D_i = 0,
+// so Σ_j dK_j = scale Σ_i q_i Σ_j dS_ij = 0 exactly for the exact gradient. With softcap,
+// dK_j = scale Σ_i c_ij dS_ij q_i with c_ij = 1 - tanh²(raw_ij / cap) varying over j, and
+// Σ_j c_ij dS_ij is not 0; the identity is then used in its weighted form: the prediction is
+// scale Σ_i q_i Σ_j c_ij dS_ij with dS from the kernel's own P and D (a backward that drops
+// c misses by Σ_j (1 - c_ij) dS_ij per row, far above the rounding bound). ALiBi leaves the
+// identity intact (the bias does not depend on q or k). FlashAttention reads D from the ROUNDED O (DeltaSource::kRoundedO), so
+// Σ_j dS_ij = dO_i·(O_i^fp32 - O_i^rounded) ≠ 0; the prediction therefore uses
+// r_i = Σ_j P_ij dP_ij - rowsum(dO_i ∘ O_i^kernel), which is that term, computed here in f64.
+// Σ_j dV_j = Σ_i (Σ_j P_ij) dO_i = Σ_{non-empty i} dO_i.
+// Constant-V probe: with v_j = c for every key of a sequence the exact O_i is c whatever P
+// is, so dq and dk vanish; a kernel computes dS_ij = P_ij (dO_i·c - D_i) with D_i from its
+// returned O, i.e. dS_ij = -P_ij e_i with e_i = dO_i·(O_i - c), known here exactly.
+//
+// Bounds are first-order worst-case (Higham, "Accuracy and Stability of Numerical
+// Algorithms", 2nd ed., §3.1: a length-n fp32 sum errs by at most γ_n Σ|terms|,
+// γ_n = n u/(1 - n u), u = 2^-24), one term per rounding point of the recipe (and dP's rounding
+// where the recipe's `dp` or the kernel's BackwardDpFormat(p) names one), times 2 for the
+// second-order terms (the oracle's ErrorBound convention), plus the smallest positive value
+// of the output format (a result that should be 0 may round to a subnormal).
+#include "verify/checks/consistency.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "reference/formats/format.h"
+#include "reference/oracle/oracle.h"
+#include "reference/problem/mask.h"
+#include "verify/baseline.h"
+#include "verify/checks/check.h"
+#include "verify/metrics.h"
+
+namespace attest {
+namespace {
+
+constexpr std::string_view kCheck = "consistency";
+constexpr double kU32 = 0x1p-24;
+
+double Gamma(double n) { return n * kU32 / (1 - n * kU32); }
+
+// Unit roundoff of a format: half its spacing at 1.
+double UnitRoundoff(Format f) { return Quantum(1.0, f) / 2; }
+
+// Relative rounding of an operand scheme (block schemes: their element format's unit
+// roundoff; the underflow of elements far below their block's amax is not modelled, which
+// matters only for block recipes of the P / dS operands).
+double OperandRoundoff(const OperandQuant& q) {
+  switch (q.scheme.kind) {
+    case OperandKind::kNone: return 0;
+    case OperandKind::kElement: return UnitRoundoff(q.scheme.element);
+    case OperandKind::kBlock: {
+      const Scheme* s = FindScheme(q.scheme.block);
+      return s ? UnitRoundoff(s->element) : 0.5;
+    }
+  }
+  return 0;
+}
+
+// Index arithmetic over token-major layouts ([B,S,H,X] and packed [T,H,X] alike).
+struct Geometry {
+  const Problem& p;
+  int64_t Q(int64_t t, int64_t h, int64_t d) const { return (t * p.heads_q + h) * p.head_dim + d; }
+  int64_t K(int64_t t, int64_t h, int64_t d) const { return (t * p.heads_kv + h) * p.head_dim + d; }
+  int64_t V(int64_t t, int64_t h, int64_t d) const {
+    return (t * p.heads_kv + h) * p.head_dim_v + d;
+  }
+  int64_t O(int64_t t, int64_t h, int64_t d) const {
+    return (t * p.heads_q + h) * p.head_dim_v + d;
+  }
+  int64_t Lse(const Sequence& s, int64_t h, int64_t i) const {
+    if (p.varlen()) return h * p.TotalQ() + s.q_begin + i;
+    return ((s.q_begin / p.seqlen_q) * p.heads_q + h) * p.seqlen_q + i;
+  }
+};
+
+// One query row's softmax as the kernel's lse defines it.
+struct RowWeights {
+  std::vector<int64_t> j;       // visible keys (local)
+  std::vector<double> p;        // exp(s - lse)
+  std::vector<double> c;        // ds/draw (softcap derivative; 1 without softcap)
+  double eps = 0;               // relative error bound of the kernel's fp32 weights
+};
+
+bool RowWeightsOf(const Problem& p, const Geometry& g, const MaskView& m, const double* q,
+                  const double* k, const double* lse, int64_t h, int64_t i, RowWeights& w) {
+  const Sequence& s = m.sequence();
+  const double l = lse[g.Lse(s, h, i)];
+  w.j.clear();
+  w.p.clear();
+  w.c.clear();
+  if (!std::isfinite(l)) return false;  // empty row (-inf, or +inf as FlashAttention writes)
+  const double scale = p.EffectiveScale();
+  const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
+  const int64_t kvh = p.KvHead(h);
+  double score_err = 0, s_max = 0;
+  for (int64_t j = 0; j < s.k_len; ++j) {
+    if (!m.Visible(i, j)) continue;
+    double dot = 0, abs_dot = 0;
+    for (int64_t d = 0; d < p.head_dim; ++d) {
+      const double x = q[g.Q(s.q_begin + i, h, d)] * k[g.K(s.k_begin + j, kvh, d)];
+      dot += x;
+      abs_dot += std::fabs(x);
+    }
+    const double raw = scale * dot;
+    const double sc = TransformScore(raw, p.softcap, slope, m.AlibiDistance(i, j));
+    double c = 1;
+    if (p.softcap > 0) {
+      const double t = std::tanh(raw / p.softcap);
+      c = 1 - t * t;
+    }
+    w.j.push_back(j);
+    w.p.push_back(std::exp(sc - l));
+    w.c.push_back(c);
+    score_err = std::max(score_err, Gamma(static_cast<double>(p.head_dim) + 3) * scale * abs_dot);
+    s_max = std::max(s_max, std::fabs(sc));
+  }
+  // The kernel's weights differ from exp(s - lse) by its fp32 score error and its lse (twice:
+  // once in the weight, once in the normaliser it implies), the fp32 exp and the row-sum.
+  w.eps = 2 * (score_err + kU32 * (std::fabs(l) + s_max) * 2) +
+          Gamma(static_cast<double>(s.k_len) + 4);
+  return true;
+}
+
+struct Worst {
+  double margin = 0, observed = 0, allowed = 0;
+  Location where;
+  int64_t judged = 0;
+  void Update(double obs, double allow, const Location& loc) {
+    ++judged;
+    const double m = Margin(obs, allow);
+    if (m > margin || judged == 1) {
+      margin = m;
+      observed = obs;
+      allowed = allow;
+      where = loc;
+    }
+  }
+};
+
+Verdict MakeVerdict(std::string_view tensor, std::string policy, const Worst& w,
+                    const std::string& what, const std::string& repro) {
+  Verdict v;
+  v.check = std::string(kCheck);
+  v.tensor = std::string(tensor);
+  v.policy = std::move(policy);
+  v.observed = w.observed;
+  v.allowed = w.allowed;
+  v.margin = w.margin;
+  v.pass = w.margin <= 1;
+  v.worst = w.where;
+  std::ostringstream os;
+  os << what << (v.pass ? " holds" : " violated") << ": worst " << w.where.ToString()
+     << ", |residual| " << w.observed << " vs bound " << w.allowed << " (margin " << w.margin
+     << ", " << w.judged << " checked)";
+  v.message = os.str();
+  if (!v.pass) v.repro = repro;
+  return v;
+}
+
+Location Loc(const Problem& p, std::string_view tensor, std::vector<int64_t> index, double obs,
+             double ref) {
+  Location l = Locate(LayoutOf(p, tensor), index);
+  l.observed = obs;
+  l.reference = ref;
+  return l;
+}
+
+// Full index of token-major element (t, h, d) for a tensor of p's padded or packed layout.
+std::vector<int64_t> TokenIndex(const Problem& p, int64_t t, int64_t h, int64_t d) {
+  if (p.varlen()) return {t, h, d};
+  return {t / p.seqlen_q, t % p.seqlen_q, h, d};
+}
+std::vector<int64_t> KeyIndex(const Problem& p, int64_t t, int64_t h, int64_t d) {
+  if (p.varlen()) return {t, h, d};
+  return {t / p.seqlen_k, t % p.seqlen_k, h, d};
+}
+
+struct KernelRun {
+  Tensor o_raw, lse_raw;  // as returned (for Backward)
+  Tensor o, lse;          // f64
+  Tensor dq, dk, dv;      // f64
+};
+
+// Forward + backward; an Error string, "" with unsupported = true, or the run.
+std::variant<KernelRun, Unsupported, Error> RunKernel(Kernel& kernel, const Problem& p,
+                                                      const Tensor& q, const Tensor& k,
+                                                      const Tensor& v, const Tensor& dout) {
+  auto fwd = kernel.Forward(p, q, k, v);
+  if (auto* u = std::get_if<Unsupported>(&fwd)) return *u;
+  if (auto* e = std::get_if<Error>(&fwd)) return Error{"forward: " + e->message};
+  KernelRun r;
+  r.o_raw = std::get<ForwardResult>(fwd).o;
+  r.lse_raw = std::get<ForwardResult>(fwd).lse;
+  r.o = ToF64(r.o_raw);
+  r.lse = ToF64(r.lse_raw);
+  auto bwd = kernel.Backward(p, q, k, v, r.o_raw, r.lse_raw, dout);
+  if (auto* u = std::get_if<Unsupported>(&bwd)) return *u;
+  if (auto* e = std::get_if<Error>(&bwd)) return Error{"backward: " + e->message};
+  const BackwardResult& b = std::get<BackwardResult>(bwd);
+  r.dq = ToF64(b.dq);
+  r.dk = ToF64(b.dk);
+  r.dv = ToF64(b.dv);
+  return r;
+}
+
+struct RoundingModel {
+  double u_o = 0, u_g = 0;      // output o / gradients
+  double u_pv = 0, u_pdo = 0;   // P before P·V, before Pᵀ·dO
+  double u_ds = 0;              // dS before dS·K / dSᵀ·Q (the larger of the two)
+  // dP = dO·Vᵀ rounded before dP − D (recipe `dp` or the kernel's BackwardDpFormat; 0: fp32),
+  // and half the format's smallest positive value (a subnormal dP errs absolutely).
+  double u_dp = 0, tiny_dp = 0;
+  double tiny_o = 0, tiny_g = 0;
+  bool delta_rounded = true;
+};
+
+RoundingModel RoundingOf(const Problem& p, const Recipe& r, std::optional<Format> kernel_dp) {
+  RoundingModel x;
+  const Format in = FormatOf(p.dtype).value_or(Format::kF32);
+  const Format out = r.output.value_or(in);
+  const Format grad = r.gradients.value_or(in);
+  x.u_o = UnitRoundoff(out);
+  x.u_g = UnitRoundoff(grad);
+  x.tiny_o = MinPositive(out);
+  x.tiny_g = MinPositive(grad);
+  x.u_pv = OperandRoundoff(r.pv.a);
+  x.u_pdo = OperandRoundoff(r.pdo.a);
+  x.u_ds = std::max(OperandRoundoff(r.dsk.a), OperandRoundoff(r.dsq.a));
+  x.delta_rounded = r.delta == DeltaSource::kRoundedO;
+  for (const std::optional<Format>& f : {r.dp, kernel_dp}) {
+    if (!f) continue;
+    x.u_dp = std::max(x.u_dp, UnitRoundoff(*f));
+    x.tiny_dp = std::max(x.tiny_dp, MinPositive(*f) / 2);
+  }
+  return x;
+}
+
+// ---- delta, dk-sum, dv-sum on the case's own inputs ----
+void Identities(const Problem& p, const CaseInputs& in, const KernelRun& run, const RoundingModel& rd,
+                const std::string& repro, std::vector<Verdict>& out) {
+  const Geometry g{p};
+  const double* q = in.q.span<const double>().data();
+  const double* k = in.k.span<const double>().data();
+  const double* v = in.v.span<const double>().data();
+  const double* dout = in.dout.span<const double>().data();
+  const double* o = run.o.span<const double>().data();
+  const double* lse = run.lse.span<const double>().data();
+  const double* dk = run.dk.span<const double>().data();
+  const double* dv = run.dv.span<const double>().data();
+  const double scale = p.EffectiveScale();
+  const int64_t D = p.head_dim, Dv = p.head_dim_v, G = p.gqa_ratio();
+  Worst w_delta, w_dk, w_dv;
+  RowWeights w;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const MaskView m(p, b);
+    const Sequence& s = m.sequence();
+    for (int64_t kvh = 0; kvh < p.heads_kv; ++kvh) {
+      // Per (b, kv head) sums over the group's query heads and rows.
+      std::vector<double> pred_dk(static_cast<size_t>(D), 0), bound_dk(static_cast<size_t>(D), 0);
+      std::vector<double> pred_dv(static_cast<size_t>(Dv), 0), bound_dv(static_cast<size_t>(Dv), 0);
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        for (int64_t i = 0; i < s.q_len; ++i) {
+          if (!RowWeightsOf(p, g, m, q, k, lse, h, i, w)) continue;
+          const int64_t t = s.q_begin + i;
+          double d_o = 0, a_o = 0;  // rowsum(dO∘O) and Σ|dO∘O|
+          for (int64_t d = 0; d < Dv; ++d) {
+            d_o += dout[g.O(t, h, d)] * o[g.O(t, h, d)];
+            a_o += std::fabs(dout[g.O(t, h, d)] * o[g.O(t, h, d)]);
+          }
+          double d_p = 0, b_p = 0, mass = 0;  // Σ P dP, Σ P |dO|·|v|, Σ P
+          std::vector<double> dp(w.j.size()), adp(w.j.size());
+          for (size_t n = 0; n < w.j.size(); ++n) {
+            const int64_t tk = s.k_begin + w.j[n];
+            double x = 0, ax = 0;
+            for (int64_t d = 0; d < Dv; ++d) {
+              x += dout[g.O(t, h, d)] * v[g.V(tk, kvh, d)];
+              ax += std::fabs(dout[g.O(t, h, d)] * v[g.V(tk, kvh, d)]);
+            }
+            dp[n] = x;
+            adp[n] = ax;
+            d_p += w.p[n] * x;
+            b_p += w.p[n] * ax;
+            mass += w.p[n];
+          }
+          // delta: O was rounded once (u_o), computed from P rounded before P·V (u_pv) with
+          // fp32 weights (eps) and an fp32 sum over keys and the final division.
+          const double eps_pv = rd.u_pv + w.eps + Gamma(static_cast<double>(w.j.size()) + 2);
+          const double allow_delta = 2 * (rd.u_o * a_o + eps_pv * b_p) + rd.tiny_o;
+          w_delta.Update(std::fabs(d_o - d_p), allow_delta,
+                         Loc(p, "lse", p.varlen() ? std::vector<int64_t>{h, t}
+                                                  : std::vector<int64_t>{b, h, i},
+                             d_o, d_p));
+          // dk-sum prediction: r_i = Σ_j c_ij P_ij (dP_ij - D_used) with D_used from the
+          // returned O (or Σ P dP itself when the recipe reads the fp32 O); c ≡ 1 without
+          // softcap, where r_i is FlashAttention's D-from-rounded-O term.
+          const double d_used = rd.delta_rounded ? d_o : d_p;
+          double r = 0, abs_ds = 0, dp_round = 0;  // dp_round: Σ_j c P |δdP| (dP's rounding)
+          for (size_t n = 0; n < w.j.size(); ++n) {
+            r += w.c[n] * w.p[n] * (dp[n] - d_used);
+            abs_ds += w.c[n] * w.p[n] * std::fabs(dp[n] - d_used);
+            dp_round += w.c[n] * w.p[n] *
+                        (rd.u_dp * (std::fabs(dp[n]) + Gamma(static_cast<double>(Dv)) * adp[n]) +
+                         rd.tiny_dp);
+          }
+          // The kernel's fp32 tanh' carries its score error through t: |δc| ≤ 2|t| c δs/cap.
+          const double eps_c = p.softcap > 0 ? w.eps / p.softcap + 4 * kU32 : 0.0;
+          // Σ_j |dS_ij| error sources: weights (eps), softcap factor, dS rounding, fp32 dP and
+          // D (γ_Dv on Σ|dO∘v| and Σ|dO∘O|), dP's own rounding, D's own error when read from
+          // the fp32 O.
+          const double eta = abs_ds * (rd.u_ds + w.eps + eps_c + rd.u_g) +
+                             Gamma(static_cast<double>(Dv) + 2) * (b_p + mass * a_o) + dp_round +
+                             (rd.delta_rounded ? 0.0 : 2 * (rd.u_o * a_o + eps_pv * b_p));
+          const double n_acc = Gamma(static_cast<double>(s.q_len * G) + 2);
+          for (int64_t d = 0; d < D; ++d) {
+            const double qd = q[g.Q(t, h, d)];
+            pred_dk[static_cast<size_t>(d)] += scale * r * qd;
+            bound_dk[static_cast<size_t>(d)] +=
+                scale * std::fabs(qd) * (eta + abs_ds * n_acc + std::fabs(r) * rd.u_g);
+          }
+          for (int64_t d = 0; d < Dv; ++d) {
+            const double gd = dout[g.O(t, h, d)];
+            pred_dv[static_cast<size_t>(d)] += mass * gd;
+            bound_dv[static_cast<size_t>(d)] +=
+                mass * std::fabs(gd) * (rd.u_pdo + w.eps + rd.u_g + n_acc);
+          }
+        }
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        double sum = 0, abs_sum = 0;
+        for (int64_t j = 0; j < s.k_len; ++j) {
+          sum += dk[g.K(s.k_begin + j, kvh, d)];
+          abs_sum += std::fabs(dk[g.K(s.k_begin + j, kvh, d)]);
+        }
+        const double allow =
+            2 * (rd.u_g * abs_sum + bound_dk[static_cast<size_t>(d)]) + s.k_len * rd.tiny_g;
+        w_dk.Update(std::fabs(sum - pred_dk[static_cast<size_t>(d)]), allow,
+                    Loc(p, "dk", KeyIndex(p, s.k_begin, kvh, d), sum,
+                        pred_dk[static_cast<size_t>(d)]));
+      }
+      for (int64_t d = 0; d < Dv; ++d) {
+        double sum = 0, abs_sum = 0;
+        for (int64_t j = 0; j < s.k_len; ++j) {
+          sum += dv[g.V(s.k_begin + j, kvh, d)];
+          abs_sum += std::fabs(dv[g.V(s.k_begin + j, kvh, d)]);
+        }
+        const double allow =
+            2 * (rd.u_g * abs_sum + bound_dv[static_cast<size_t>(d)]) + s.k_len * rd.tiny_g;
+        w_dv.Update(std::fabs(sum - pred_dv[static_cast<size_t>(d)]), allow,
+                    Loc(p, "dv", KeyIndex(p, s.k_begin, kvh, d), sum,
+                        pred_dv[static_cast<size_t>(d)]));
+      }
+    }
+  }
+  if (w_delta.judged > 0) {
+    out.push_back(MakeVerdict("delta", "|rowsum(dO∘O) - rowsum(P∘dP)| ≤ rounding bound",
+                              w_delta, "delta: D from the kernel's O vs P from its lse", repro));
+  }
+  if (w_dk.judged > 0) {
+    out.push_back(MakeVerdict("dk", "|Σ_j dK_j - predicted| ≤ rounding bound", w_dk,
+                              "dk-sum: Σ_j dK_j = scale Σ_i q_i Σ_j c_ij dS_ij", repro));
+  }
+  if (w_dv.judged > 0) {
+    out.push_back(MakeVerdict("dv", "|Σ_j dV_j - Σ_i (Σ_j P_ij) dO_i| ≤ rounding bound", w_dv,
+                              "dv-sum: Σ_j dV_j = Σ_i dO_i over non-empty rows", repro));
+  }
+}
+
+// ---- The constant-V probe ----
+void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const RoundingModel& rd,
+           const std::string& repro, std::vector<Verdict>& out) {
+  const Geometry g{p};
+  // v_j := v at the sequence's first key, per kv head (values of the dtype already).
+  Tensor vc = in.v.Clone();
+  double* vp = vc.span<double>().data();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence s = SequenceOf(p, b);
+    for (int64_t j = 1; j < s.k_len; ++j) {
+      for (int64_t h = 0; h < p.heads_kv; ++h) {
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          vp[g.V(s.k_begin + j, h, d)] = vp[g.V(s.k_begin, h, d)];
+        }
+      }
+    }
+  }
+  auto answer = RunKernel(kernel, p, in.q, in.k, vc, in.dout);
+  if (std::holds_alternative<Unsupported>(answer)) return;
+  if (auto* e = std::get_if<Error>(&answer)) {
+    Verdict v;
+    v.check = std::string(kCheck);
+    v.policy = "kernel must run";
+    v.margin = std::numeric_limits<double>::infinity();
+    v.message = "constant-V probe: kernel failed: " + e->message;
+    v.repro = repro;
+    out.push_back(v);
+    return;
+  }
+  const KernelRun& run = std::get<KernelRun>(answer);
+  const double* q = in.q.span<const double>().data();
+  const double* k = in.k.span<const double>().data();
+  const double* dout = in.dout.span<const double>().data();
+  const double* o = run.o.span<const double>().data();
+  const double* lse = run.lse.span<const double>().data();
+  const double* dq = run.dq.span<const double>().data();
+  const double* dk = run.dk.span<const double>().data();
+  const double scale = p.EffectiveScale();
+  const int64_t D = p.head_dim, Dv = p.head_dim_v, G = p.gqa_ratio();
+  Worst w_dq, w_dk;
+  RowWeights w;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const MaskView m(p, b);
+    const Sequence& s = m.sequence();
+    if (s.k_len == 0) continue;
+    for (int64_t kvh = 0; kvh < p.heads_kv; ++kvh) {
+      const size_t nk = static_cast<size_t>(s.k_len * D);
+      std::vector<double> pred_dk(nk, 0), bound_dk(nk, 0);
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        for (int64_t i = 0; i < s.q_len; ++i) {
+          const int64_t t = s.q_begin + i;
+          std::vector<double> pred_dq(static_cast<size_t>(D), 0), bound_dq(static_cast<size_t>(D), 0);
+          if (RowWeightsOf(p, g, m, q, k, lse, h, i, w)) {
+            double e = 0, a_c = 0, a_o = 0, dp_c = 0;  // dO·(O - c), Σ|dO∘c|, Σ|dO∘O|, dO·c
+            for (int64_t d = 0; d < Dv; ++d) {
+              const double c = vp[g.V(s.k_begin, kvh, d)];
+              const double gd = dout[g.O(t, h, d)];
+              e += gd * (o[g.O(t, h, d)] - c);
+              a_c += std::fabs(gd * c);
+              a_o += std::fabs(gd * o[g.O(t, h, d)]);
+              dp_c += gd * c;
+            }
+            // Kernel: dS_ij = round(P̃_ij (dP_ij - D_i)) with fp32 dP and D (γ_Dv each),
+            // dP rounded to its own format where the kernel does (u_dp on |dP_ij| = |dO·c|,
+            // the fp32 dP being within γ_Dv Σ|dO∘c| of it; a subnormal dP errs by tiny_dp),
+            // weights within eps, dS rounding u_ds; then fp32 sums over keys / queries.
+            const double eta =
+                Gamma(static_cast<double>(Dv) + 2) * (a_c + a_o) +
+                rd.u_dp * (std::fabs(dp_c) + Gamma(static_cast<double>(Dv)) * a_c) + rd.tiny_dp;
+            const double rel = rd.u_ds + w.eps;
+            for (size_t n = 0; n < w.j.size(); ++n) {
+              const double ds = -w.p[n] * w.c[n] * e;
+              const double ds_err = w.p[n] * w.c[n] * (std::fabs(e) * rel + eta * (1 + rel));
+              const int64_t tk = s.k_begin + w.j[n];
+              for (int64_t d = 0; d < D; ++d) {
+                const double kd = k[g.K(tk, kvh, d)];
+                const double qd = q[g.Q(t, h, d)];
+                pred_dq[static_cast<size_t>(d)] += scale * ds * kd;
+                bound_dq[static_cast<size_t>(d)] +=
+                    scale * std::fabs(kd) *
+                    (ds_err + std::fabs(ds) * Gamma(static_cast<double>(s.k_len) + 2));
+                const size_t kk = static_cast<size_t>(w.j[n] * D + d);
+                pred_dk[kk] += scale * ds * qd;
+                bound_dk[kk] +=
+                    scale * std::fabs(qd) *
+                    (ds_err + std::fabs(ds) * (Gamma(static_cast<double>(s.q_len * G) + 2) +
+                                               rd.u_g));
+              }
+            }
+          }
+          for (int64_t d = 0; d < D; ++d) {
+            const double obs = dq[g.Q(t, h, d)];
+            const double pred = pred_dq[static_cast<size_t>(d)];
+            const double allow =
+                2 * (bound_dq[static_cast<size_t>(d)] + rd.u_g * std::fabs(pred)) + rd.tiny_g;
+            w_dq.Update(std::fabs(obs - pred), allow, Loc(p, "dq", TokenIndex(p, t, h, d), obs, pred));
+          }
+        }
+      }
+      for (int64_t j = 0; j < s.k_len; ++j) {
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t kk = static_cast<size_t>(j * D + d);
+          const double obs = dk[g.K(s.k_begin + j, kvh, d)];
+          const double allow = 2 * (bound_dk[kk] + rd.u_g * std::fabs(pred_dk[kk])) + rd.tiny_g;
+          w_dk.Update(std::fabs(obs - pred_dk[kk]), allow,
+                      Loc(p, "dk", KeyIndex(p, s.k_begin + j, kvh, d), obs, pred_dk[kk]));
+        }
+      }
+    }
+  }
+  const std::string what =
+      "constant-V probe (v_j = v_first, exact gradient 0; predicted -P·dO·(O - c))";
+  if (w_dq.judged > 0) {
+    out.push_back(MakeVerdict("dq", "probe: |dq - predicted| ≤ rounding bound", w_dq, what, repro));
+  }
+  if (w_dk.judged > 0) {
+    out.push_back(MakeVerdict("dk", "probe: |dk - predicted| ≤ rounding bound", w_dk, what, repro));
+  }
+}
+
+// ---- Oracle backward at the recipe's quantised operands, judged by the profile ----
+Expected<Tensor> QuantizeInput(const Tensor& t, const OperandQuant& q) {
+  if (q.scheme.kind == OperandKind::kNone) return t;
+  const auto span = t.span<const double>();
+  std::vector<float> f(span.begin(), span.end());
+  // kSequence: the token axis (0 packed, 1 padded); kHeadDim: the last axis.
+  const int64_t axis = q.axis == QuantAxis::kSequence ? (t.rank() == 4 ? 1 : 0) : t.rank() - 1;
+  Expected<std::vector<float>> r = QuantizeOperand(f, t.shape(), axis, q.scheme);
+  if (!r.ok()) return r.error();
+  return Tensor::FromF64(t.shape(), std::vector<double>(r->begin(), r->end()));
+}
+
+void RecipeGradient(const Problem& p, const CaseInputs& in, const KernelRun& run,
+                    const Recipe& recipe, const Profile& profile, const std::string& repro,
+                    std::vector<Verdict>& out) {
+  auto fail = [&](const std::string& msg) {
+    Verdict v;
+    v.check = std::string(kCheck);
+    v.policy = "recipe-gradient";
+    v.margin = std::numeric_limits<double>::infinity();
+    v.message = "recipe-gradient: " + msg;
+    v.repro = repro;
+    out.push_back(v);
+  };
+  Expected<Tensor> q = QuantizeInput(in.q, recipe.qk.a);
+  Expected<Tensor> k = QuantizeInput(in.k, recipe.qk.b);
+  Expected<Tensor> v = QuantizeInput(in.v, recipe.pv.b);
+  if (!q.ok() || !k.ok() || !v.ok()) {
+    fail("quantising operands: " + (!q.ok() ? q.error().message
+                                   : !k.ok() ? k.error().message : v.error().message));
+    return;
+  }
+  const BackwardOut ref = Backward<double>(p, *q, *k, *v, in.dout);
+  std::optional<BaselineOut> base;
+  if (profile.needs_baseline()) {
+    Expected<BaselineOut> b = BaselineBackward(p, *q, *k, *v, in.dout);
+    if (!b.ok()) {
+      fail("baseline: " + b.error().message);
+      return;
+    }
+    base = std::move(*b);
+  }
+  const Format grad = recipe.gradients.value_or(FormatOf(p.dtype).value_or(Format::kF32));
+  const std::pair<std::string_view, std::pair<const Tensor*, const Tensor*>> items[] = {
+      {"dq", {&run.dq, &ref.dq}}, {"dk", {&run.dk, &ref.dk}}, {"dv", {&run.dv, &ref.dv}}};
+  for (const auto& [name, pair] : items) {
+    Expected<TensorMetrics> m = Compare(name, *pair.first, *pair.second, grad, LayoutOf(p, name));
+    if (!m.ok()) {
+      fail(m.error().message);
+      continue;
+    }
+    std::optional<TensorMetrics> bm;
+    if (base) {
+      const Tensor& bt = name == "dq" ? base->dq : name == "dk" ? base->dk : base->dv;
+      Expected<TensorMetrics> x = Compare(name, bt, *pair.second, grad, LayoutOf(p, name));
+      if (x.ok()) bm = std::move(*x);
+    }
+    for (Verdict& v : EvaluateProfile(profile, *m, bm ? &*bm : nullptr, kCheck)) {
+      v.policy = "recipe-gradient (" + std::string(recipe.name) + "): " + v.policy;
+      v.message = "gradient vs oracle at the recipe's quantised operands: " + v.message;
+      if (!v.pass) v.repro = repro;
+      out.push_back(std::move(v));
+    }
+  }
+}
+
+const Recipe* DefaultRecipe(const Problem& p) {
+  switch (p.dtype) {
+    case DType::kBF16: return FindRecipe("bf16");
+    case DType::kF16: return FindRecipe("f16");
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const CaseInputs& in,
+                                      const ConsistencyOptions& options, const Recipe* recipe,
+                                      const Profile* profile) {
+  const Capabilities caps = kernel.capabilities();
+  if (!caps.backward || !caps.Covers(p) || !in.dout.defined()) return {};
+  if (recipe == nullptr && !caps.recipe.empty()) recipe = FindRecipe(caps.recipe);
+  if (recipe == nullptr) recipe = DefaultRecipe(p);
+  if (recipe == nullptr) return {};  // no rounding model to bound with
+  if (profile == nullptr) {
+    Expected<const Profile*> pr = ProfileFor(caps);
+    if (pr.ok()) profile = *pr;
+  }
+  const RoundingModel rd = RoundingOf(p, *recipe, kernel.BackwardDpFormat(p));
+  std::vector<Verdict> out;
+  if (options.identities || options.recipe_gradient) {
+    auto answer = RunKernel(kernel, p, in.q, in.k, in.v, in.dout);
+    if (std::holds_alternative<Unsupported>(answer)) return {};
+    if (auto* e = std::get_if<Error>(&answer)) {
+      Verdict v;
+      v.check = std::string(kCheck);
+      v.policy = "kernel must run";
+      v.margin = std::numeric_limits<double>::infinity();
+      v.message = "kernel failed: " + e->message;
+      v.repro = options.repro;
+      return {v};
+    }
+    const KernelRun& run = std::get<KernelRun>(answer);
+    if (options.identities) Identities(p, in, run, rd, options.repro, out);
+    if (options.recipe_gradient && profile != nullptr) {
+      RecipeGradient(p, in, run, *recipe, *profile, options.repro, out);
+    }
+  }
+  if (options.probe) Probe(kernel, p, in, rd, options.repro, out);
+  return out;
+}
+
+std::vector<Verdict> RunConsistency(CheckContext& ctx) {
+  if (ctx.kernel == nullptr) return {};
+  if (!ctx.WantsBackward()) return {};
+  ConsistencyOptions options;
+  options.repro = ctx.repro;
+  std::vector<Verdict> verdicts = CheckConsistency(*ctx.kernel, ctx.case_.problem, ctx.inputs,
+                                                   options, nullptr, ctx.profile);
+  Finish(verdicts, ctx);
+  return verdicts;
+}
+
+}  // namespace attest

@@ -1,0 +1,27 @@
+// Metamorphic relations (DESIGN.md "Checks", last bullet; issue "verify/" item 4): the
+// kernel against itself on a transformed problem, no oracle involved, so even errors far
+// below the accuracy tolerance show (a kernel that leaks 1e-6 of a neighbouring head passes
+// accuracy and fails permutation).
+//   gqa-mha:       kernel on (Hq, Hkv) = kernel on (Hq, Hq) with k/v repeated per group
+//                  (dk, dv: the group sum of the MHA gradients);
+//   permutation:   permuting batch entries and heads of the inputs permutes the outputs,
+//                  bitwise for a kernel that claims determinism;
+//   window-causal: window (Sk, 0) without causal = causal (same diagonal alignment).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "verify/checks/check.h"
+
+namespace attest {
+
+std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx);
+std::vector<Verdict> RunPermutation(CheckContext& ctx);
+std::vector<Verdict> RunWindowCausal(CheckContext& ctx);
+
+// result[..., k, ...] = t[..., src[k], ...] along `axis`, which gets src.size() entries (any
+// dtype; contiguous copy).
+Tensor Gather(const Tensor& t, int64_t axis, const std::vector<int64_t>& src);
+
+}  // namespace attest

@@ -1,0 +1,508 @@
+// The non-interference check (see noninterference.h; DESIGN.md "Checks", REFERENCES.md
+// "Low-precision attention recipes and their failure modes": a block scale shared across a
+// causal diagonal or a document boundary lets hidden values move visible outputs).
+#include "verify/checks/noninterference.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "reference/formats/format.h"
+#include "reference/problem/mask.h"
+#include "verify/checks/check.h"
+#include "verify/metrics.h"
+
+namespace attest {
+namespace {
+
+constexpr std::string_view kCheck = "non-interference";
+
+// The values a perturbation writes. kLarge on keys (k, v) is min(dtype max, 2^60): beyond
+// 2^60 an fp32 product q·k or dO·v of D terms overflows, and IEEE 0·inf = NaN in a masked
+// element that a tiled kernel computes and multiplies by P = 0 is input overflow, not
+// leakage. kLarge on queries (q, dO) is 2^16: a perturbed query's own row must stay finite,
+// because FlashAttention's backward forms dS = P∘(dP − D) for masked entries too (P = 0), so
+// a NaN D of a perturbed row reaches every key of its tile; with q = ±2^30 and N(0,1) keys
+// (scores ~2^30) cpu/flash2-bf16's own forward already returns non-finite o/lse (measured).
+// Both still move every block scale (MX, NVFP4, per-tensor FP8) by many binades. 448 is the
+// e4m3 maximum: the amax that saturates an e4m3-backed block exactly.
+enum class PerturbKind { kLarge, kE4M3Max, kNegate, kTiny };
+constexpr PerturbKind kKinds[] = {PerturbKind::kLarge, PerturbKind::kE4M3Max,
+                                  PerturbKind::kNegate, PerturbKind::kTiny};
+
+std::string_view Name(PerturbKind k) {
+  switch (k) {
+    case PerturbKind::kLarge: return "large (2^60 on k/v, 2^16 on q/dO)";
+    case PerturbKind::kE4M3Max: return "448 (e4m3 max)";
+    case PerturbKind::kNegate: return "sign flip";
+    case PerturbKind::kTiny: return "tiny (smallest positive)";
+  }
+  return "?";
+}
+
+double Perturb(PerturbKind kind, double x, Format f, bool query_side) {
+  const double sign = std::signbit(x) ? -1.0 : 1.0;
+  switch (kind) {
+    case PerturbKind::kLarge: return sign * std::min(MaxFinite(f), query_side ? 0x1p16 : 0x1p60);
+    case PerturbKind::kE4M3Max: return sign * std::min(MaxFinite(f), 448.0);
+    case PerturbKind::kNegate: return -x;
+    case PerturbKind::kTiny: return sign * MinPositive(f);
+  }
+  return x;
+}
+
+// Kernel outputs widened to f64 (contiguous).
+struct Outputs {
+  Tensor o, lse, dq, dk, dv;
+};
+
+struct RunOutcome {
+  std::optional<Outputs> out;
+  bool unsupported = false;
+  std::string error;  // kernel error (a finding)
+};
+
+RunOutcome Run(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& k,
+               const Tensor& v, const Tensor& dout, bool backward) {
+  RunOutcome r;
+  auto fwd = kernel.Forward(p, q, k, v);
+  if (auto* u = std::get_if<Unsupported>(&fwd)) {
+    r.unsupported = true;
+    r.error = u->reason;
+    return r;
+  }
+  if (auto* e = std::get_if<Error>(&fwd)) {
+    r.error = "forward: " + e->message;
+    return r;
+  }
+  const ForwardResult& f = std::get<ForwardResult>(fwd);
+  Outputs out;
+  out.o = ToF64(f.o);
+  out.lse = ToF64(f.lse);
+  if (backward) {
+    auto bwd = kernel.Backward(p, q, k, v, f.o, f.lse, dout);
+    if (auto* u = std::get_if<Unsupported>(&bwd)) {
+      r.unsupported = true;
+      r.error = u->reason;
+      return r;
+    }
+    if (auto* e = std::get_if<Error>(&bwd)) {
+      r.error = "backward: " + e->message;
+      return r;
+    }
+    const BackwardResult& b = std::get<BackwardResult>(bwd);
+    out.dq = ToF64(b.dq);
+    out.dk = ToF64(b.dk);
+    out.dv = ToF64(b.dv);
+  }
+  r.out = std::move(out);
+  return r;
+}
+
+const Tensor& Pick(const Outputs& o, std::string_view name) {
+  if (name == "o") return o.o;
+  if (name == "lse") return o.lse;
+  if (name == "dq") return o.dq;
+  if (name == "dk") return o.dk;
+  return o.dv;
+}
+
+// Flat element indices of token rows (all heads, all of the last dim) of a token-major
+// tensor [tokens, H, D] (padded [B, S, H, D] is the same memory).
+void AddTokenRows(const Tensor& t, int64_t token, std::vector<int64_t>& idx) {
+  const int64_t per_token = t.numel() / (t.dim(0) * (t.rank() == 4 ? t.dim(1) : 1));
+  for (int64_t e = 0; e < per_token; ++e) idx.push_back(token * per_token + e);
+}
+
+// Flat indices of lse entries of query token `local_i` of sequence b, every head.
+void AddLseRows(const Problem& p, const Sequence& s, int64_t local_i, std::vector<int64_t>& idx) {
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    if (p.varlen()) {
+      idx.push_back(h * p.TotalQ() + s.q_begin + local_i);
+    } else {
+      const int64_t b = s.q_begin / p.seqlen_q;
+      idx.push_back((b * p.heads_q + h) * p.seqlen_q + local_i);
+    }
+  }
+}
+
+// Which elements of which output must not change.
+struct Protected {
+  std::vector<int64_t> o, lse, dq;  // query-indexed
+  std::vector<int64_t> dk, dv;      // key-indexed
+};
+
+struct Worst {
+  double margin = 0;
+  double observed = 0;
+  double allowed = 0;
+  Location where;
+  std::string what;
+  int64_t changed = 0;  // elements that moved beyond their allowance, over all perturbations
+  int64_t judged = 0;
+};
+
+std::vector<int64_t> Unflatten(const Shape& shape, int64_t flat) {
+  std::vector<int64_t> index(shape.size());
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    index[static_cast<size_t>(d)] = flat % shape[static_cast<size_t>(d)];
+    flat /= shape[static_cast<size_t>(d)];
+  }
+  return index;
+}
+
+// Size of a change between two values: 0 when the bits are equal, |a - b| when finite, inf
+// otherwise (a NaN appearing, an infinity flipping).
+double Change(double a, double b) {
+  if (std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b)) return 0;
+  const double d = std::fabs(a - b);
+  return std::isfinite(d) ? d : std::numeric_limits<double>::infinity();
+}
+
+void Judge(const Problem& p, std::string_view name, const Tensor& base, const Tensor* spread,
+           const Tensor& pert, const std::vector<int64_t>& idx, const std::string& what,
+           Worst& w) {
+  if (!base.defined() || !pert.defined()) return;
+  const auto a = base.span<const double>();
+  const auto b = pert.span<const double>();
+  const double* s = spread ? spread->span<const double>().data() : nullptr;
+  const Layout layout = LayoutOf(p, name);
+  for (int64_t e : idx) {
+    const size_t u = static_cast<size_t>(e);
+    const double change = Change(a[u], b[u]);
+    const double allowed = s ? s[u] : 0.0;
+    const double m = Margin(change, allowed);
+    ++w.judged;
+    if (m > 1) ++w.changed;
+    if (m > w.margin) {
+      w.margin = m;
+      w.observed = change;
+      w.allowed = allowed;
+      const std::vector<int64_t> index = Unflatten(base.shape(), e);
+      w.where = Locate(layout, index);
+      w.where.observed = b[u];
+      w.where.reference = a[u];
+      w.what = what;
+    }
+  }
+}
+
+std::string Describe(const std::vector<int64_t>& v, size_t max_items = 6) {
+  std::ostringstream os;
+  os << "{";
+  for (size_t i = 0; i < v.size() && i < max_items; ++i) os << (i ? "," : "") << v[i];
+  if (v.size() > max_items) os << ",... (" << v.size() << ")";
+  os << "}";
+  return os.str();
+}
+
+// A perturbation set: which tokens of which inputs change, and what must not move.
+struct PerturbSet {
+  std::string description;
+  std::vector<int64_t> key_tokens;    // k and/or v rows perturbed
+  std::vector<int64_t> query_tokens;  // q and dO rows perturbed
+  bool touch_k = false, touch_v = false;
+  Protected keep;
+};
+
+std::vector<int64_t> Pivots(const std::vector<int64_t>& given, int64_t len, std::mt19937_64& rng) {
+  std::vector<int64_t> out;
+  if (!given.empty()) {
+    for (int64_t x : given) {
+      if (x >= 0 && x < len) out.push_back(x);
+    }
+    return out;
+  }
+  if (len <= 0) return out;
+  out.push_back(len / 2);
+  const int64_t r = static_cast<int64_t>(rng() % static_cast<uint64_t>(len));
+  if (r != len / 2) out.push_back(r);
+  return out;
+}
+
+}  // namespace
+
+bool HasSequenceBlockOperands(const Recipe& r) {
+  for (const GemmQuant* g : {&r.qk, &r.pv, &r.dov, &r.pdo, &r.dsk, &r.dsq}) {
+    for (const OperandQuant* o : {&g->a, &g->b}) {
+      if (o->scheme.kind == OperandKind::kBlock && o->axis == QuantAxis::kSequence) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, const CaseInputs& in,
+                                          const NonInterferenceOptions& options,
+                                          const Recipe* recipe) {
+  const Capabilities caps = kernel.capabilities();
+  if (!caps.Covers(p)) return {};
+  const std::optional<Format> fmt = FormatOf(p.dtype);
+  if (!fmt) return {};
+  if (recipe == nullptr && !caps.recipe.empty()) recipe = FindRecipe(caps.recipe);
+  const bool shared_scales = recipe != nullptr && HasSequenceBlockOperands(*recipe);
+  const bool backward = options.backward && caps.backward && in.dout.defined();
+  std::mt19937_64 rng(options.seed ^ 0x6e6f6e2d696e7466ULL);
+
+  // ---- Perturbation sets, per sequence, from the mask. ----
+  std::vector<PerturbSet> sets;
+  const int64_t nseq = p.batch;
+  std::vector<MaskView> views;
+  views.reserve(static_cast<size_t>(nseq));
+  for (int64_t b = 0; b < nseq; ++b) views.emplace_back(p, b);
+  // Rows / keys of every sequence but `b` (cross-sequence protection comes free with every set:
+  // a padded batch entry or a packed neighbour must not move either).
+  auto add_other_sequences = [&](int64_t b, Protected& keep) {
+    for (int64_t c = 0; c < nseq; ++c) {
+      if (c == b) continue;
+      const Sequence& s = views[static_cast<size_t>(c)].sequence();
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        AddTokenRows(in.q, s.q_begin + i, keep.dq);
+        AddLseRows(p, s, i, keep.lse);
+      }
+      for (int64_t j = 0; j < s.k_len; ++j) AddTokenRows(in.k, s.k_begin + j, keep.dk);
+      for (int64_t j = 0; j < s.k_len; ++j) AddTokenRows(in.v, s.k_begin + j, keep.dv);
+    }
+  };
+  // o rows use the output's row length (Dv), dq rows q's (D): build o from dq's token list.
+  auto finish = [&](Protected& keep, const std::vector<int64_t>& q_tokens) {
+    for (int64_t t : q_tokens) {
+      const int64_t dv = p.head_dim_v * p.heads_q;
+      for (int64_t e = 0; e < dv; ++e) keep.o.push_back(t * dv + e);
+    }
+  };
+  for (int64_t b = 0; b < nseq; ++b) {
+    const MaskView& m = views[static_cast<size_t>(b)];
+    const Sequence& s = m.sequence();
+    if (s.q_len == 0 || s.k_len == 0) continue;
+    // Forward direction: keys hidden from a pivot query, perturbed in k and v.
+    for (int64_t i0 : Pivots(options.pivot_rows, s.q_len, rng)) {
+      std::vector<int64_t> hidden;
+      for (int64_t j = 0; j < s.k_len; ++j) {
+        if (m.Visible(i0, j)) continue;
+        if (options.same_block > 0 &&
+            j / options.same_block != (i0 + m.offset()) / options.same_block) {
+          continue;
+        }
+        hidden.push_back(j);
+      }
+      if (hidden.empty()) continue;
+      PerturbSet set;
+      set.touch_k = options.perturb_k;
+      set.touch_v = options.perturb_v;
+      std::vector<int64_t> kept_rows, q_tokens;
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        bool sees = false;
+        for (int64_t j : hidden) sees = sees || m.Visible(i, j);
+        if (sees) continue;
+        kept_rows.push_back(i);
+        q_tokens.push_back(s.q_begin + i);
+        AddTokenRows(in.q, s.q_begin + i, set.keep.dq);
+        AddLseRows(p, s, i, set.keep.lse);
+      }
+      for (int64_t j : hidden) set.key_tokens.push_back(s.k_begin + j);
+      for (int64_t c = 0; c < nseq; ++c) {
+        if (c == b) continue;
+        const Sequence& o = views[static_cast<size_t>(c)].sequence();
+        for (int64_t i = 0; i < o.q_len; ++i) q_tokens.push_back(o.q_begin + i);
+      }
+      add_other_sequences(b, set.keep);
+      set.keep.dk.clear();  // keys' gradients legitimately change with their own values
+      set.keep.dv.clear();
+      finish(set.keep, q_tokens);
+      set.description = "b=" + std::to_string(b) + ": " +
+                        std::string(set.touch_k ? "k" : "") +
+                        (set.touch_k && set.touch_v ? "," : "") +
+                        std::string(set.touch_v ? "v" : "") + " at keys " + Describe(hidden) +
+                        " hidden from query " + std::to_string(i0) + "; protected rows " +
+                        Describe(kept_rows) + " and every other sequence";
+      sets.push_back(std::move(set));
+    }
+    // Backward direction: queries that cannot see a pivot key, perturbed in q and dO.
+    if (!backward) continue;
+    for (int64_t j0 : Pivots(options.pivot_keys, s.k_len, rng)) {
+      std::vector<int64_t> blind;
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        if (!m.Visible(i, j0)) blind.push_back(i);
+      }
+      if (blind.empty()) continue;
+      PerturbSet set;
+      std::vector<int64_t> kept_keys;
+      for (int64_t j = 0; j < s.k_len; ++j) {
+        bool seen = false;
+        for (int64_t i : blind) seen = seen || m.Visible(i, j);
+        if (seen) continue;
+        kept_keys.push_back(j);
+        AddTokenRows(in.k, s.k_begin + j, set.keep.dk);
+        AddTokenRows(in.v, s.k_begin + j, set.keep.dv);
+      }
+      for (int64_t i : blind) set.query_tokens.push_back(s.q_begin + i);
+      add_other_sequences(b, set.keep);
+      // Only key gradients are judged here (perturbed queries' own outputs move, and the
+      // forward direction already covers rows of other sequences).
+      set.keep.dq.clear();
+      set.keep.lse.clear();
+      set.description = "b=" + std::to_string(b) + ": q,do at queries " + Describe(blind) +
+                        " that cannot see key " + std::to_string(j0) + "; protected keys " +
+                        Describe(kept_keys) + " and every other sequence";
+      sets.push_back(std::move(set));
+    }
+  }
+  // Whole sequences: every token of sequence 0 perturbed (k, v; and q, dO for the backward
+  // direction); every other sequence (a padded batch entry or a packed neighbour) protected.
+  if (nseq > 1 && views[0].sequence().k_len > 0) {
+    const Sequence& s0 = views[0].sequence();
+    PerturbSet fwd;
+    fwd.touch_k = options.perturb_k;
+    fwd.touch_v = options.perturb_v;
+    for (int64_t j = 0; j < s0.k_len; ++j) fwd.key_tokens.push_back(s0.k_begin + j);
+    add_other_sequences(0, fwd.keep);
+    fwd.keep.dk.clear();
+    fwd.keep.dv.clear();
+    std::vector<int64_t> q_tokens;
+    for (int64_t c = 1; c < nseq; ++c) {
+      const Sequence& o = views[static_cast<size_t>(c)].sequence();
+      for (int64_t i = 0; i < o.q_len; ++i) q_tokens.push_back(o.q_begin + i);
+    }
+    finish(fwd.keep, q_tokens);
+    fwd.description = "every key of sequence 0; protected: every other sequence";
+    sets.push_back(std::move(fwd));
+    if (backward && s0.q_len > 0) {
+      PerturbSet bwd;
+      for (int64_t i = 0; i < s0.q_len; ++i) bwd.query_tokens.push_back(s0.q_begin + i);
+      add_other_sequences(0, bwd.keep);
+      bwd.keep.dq.clear();
+      bwd.keep.lse.clear();
+      bwd.description = "q,do of every query of sequence 0; protected: other sequences' dk, dv";
+      sets.push_back(std::move(bwd));
+    }
+  }
+  if (sets.empty()) return {};
+
+  // ---- Unperturbed runs (twice for nondeterministic kernels: the allowed spread). ----
+  RunOutcome base = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
+  auto kernel_failure = [&](const std::string& what) {
+    Verdict v;
+    v.check = std::string(kCheck);
+    v.policy = "kernel must run";
+    v.pass = false;
+    v.margin = std::numeric_limits<double>::infinity();
+    v.message = "kernel failed on " + what;
+    v.repro = options.repro;
+    return std::vector<Verdict>{v};
+  };
+  if (base.unsupported) return {};
+  if (!base.out) return kernel_failure("the unperturbed inputs: " + base.error);
+  std::optional<Outputs> spread;
+  if (!caps.deterministic) {
+    RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
+    if (!again.out) return kernel_failure("the repeated unperturbed run: " + again.error);
+    Outputs sp;
+    for (std::string_view n : {"o", "lse", "dq", "dk", "dv"}) {
+      const Tensor& a = Pick(*base.out, n);
+      if (!a.defined()) continue;
+      const Tensor& c = Pick(*again.out, n);
+      std::vector<double> d(static_cast<size_t>(a.numel()));
+      const auto x = a.span<const double>();
+      const auto y = c.span<const double>();
+      for (size_t e = 0; e < d.size(); ++e) d[e] = Change(x[e], y[e]);
+      Tensor t = Tensor::FromF64(a.shape(), std::move(d));
+      if (n == "o") sp.o = t;
+      if (n == "lse") sp.lse = t;
+      if (n == "dq") sp.dq = t;
+      if (n == "dk") sp.dk = t;
+      if (n == "dv") sp.dv = t;
+    }
+    spread = std::move(sp);
+  }
+
+  // ---- Perturbed runs. ----
+  const std::vector<std::string_view> names =
+      backward ? std::vector<std::string_view>{"o", "lse", "dq", "dk", "dv"}
+               : std::vector<std::string_view>{"o", "lse"};
+  std::vector<Worst> worst(names.size());
+  for (const PerturbSet& set : sets) {
+    for (PerturbKind kind : kKinds) {
+      Tensor q = in.q, k = in.k, v = in.v, dout = in.dout;
+      auto perturb_rows = [&](Tensor& t, const std::vector<int64_t>& tokens, bool query_side) {
+        t = t.Clone();
+        std::vector<int64_t> idx;
+        for (int64_t tok : tokens) AddTokenRows(t, tok, idx);
+        auto span = t.span<double>();
+        for (int64_t e : idx) {
+          span[static_cast<size_t>(e)] =
+              Perturb(kind, span[static_cast<size_t>(e)], *fmt, query_side);
+        }
+      };
+      if (!set.key_tokens.empty()) {
+        if (set.touch_k) perturb_rows(k, set.key_tokens, false);
+        if (set.touch_v) perturb_rows(v, set.key_tokens, false);
+      }
+      if (!set.query_tokens.empty()) {
+        perturb_rows(q, set.query_tokens, true);
+        if (backward) perturb_rows(dout, set.query_tokens, true);
+      }
+      RunOutcome r = Run(kernel, p, q, k, v, dout, backward);
+      const std::string what = std::string(Name(kind)) + " written to " + set.description;
+      if (!r.out) {
+        if (r.unsupported) continue;
+        return kernel_failure("perturbed inputs (" + what + "): " + r.error);
+      }
+      for (size_t t = 0; t < names.size(); ++t) {
+        const std::string_view n = names[t];
+        const std::vector<int64_t>& idx = n == "o"    ? set.keep.o
+                                          : n == "lse" ? set.keep.lse
+                                          : n == "dq"  ? set.keep.dq
+                                          : n == "dk"  ? set.keep.dk
+                                                       : set.keep.dv;
+        const Tensor* sp = spread ? &Pick(*spread, n) : nullptr;
+        Judge(p, n, Pick(*base.out, n), sp, Pick(*r.out, n), idx, what, worst[t]);
+      }
+    }
+  }
+
+  std::vector<Verdict> verdicts;
+  for (size_t t = 0; t < names.size(); ++t) {
+    const Worst& w = worst[t];
+    if (w.judged == 0) continue;
+    Verdict v;
+    v.check = std::string(kCheck);
+    v.tensor = std::string(names[t]);
+    v.policy = caps.deterministic ? "bitwise unchanged" : "change <= run-to-run spread";
+    v.observed = w.observed;
+    v.allowed = w.allowed;
+    v.margin = w.margin;
+    v.pass = w.margin <= 1;
+    v.worst = w.where;
+    std::ostringstream msg;
+    if (v.pass) {
+      msg << "protected " << names[t] << " unchanged over " << sets.size() * std::size(kKinds)
+          << " perturbations (" << w.judged << " element checks)";
+    } else {
+      msg << (shared_scales ? "leak through shared scales" : "mask leak") << ": " << w.changed
+          << " protected " << names[t] << " elements moved; worst " << w.where.ToString()
+          << " (change " << w.observed << ", allowed " << w.allowed << ") under " << w.what;
+      v.repro = options.repro;
+    }
+    v.message = msg.str();
+    verdicts.push_back(std::move(v));
+  }
+  return verdicts;
+}
+
+std::vector<Verdict> RunNonInterference(CheckContext& ctx) {
+  if (ctx.kernel == nullptr) return {};
+  NonInterferenceOptions options;
+  options.seed = ctx.seed;
+  options.repro = ctx.repro;
+  options.backward = ctx.WantsBackward();
+  std::vector<Verdict> verdicts =
+      CheckNonInterference(*ctx.kernel, ctx.case_.problem, ctx.inputs, options);
+  Finish(verdicts, ctx);
+  return verdicts;
+}
+
+}  // namespace attest

@@ -1,0 +1,146 @@
+// `attest compare` as a library call (see compare.h).
+#include "verify/compare.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <stdexcept>
+
+#include "reference/problem/inputs.h"
+#include "verify/baseline.h"
+
+namespace attest {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string ShapeText(const Shape& s) {
+  std::string out = "[";
+  for (size_t k = 0; k < s.size(); ++k) out += (k ? ", " : "") + std::to_string(s[k]);
+  return out + "]";
+}
+
+}  // namespace
+
+Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors& outputs,
+                                              const CompareOutputsOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const Problem& p = c.problem;
+  const Profile* profile = options.profile ? options.profile : ProfileForDType(p.dtype);
+  if (profile == nullptr) {
+    return Error{fmt::format("problem.dtype: no tolerance profile for dtype {}; pass --profile",
+                             Name(p.dtype))};
+  }
+
+  // 1. Which outputs are there, with the problem's shapes.
+  struct Slot {
+    const char* name;
+    Shape shape;
+    bool required;
+    const Tensor* tensor = nullptr;
+  };
+  std::vector<Slot> slots = {{"o", p.OShape(), true},
+                             {"lse", p.LseShape(), true},
+                             {"dq", p.QShape(), false},
+                             {"dk", p.KShape(), false},
+                             {"dv", p.VShape(), false}};
+  bool any_grad = false;
+  for (Slot& s : slots) {
+    s.tensor = outputs.Find(s.name);
+    if (s.tensor == nullptr) {
+      if (s.required) return Error{fmt::format("outputs: no tensor named '{}'", s.name)};
+      continue;
+    }
+    const DType dt = s.tensor->dtype();
+    if (!Info(dt).is_float || dt == DType::kE8M0FNU) {
+      return Error{
+          fmt::format("outputs: tensor '{}' has dtype {}, not a float dtype", s.name, Name(dt))};
+    }
+    if (s.tensor->shape() != s.shape) {
+      return Error{fmt::format("outputs: tensor '{}' has shape {}, the problem needs {}", s.name,
+                               ShapeText(s.tensor->shape()), ShapeText(s.shape))};
+    }
+    if (!s.required) any_grad = true;
+  }
+
+  // 2. Inputs, oracle, baseline.
+  CompareOutputsResult result;
+  Report& report = result.report;
+  report.suite = "compare";
+  report.seed = c.generator ? c.generator->seed : 0;
+  auto inputs = MakeCaseInputs(c);
+  if (!inputs.ok()) return inputs.error();
+  if (any_grad && !inputs->dout.defined()) {
+    return Error{"outputs: gradients given but the case has no 'do' to differentiate with"};
+  }
+  Tensor ref[5];
+  auto start = Clock::now();
+  try {
+    if (any_grad) {
+      BackwardOut b =
+          Backward<double>(p, inputs->q, inputs->k, inputs->v, inputs->dout, options.oracle);
+      ref[0] = b.o;
+      ref[1] = b.lse;
+      ref[2] = b.dq;
+      ref[3] = b.dk;
+      ref[4] = b.dv;
+    } else {
+      ForwardOut f = Forward<double>(p, inputs->q, inputs->k, inputs->v, options.oracle);
+      ref[0] = f.o;
+      ref[1] = f.lse;
+    }
+  } catch (const std::exception& e) {
+    return Error{fmt::format("oracle: {}", e.what())};
+  }
+  report.timings.push_back({"oracle", Since(start)});
+
+  Tensor base[5];
+  const bool with_baseline = profile->needs_baseline();
+  if (with_baseline) {
+    start = Clock::now();
+    auto b = any_grad ? BaselineBackward(p, inputs->q, inputs->k, inputs->v, inputs->dout)
+                      : BaselineForward(p, inputs->q, inputs->k, inputs->v);
+    if (!b.ok()) {
+      return Error{fmt::format("profile {}: {}", profile->name, b.error().message)};
+    }
+    base[0] = b->o;
+    base[1] = b->lse;
+    base[2] = b->dq;
+    base[3] = b->dk;
+    base[4] = b->dv;
+    report.timings.push_back({"baseline", Since(start)});
+  }
+
+  // 3. Metrics and verdicts, tensor by tensor.
+  start = Clock::now();
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const Slot& s = slots[k];
+    if (s.tensor == nullptr) continue;
+    const Format format = options.output_format
+                              ? *options.output_format
+                              : FormatOf(s.tensor->dtype()).value_or(Format::kF64);
+    CompareOptions copts;
+    copts.allow_pos_inf_for_neg_inf = k == 1 && options.lse_pos_inf_for_empty;
+    const Layout layout = LayoutOf(p, s.name);
+    auto m = Compare(s.name, *s.tensor, ref[k], format, layout, copts);
+    if (!m.ok()) return m.error();
+    const TensorMetrics* bm = nullptr;
+    if (with_baseline) {
+      auto b = Compare(s.name, base[k], ref[k], format, layout, copts);
+      if (!b.ok()) return b.error();
+      result.baseline_metrics.push_back(std::move(b).value());
+      bm = &result.baseline_metrics.back();
+    }
+    for (Verdict& v : EvaluateProfile(*profile, *m, bm)) {
+      if (!v.pass) v.repro = options.repro;
+      report.verdicts.push_back(std::move(v));
+    }
+    result.metrics.push_back(std::move(m).value());
+  }
+  report.timings.push_back({"compare", Since(start)});
+  return result;
+}
+
+}  // namespace attest

@@ -1,0 +1,63 @@
+// Running checks (issue "verify/" items 4-5; DESIGN.md "CLI contract" `attest check` and
+// `attest repro`): a suite's rows are instantiated for the kernel, consecutive rows on the same
+// case share one context (inputs, oracle, kernel answers), every verdict carries the case it
+// came from, and every failing case is saved with its one-line repro.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/kernel.h"
+#include "reference/oracle/oracle.h"
+#include "reference/problem/case_file.h"
+#include "reference/status.h"
+#include "verify/checks/check.h"
+#include "verify/suite.h"
+#include "verify/verdict.h"
+
+namespace attest {
+
+struct RunOptions {
+  std::string kernel_spec;  // as given on the command line (report and repro lines)
+  uint64_t seed = 0;        // run seed, mixed into every row's seed
+  // Where failing cases are saved (SaveFailureCase); unset: not saved, and the repro line is
+  // the `attest check` command itself.
+  std::optional<std::filesystem::path> failure_dir;
+  OracleOptions oracle;
+  std::string only_check;  // run only the rows of this check ("" all)
+  // Wall times in the report (off by default: the same seed then gives an identical report).
+  bool timings = false;
+  // Called once per case before it runs ("[3/41] accuracy: causal Sq<Sk: B1 H2:2 ...").
+  std::function<void(const std::string&)> progress;
+};
+
+struct SkippedRow {
+  std::string check;
+  std::string label;
+  std::string reason;
+};
+
+struct RunResult {
+  Report report;
+  std::vector<SkippedRow> skipped;
+  std::vector<std::filesystem::path> failure_cases;  // one per failing verdict (may repeat)
+  double seconds = 0;
+};
+
+// Runs a suite. Errors (exit code 2) are infrastructure faults: a case whose inputs cannot be
+// made, a kernel whose profile is unknown, a suite naming an unknown check. Everything the
+// kernel does (errors, crashes as exceptions, refusals of claimed features) is a verdict.
+Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOptions& options);
+
+// Runs `checks` on one case (attest repro); `label` names the case in messages.
+Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
+                            std::span<const CheckInfo* const> checks, const RunOptions& options,
+                            const std::string& label);
+
+}  // namespace attest

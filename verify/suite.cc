@@ -1,0 +1,348 @@
+// The suite table and case instantiation (see suite.h). Tile boundaries refer to the tiles
+// of FlashAttention-2 on sm80 (kernels/models/flash_engine.h: forward 128 x 64, backward
+// 64 x 128), the tiles most production kernels share.
+#include "verify/suite.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "reference/formats/format.h"
+
+namespace attest {
+namespace {
+
+Problem P(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d = 64,
+          int64_t dv = -1) {
+  Problem p;
+  p.batch = b;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.head_dim = d;
+  p.head_dim_v = dv < 0 ? d : dv;
+  p.dtype = DType::kBF16;
+  return p;
+}
+
+Problem Causal(Problem p, CausalAlign align = CausalAlign::kBottomRight) {
+  p.causal = true;
+  p.causal_align = align;
+  return p;
+}
+
+Problem Window(Problem p, int64_t left, int64_t right) {
+  p.window_left = left;
+  p.window_right = right;
+  return p;
+}
+
+Problem Softcap(Problem p, double cap) {
+  p.softcap = cap;
+  return p;
+}
+
+// ALiBi slopes of Press et al. (arXiv 2108.12409): 2^(-8 (h + 1) / H).
+Problem Alibi(Problem p) {
+  std::vector<double> slopes;
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    slopes.push_back(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(p.heads_q)));
+  }
+  p.alibi_slopes = slopes;
+  return p;
+}
+
+// Packed sequences of the given lengths (batch = number of sequences).
+Problem Varlen(Problem p, const std::vector<int32_t>& q_lens, const std::vector<int32_t>& k_lens) {
+  std::vector<int32_t> cq = {0}, ck = {0};
+  for (int32_t l : q_lens) cq.push_back(cq.back() + l);
+  for (int32_t l : k_lens) ck.push_back(ck.back() + l);
+  p.batch = static_cast<int64_t>(q_lens.size());
+  p.seqlen_q = *std::max_element(q_lens.begin(), q_lens.end());
+  p.seqlen_k = *std::max_element(k_lens.begin(), k_lens.end());
+  p.cu_seqlens_q = cq;
+  p.cu_seqlens_k = ck;
+  return p;
+}
+
+// Two documents per sequence, split at the given fractions of Sq and Sk.
+Problem Documents(Problem p) {
+  std::vector<std::vector<int32_t>> dq, dk;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    std::vector<int32_t> q(static_cast<size_t>(p.seqlen_q)), k(static_cast<size_t>(p.seqlen_k));
+    for (int64_t i = 0; i < p.seqlen_q; ++i) q[static_cast<size_t>(i)] = i < p.seqlen_q / 3 ? 0 : 1;
+    for (int64_t j = 0; j < p.seqlen_k; ++j) k[static_cast<size_t>(j)] = j < p.seqlen_k / 3 ? 0 : 1;
+    dq.push_back(q);
+    dk.push_back(k);
+  }
+  p.document_ids_q = dq;
+  p.document_ids_k = dk;
+  return p;
+}
+
+GeneratorSpec Gaussian(nlohmann::json params = nlohmann::json::object()) {
+  return {"gaussian", 0, std::move(params)};
+}
+
+// Scores of order 1e4: q, k ~ N(0, 100^2) give scale * q.k ~ N(0, (100^2)^2 D / D) = 1e4^2.
+GeneratorSpec HugeLogits() {
+  return Gaussian({{"q", {{"std", 100.0}}}, {"k", {{"std", 100.0}}}});
+}
+
+// Values at the edges of the dtype: q at a few times its smallest subnormal (scores vanish,
+// softmax is uniform), v up to its largest finite value, capped where a correct fp32
+// accumulation of Sk unnormalised terms of Dv-long dot products could overflow (2^-2 fp32 max
+// / (Sk Dv)); dO small enough that dP = dO.V and dS stay finite in the dtype.
+void FormatEdge(Case& c) {
+  const Problem& p = c.problem;
+  const Format f = FormatOf(p.dtype).value_or(Format::kF32);
+  const double tiny = 4 * MinPositive(f);
+  const double vmax = std::min(
+      MaxFinite(f), 0.25 * static_cast<double>(std::numeric_limits<float>::max()) /
+                        static_cast<double>(p.seqlen_k * p.head_dim_v));
+  c.generator = GeneratorSpec{
+      "uniform", c.generator->seed,
+      {{"q", {{"low", -tiny}, {"high", tiny}}},
+       {"k", {{"low", -1.0}, {"high", 1.0}}},
+       {"v", {{"low", -vmax}, {"high", vmax}}},
+       {"do", {{"low", -1e-4}, {"high", 1e-4}}}}};
+}
+
+struct Builder {
+  std::vector<SuiteRow> rows;
+  uint64_t next_seed = 1;
+
+  void Add(std::initializer_list<const char*> checks, CaseTemplate t) {
+    const uint64_t seed = next_seed++;
+    for (const char* c : checks) rows.push_back({c, t, seed});
+  }
+  void Add(std::initializer_list<const char*> checks, std::string label, Problem p,
+           GeneratorSpec g = Gaussian()) {
+    Add(checks, CaseTemplate{std::move(label), std::move(p), std::move(g), {}, true});
+  }
+  // A row for the honesty check: the problem is not adapted to the kernel's head dims and
+  // features (its dtype is, unless `finish` changes it).
+  void Honesty(std::string label, Problem p, std::function<void(Case&)> finish = {}) {
+    Add({"honesty"}, CaseTemplate{std::move(label), std::move(p), Gaussian(), std::move(finish),
+                                  false});
+  }
+};
+
+constexpr auto kAcc = "accuracy";
+constexpr auto kUnw = "unwritten-outputs";
+constexpr auto kSpec = "special-values";
+constexpr auto kDet = "determinism";
+constexpr auto kGqa = "gqa-mha";
+constexpr auto kPerm = "permutation";
+constexpr auto kWin = "window-causal";
+constexpr auto kLeak = "non-interference";  // verify/checks/noninterference.h (engineer "leak")
+constexpr auto kCons = "consistency";       // verify/checks/consistency.h (engineer "leak")
+
+void QuickRows(Builder& s) {
+  s.Add({kAcc, kUnw, kSpec, kDet, kGqa, kPerm, kWin, kLeak, kCons}, "GQA causal Sq<Sk batch 2",
+        Causal(P(2, 4, 2, 77, 130)));
+  s.Add({kAcc, kSpec}, "causal Sq>Sk (empty rows)", Causal(P(1, 2, 2, 130, 65)));
+  s.Add({kAcc, kSpec, kUnw}, "varlen with zero-length documents",
+        Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
+  s.Add({kSpec}, "huge logits (scores ~1e4)", P(1, 2, 2, 64, 96), HugeLogits());
+  s.Honesty("softcap", Softcap(P(1, 2, 2, 64, 64), 30));
+}
+
+void GateRows(Builder& s) {
+  // Shapes: Sq != Sk both ways, batch > 1, dense and causal.
+  s.Add({kAcc, kUnw, kDet, kPerm, kCons}, "dense batch 2", P(2, 4, 4, 128, 128));
+  s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
+  s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq>Sk (empty rows)",
+        Causal(P(1, 2, 2, 130, 77)));
+  s.Add({kAcc}, "dense Sq>>Sk", P(1, 2, 2, 200, 33));
+  s.Add({kAcc}, "dense Sq<<Sk", P(1, 2, 2, 17, 300));
+  s.Add({kAcc, kPerm, kDet, kCons}, "causal batch 3", Causal(P(3, 2, 2, 96, 96)));
+  // Tile boundaries +-1 of 64 and 128.
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{63, 63}, {65, 65}, {64, 129}, {127, 128},
+                        {129, 127}, {1, 129}, {129, 1}}) {
+    s.Add({kAcc, kUnw}, fmt::format("tile boundary {}x{}", sq, sk), P(1, 2, 1, sq, sk));
+    s.Add({kAcc}, fmt::format("tile boundary {}x{} causal", sq, sk), Causal(P(1, 2, 2, sq, sk)));
+  }
+  // GQA / MQA.
+  s.Add({kAcc, kGqa, kPerm, kLeak, kCons}, "GQA 8:2 causal batch 2", Causal(P(2, 8, 2, 96, 96)));
+  s.Add({kAcc, kGqa}, "MQA 4:1", P(1, 4, 1, 64, 100));
+  // Dv != D.
+  s.Add({kAcc, kUnw, kPerm, kCons}, "Dv < D", P(2, 2, 2, 70, 90, 64, 32));
+  s.Add({kAcc}, "Dv > D causal", Causal(P(1, 2, 2, 70, 90, 32, 64)));
+  // Packed variable length with zero-length documents (q-empty and k-empty).
+  s.Add({kAcc, kSpec, kUnw, kPerm, kLeak}, "varlen zero-length documents",
+        Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
+  s.Add({kAcc, kSpec, kWin, kLeak, kCons}, "varlen causal",
+        Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20})));
+  // Windows.
+  s.Add({kAcc, kSpec, kLeak}, "window (32, 0)", Window(P(1, 2, 2, 150, 150), 32, 0));
+  s.Add({kAcc, kLeak}, "window (16, 16) Sq<Sk", Window(P(1, 2, 2, 100, 160), 16, 16));
+  s.Add({kAcc, kSpec}, "window (-1, 8) causal Sq>Sk", Window(Causal(P(1, 2, 2, 140, 70)), -1, 8));
+  // Score modifiers.
+  s.Add({kAcc, kCons}, "softcap 30", Softcap(P(1, 2, 2, 96, 96), 30));
+  s.Add({kAcc}, "softcap 20 causal", Softcap(Causal(P(1, 2, 2, 80, 120)), 20));
+  s.Add({kAcc, kPerm}, "ALiBi batch 2", Alibi(P(2, 4, 2, 90, 90)));
+  s.Add({kAcc, kLeak, kCons}, "ALiBi causal Sq>Sk", Alibi(Causal(P(1, 4, 4, 120, 80))));
+  // Causal in both alignments.
+  s.Add({kAcc, kSpec, kWin, kLeak}, "causal top-left Sq<Sk",
+        Causal(P(1, 2, 2, 70, 140), CausalAlign::kTopLeft));
+  s.Add({kAcc, kSpec}, "causal top-left Sq>Sk",
+        Causal(P(1, 2, 2, 140, 70), CausalAlign::kTopLeft));
+  // Document masks.
+  s.Add({kAcc, kSpec, kLeak}, "two documents causal", Causal(Documents(P(2, 2, 2, 90, 90))));
+  // Special values. Huge logits get no accuracy row: with a near-one-hot softmax, dq and dk
+  // are cancellations of terms ~1e4 times larger than the result, so a correct kernel that
+  // rounds dS to bf16 (FlashAttention-2) is 18x over the profile's result-scaled floor
+  // (measured on cpu/flash2-bf16); what must hold there is finiteness.
+  s.Add({kSpec}, "huge logits (scores ~1e4)", P(1, 2, 2, 64, 96), HugeLogits());
+  s.Add({kSpec}, "huge logits causal", Causal(P(1, 2, 2, 96, 64)), HugeLogits());
+  s.Add({kSpec, kAcc},
+        CaseTemplate{"format-edge values", P(1, 2, 2, 64, 128), Gaussian(), FormatEdge, true});
+  // Honesty: features a kernel may or may not claim.
+  s.Honesty("softcap", Softcap(P(1, 2, 2, 64, 64), 30));
+  s.Honesty("ALiBi", Alibi(P(1, 2, 2, 64, 64)));
+  s.Honesty("head dim 96", P(1, 2, 2, 64, 64, 96));
+  s.Honesty("head dim 256, Dv 64", P(1, 1, 1, 40, 40, 256, 64));
+  s.Honesty("varlen", Varlen(P(1, 2, 2, 1, 1), {20, 30}, {25, 35}));
+  s.Honesty("window (8, 8)", Window(P(1, 2, 2, 64, 64), 8, 8));
+  s.Honesty("GQA 4:1", P(1, 4, 1, 48, 48));
+  s.Honesty("dtype f32", P(1, 2, 2, 48, 48), [](Case& c) { c.problem.dtype = DType::kF32; });
+}
+
+// Realistic lengths (FlashAttention's tests use up to 2048; head dim 128 is the common size).
+void LongRows(Builder& s) {
+  s.Add({kAcc, kUnw, kDet, kCons}, "long causal D128", Causal(P(1, 4, 2, 1024, 1024, 128)));
+  s.Add({kAcc, kPerm}, "long dense D128 batch 2", P(2, 2, 2, 512, 640, 128));
+  s.Add({kAcc, kSpec, kGqa, kLeak}, "long window GQA", Window(Causal(P(1, 8, 2, 700, 900, 128)), 256, 0));
+  s.Add({kAcc, kSpec}, "long varlen",
+        Varlen(P(1, 4, 4, 1, 1, 128), {300, 0, 513, 1}, {257, 64, 513, 0}));
+}
+
+void FullRows(Builder& s) {
+  GateRows(s);
+  LongRows(s);
+  s.Add({kAcc, kDet}, "2k causal GQA batch 2", Causal(P(2, 8, 2, 2048, 2048, 128)));
+  s.Add({kAcc, kSpec}, "2k window softcap", Softcap(Window(P(1, 4, 4, 2048, 2048, 128), 512, 0), 30));
+  s.Add({kAcc}, "2k ALiBi Sq<Sk", Alibi(P(1, 4, 4, 1000, 2048, 128)));
+  // The gate's rows again with two more sets of seeds.
+  for (uint64_t first : {1000u, 2000u}) {
+    Builder again;
+    again.next_seed = first;
+    GateRows(again);
+    LongRows(again);
+    for (SuiteRow& r : again.rows) s.rows.push_back(std::move(r));
+  }
+}
+
+std::vector<Suite> BuildSuites() {
+  std::vector<Suite> t;
+  Builder quick, gate, full;
+  QuickRows(quick);
+  GateRows(gate);
+  LongRows(gate);
+  FullRows(full);
+  t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
+               std::move(quick.rows)});
+  t.push_back({"gate",
+               "the merge gate: shapes, tile boundaries, GQA, Dv != D, varlen, windows, softcap, "
+               "ALiBi, both causal alignments, special values, honesty (< 5 min for a CPU model)",
+               std::move(gate.rows)});
+  t.push_back({"full", "gate plus long sequences, head dim 128 and a second set of seeds",
+               std::move(full.rows)});
+  return t;
+}
+
+template <class T>
+bool Allows(const std::vector<T>& list, const T& x) {
+  return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+}
+
+int64_t Nearest(const std::vector<int64_t>& list, int64_t x) {
+  int64_t best = list.front();
+  for (int64_t v : list) {
+    if (std::llabs(v - x) < std::llabs(best - x)) best = v;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::span<const Suite> AllSuites() {
+  static const std::vector<Suite> kTable = BuildSuites();
+  return kTable;
+}
+
+const Suite* FindSuite(std::string_view name) {
+  for (const Suite& s : AllSuites()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+uint64_t MixSeed(uint64_t run_seed, uint64_t row_seed) {
+  // SplitMix64 (Steele, Lea, Flood, OOPSLA 2014) of the pair.
+  uint64_t z = run_seed * 0x9E3779B97F4A7C15ull + row_seed + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string DescribeProblem(const Problem& p) {
+  std::string s = fmt::format("B{} H{}:{} Sq{} Sk{} D{}", p.batch, p.heads_q, p.heads_kv,
+                              p.seqlen_q, p.seqlen_k, p.head_dim);
+  if (p.head_dim_v != p.head_dim) s += fmt::format(" Dv{}", p.head_dim_v);
+  s += fmt::format(" {}", Name(p.dtype));
+  if (p.causal) s += p.causal_align == CausalAlign::kTopLeft ? " causal(top-left)" : " causal";
+  if (p.window_left >= 0 || p.window_right >= 0) {
+    s += fmt::format(" window({}, {})", p.window_left, p.window_right);
+  }
+  if (p.softcap > 0) s += fmt::format(" softcap {}", p.softcap);
+  if (p.alibi_slopes) s += " alibi";
+  if (p.varlen()) s += " varlen";
+  if (p.document_ids_q) s += " documents";
+  if (p.prefix_lm > 0) s += fmt::format(" prefix {}", p.prefix_lm);
+  if (p.block_sparse) s += " block-sparse";
+  return s;
+}
+
+InstantiatedCase Instantiate(const SuiteRow& row, const Capabilities& caps, uint64_t run_seed) {
+  const CaseTemplate& t = row.case_template;
+  InstantiatedCase out;
+  Problem p = t.problem;
+  // 1. The kernel's dtype (every row; honesty rows may override it in `finish`).
+  if (!caps.dtypes.empty() && !Allows(caps.dtypes, p.dtype)) p.dtype = caps.dtypes.front();
+  // 2. Head dims it supports, keeping Dv = D cases square.
+  if (t.adapt) {
+    const bool square = p.head_dim_v == p.head_dim;
+    if (!Allows(caps.head_dims, p.head_dim)) p.head_dim = Nearest(caps.head_dims, p.head_dim);
+    if (square) p.head_dim_v = p.head_dim;
+    if (!Allows(caps.head_dims_v, p.head_dim_v) && square) {
+      p.head_dim_v = Nearest(caps.head_dims_v, p.head_dim_v);
+    }
+  }
+  Case c;
+  c.problem = p;
+  c.generator = t.generator;
+  c.generator->seed = MixSeed(run_seed, row.seed);
+  if (t.finish) t.finish(c);
+  out.label = t.label + ": " + DescribeProblem(c.problem);
+  if (Status s = Validate(c.problem); !s.ok()) {
+    out.skipped = "invalid suite case: " + s.error().message;
+    return out;
+  }
+  // 3. Features: rows outside the capabilities are skipped, except honesty rows.
+  std::string why;
+  if (t.adapt && !caps.Covers(c.problem, &why)) {
+    out.skipped = "the kernel does not claim " + why;
+    return out;
+  }
+  out.c = std::move(c);
+  return out;
+}
+
+}  // namespace attest

@@ -1,0 +1,70 @@
+// Suites as data (issue "verify/" item 4; DESIGN.md "CLI contract" `attest check --suite`):
+// a suite is a list of rows (check, case template, seed). A case template is a Problem and a
+// generator spec written for a generic kernel; Instantiate adapts it to the kernel under test
+// (its first dtype, a head dim it supports) and skips rows that need features the kernel does
+// not claim, except honesty rows, which exist to ask exactly that.
+//   quick: a few cases per check family, < 30 s for a CPU model on 2 cores;
+//   gate:  the merge gate: Sq != Sk both ways, tile boundaries +-1 of 64/128 tiles, GQA,
+//          Dv != D, varlen with a zero-length document, windows, softcap, ALiBi, causal in
+//          both alignments, batch > 1, special values; < 5 min for a CPU model;
+//   full:  gate plus longer sequences, head dim 128 and more seeds.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/kernel.h"
+#include "reference/problem/case_file.h"
+#include "reference/status.h"
+
+namespace attest {
+
+struct CaseTemplate {
+  std::string label;          // what the case is for: "tile+1", "zero-length doc", ...
+  Problem problem;            // dtype and head dims are adapted to the kernel (when adapt)
+  GeneratorSpec generator;    // its seed is replaced by the row's (mixed with the run seed)
+  // Adjusts the instantiated case (after adaptation), e.g. generator params that depend on
+  // the dtype's range. May be empty.
+  std::function<void(Case&)> finish;
+  // Adapt dtype and head dims to the kernel's capabilities and skip rows outside them. Off
+  // for honesty rows, whose point is a problem the kernel may not claim.
+  bool adapt = true;
+};
+
+struct SuiteRow {
+  std::string check;  // a name of AllChecks()
+  CaseTemplate case_template;
+  uint64_t seed = 0;
+};
+
+struct Suite {
+  std::string name;
+  std::string description;
+  std::vector<SuiteRow> rows;
+};
+
+// "quick", "gate", "full", built once.
+std::span<const Suite> AllSuites();
+const Suite* FindSuite(std::string_view name);
+
+// The generator seed of a row under a run seed (SplitMix64 of both): the same (run seed, row
+// seed) always gives the same case.
+uint64_t MixSeed(uint64_t run_seed, uint64_t row_seed);
+
+// A row's case for a kernel, or why the row does not apply to it.
+struct InstantiatedCase {
+  std::optional<Case> c;
+  std::string skipped;  // set when c is empty
+  std::string label;    // template label plus a short problem description
+};
+InstantiatedCase Instantiate(const SuiteRow& row, const Capabilities& caps, uint64_t run_seed);
+
+// "B2 H4:2 Sq77 Sk130 D64 bf16 causal": the features of a problem in one short line.
+std::string DescribeProblem(const Problem& p);
+
+}  // namespace attest
