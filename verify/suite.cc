@@ -183,6 +183,9 @@ void GateRows(Builder& s) {
   s.Add({kAcc, kSpec, kLeak}, "window (32, 0)", Window(P(1, 2, 2, 150, 150), 32, 0));
   s.Add({kAcc, kLeak}, "window (16, 16) Sq<Sk", Window(P(1, 2, 2, 100, 160), 16, 16));
   s.Add({kAcc, kSpec}, "window (-1, 8) causal Sq>Sk", Window(Causal(P(1, 2, 2, 140, 70)), -1, 8));
+  // A left-only window with Sq > Sk: flash-attention #895 clamped the unbounded right side to
+  // seqlen_k, which drops visible keys once the bottom-right diagonal starts below zero.
+  s.Add({kAcc, kLeak}, "window (16, -1) Sq>Sk", Window(P(1, 2, 2, 140, 70), 16, -1));
   // Score modifiers.
   s.Add({kAcc, kCons}, "softcap 30", Softcap(P(1, 2, 2, 96, 96), 30));
   s.Add({kAcc}, "softcap 20 causal", Softcap(Causal(P(1, 2, 2, 80, 120)), 20));
