@@ -76,9 +76,9 @@ def numpy_attention(seqlen, head_dim, causal, threads):
     t0 = time.perf_counter()
     forward()
     t_fwd = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()  # process_time: every thread's CPU
     step()
-    t_step = time.perf_counter() - t0
+    t_step, c_step = time.perf_counter() - t0, time.process_time() - c0
     blas = "unknown"
     try:
         from threadpoolctl import threadpool_info
@@ -90,7 +90,8 @@ def numpy_attention(seqlen, head_dim, causal, threads):
     except ImportError:
         blas = "threadpoolctl not installed"
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return {"seconds_forward": t_fwd, "seconds_fwd_bwd": t_step, "peak_rss_mib": peak_mib,
+    return {"seconds_forward": t_fwd, "seconds_fwd_bwd": t_step, "cpu_seconds_fwd_bwd": c_step,
+            "peak_rss_mib": peak_mib,
             "numpy": np.__version__, "blas": blas}
 
 
@@ -218,21 +219,29 @@ def main():
         "14·S²·D per head for forward+backward (half for causal); dgemm is measured right "
         "before each cell (N = min(S, 2048)). The oracle's fwd+bwd is one "
         "`Backward<double>` call (it returns o and lse too); NumPy's is the materialised "
-        "forward and backward. Memory is each process's peak RSS.",
+        "forward and backward. Memory is each process's peak RSS. The CPU columns use CPU "
+        "seconds (all threads, getrusage / process_time) instead of wall seconds: time spent "
+        "waiting for a core on a shared machine is not in them, so they compare the code "
+        "rather than the load.",
         "",
         "| S | D | mask | oracle fwd s | oracle fwd+bwd s | oracle GFLOP/s | dgemm GFLOP/s "
-        "| oracle/dgemm | oracle peak MiB | NumPy fwd+bwd s | NumPy GFLOP/s | NumPy peak MiB |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| oracle/dgemm | oracle/dgemm CPU | oracle peak MiB | NumPy fwd+bwd s | NumPy GFLOP/s "
+        "| NumPy peak MiB | NumPy/oracle time | NumPy/oracle CPU |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s, d, causal, o, n, g in rows:
         f = flops(s, d, causal)
         npcell = (f"{n['seconds_fwd_bwd']:.2f} | {f / n['seconds_fwd_bwd'] * 1e-9:.1f} | "
-                  f"{n['peak_rss_mib']:.0f}") if n else "skipped | — | —"
+                  f"{n['peak_rss_mib']:.0f} | "
+                  f"{n['seconds_fwd_bwd'] / o['seconds_fwd_bwd']:.2f} | "
+                  f"{n['cpu_seconds_fwd_bwd'] / o['cpu_seconds_fwd_bwd']:.2f}"
+                  ) if n else "skipped | — | — | — | —"
+        cpu_ratio = o["gflops_per_cpu_second_fwd_bwd"] / g["gflops_per_cpu_second"]
         lines.append(
             f"| {s} | {d} | {'causal' if causal else 'none'} | {o['seconds_forward']:.2f} | "
             f"{o['seconds_fwd_bwd']:.2f} | {o['gflops_fwd_bwd']:.1f} | {g['gflops']:.1f} "
-            f"(N={g['n']}) | {o['gflops_fwd_bwd'] / g['gflops']:.2f} | {o['peak_rss_mib']:.0f} "
-            f"| {npcell} |")
+            f"(N={g['n']}) | {o['gflops_fwd_bwd'] / g['gflops']:.2f} | {cpu_ratio:.2f} "
+            f"| {o['peak_rss_mib']:.0f} | {npcell} |")
     lines.append("")
     if rows:
         lines.append(f"OpenBLAS (oracle, dgemm): `{rows[0][5]['openblas_config']}`.")

@@ -2,6 +2,8 @@
 #include "kernels/kernel.h"
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +53,29 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   return true;
 }
 
+double EmptyRowLse(const Capabilities& caps) {
+  return caps.empty_row_lse == "+inf" ? std::numeric_limits<double>::infinity()
+                                      : -std::numeric_limits<double>::infinity();
+}
+
+bool IsOutputPoison(const Tensor& t, int64_t flat) {
+  const int size = SizeOf(t.dtype());
+  // Element `flat` of the row-major order, through the tensor's strides.
+  int64_t offset = 0, rest = flat;
+  for (int64_t d = t.rank() - 1; d >= 0; --d) {
+    const int64_t n = t.dim(d);
+    offset += (rest % n) * t.strides()[static_cast<size_t>(d)];
+    rest /= n;
+  }
+  const std::byte* e = t.bytes() + offset * size;
+  for (int b = 0; b < size; ++b) {
+    if (static_cast<unsigned char>(e[b]) != kOutputPoisonByte) return false;
+  }
+  return true;
+}
+
+float OutputPoisonF32() { return std::bit_cast<float>(0xFFFFFFFFu); }
+
 nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   nlohmann::json j;
   j["dtypes"] = nlohmann::json::array();
@@ -60,6 +85,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   for (const auto& f : kFlags) j[f.key] = caps.*(f.member);
   j["profile"] = caps.profile;
   if (!caps.recipe.empty()) j["recipe"] = caps.recipe;
+  if (caps.empty_row_lse != "-inf") j["empty_row_lse"] = caps.empty_row_lse;
   return j;
 }
 
@@ -101,6 +127,14 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
   if (j.contains("recipe")) {
     if (!j["recipe"].is_string()) return Error{"capabilities.recipe: not a string"};
     caps.recipe = j["recipe"].get<std::string>();
+  }
+  if (j.contains("empty_row_lse")) {
+    const auto& e = j["empty_row_lse"];
+    if (!e.is_string() || (e.get<std::string>() != "-inf" && e.get<std::string>() != "+inf")) {
+      return Error{"capabilities.empty_row_lse: must be \"-inf\" or \"+inf\" (DESIGN.md: "
+                   "nothing else is acceptable for an empty row)"};
+    }
+    caps.empty_row_lse = e.get<std::string>();
   }
   return caps;
 }

@@ -42,13 +42,34 @@ struct Capabilities {
   bool deterministic = false;  // repeat runs are bitwise equal
   std::string profile;         // tolerance profile name (verify/), e.g. "bf16"
   std::string recipe;          // low-precision recipe name (reference/recipes), or ""
+  // What lse holds for an empty row (no visible key): "-inf", the mathematical value (the
+  // default), or "+inf", which DESIGN.md "Semantics" lets a kernel declare (FlashAttention
+  // writes +inf so that the backward's exp(s - lse) is 0 without a guard). Nothing else is
+  // acceptable. JSON key "empty_row_lse".
+  std::string empty_row_lse = "-inf";
 
   // Whether `p` lies inside these capabilities; if not, `why` says which feature.
   bool Covers(const Problem& p, std::string* why = nullptr) const;
 };
 
+// The lse an empty row must hold under `caps`: -inf, or +inf when declared.
+double EmptyRowLse(const Capabilities& caps);
+
 nlohmann::json CapabilitiesToJson(const Capabilities& caps);
 Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j);
+
+// The byte a harness fills every output buffer with before a kernel call (DESIGN.md "Checks":
+// unwritten outputs are found through NaN-poisoned buffers; the CUDA and HIP adapters memset
+// 0xFF, and a model that simulates an unwritten tile starts from the same bytes). All-ones is
+// a NaN in every float dtype attest reads (f64, f32, bf16, f16, e4m3fn, e5m2) whose payload
+// arithmetic does not produce: a NaN computed from finite inputs is the platform's default
+// NaN (x86 0xFFC00000, Arm 0x7FC00000, CUDA 0x7FFFFFFF) and conversions keep or canonicalise
+// it, so an element still holding all ones was never written.
+inline constexpr unsigned char kOutputPoisonByte = 0xFF;
+// Whether element `flat` (row-major) of `t` holds the poison in its own dtype.
+bool IsOutputPoison(const Tensor& t, int64_t flat);
+// A float32 holding the poison's bits (for models that simulate an unwritten output).
+float OutputPoisonF32();
 
 struct Unsupported {
   std::string reason;

@@ -308,4 +308,270 @@ Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const 
   return Run(p, q, k, v, &dout, mode);
 }
 
+// ---- The recipe reference (see baseline.h) ----
+
+Expected<Tensor> QuantizeForRecipe(const Tensor& t, const OperandQuant& quant) {
+  if (quant.scheme.kind == OperandKind::kNone) return t;
+  const Tensor c = ToF64(t);
+  const auto span = c.span<const double>();
+  std::vector<float> f(span.begin(), span.end());
+  const int64_t axis =
+      quant.axis == QuantAxis::kSequence ? (c.rank() == 4 ? 1 : 0) : c.rank() - 1;
+  Expected<std::vector<float>> r = QuantizeOperand(f, c.shape(), axis, quant.scheme);
+  if (!r.ok()) return r.error();
+  return Tensor::FromF64(c.shape(), std::vector<double>(r->begin(), r->end()));
+}
+
+namespace {
+
+// Rounds a row-major [rows, cols] matrix of one (batch, head) by `quant` (element schemes
+// elementwise, block schemes along cols for kSequence-of-keys operands (axis 1) or rows).
+Status RoundMatrix(std::vector<double>& m, int64_t rows, int64_t cols, const OperandQuant& quant,
+                   int64_t axis) {
+  if (quant.scheme.kind == OperandKind::kNone) return Status::Ok();
+  if (quant.scheme.kind == OperandKind::kElement) {
+    for (double& x : m) x = RoundElement(static_cast<float>(x), quant.scheme);
+    return Status::Ok();
+  }
+  std::vector<float> f(m.begin(), m.end());
+  Expected<std::vector<float>> r = QuantizeOperand(f, Shape{rows, cols}, axis, quant.scheme);
+  if (!r.ok()) return r.error();
+  for (size_t x = 0; x < m.size(); ++x) m[x] = (*r)[x];
+  return Status::Ok();
+}
+
+double RoundOut(double x, Format f) { return f == Format::kF64 ? x : RoundTo(x, f); }
+
+Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor& q_in,
+                                const Tensor& k_in, const Tensor& v_in, const Tensor* dout_in) {
+  if (Status s = Validate(p); !s.ok()) return s.error();
+  if (Status s = ValidateInputShapes(p, q_in, k_in, v_in, dout_in); !s.ok()) return s.error();
+  if (Status s = ValidateRecipe(r); !s.ok()) return s.error();
+  const bool backward = dout_in != nullptr;
+  const auto quantized = [&](const Tensor& t, const OperandQuant& qu,
+                             const char* what) -> Expected<Tensor> {
+    Expected<Tensor> x = QuantizeForRecipe(t, qu);
+    if (!x.ok()) {
+      return Error{fmt::format("recipe reference {}: operand {}: {}", r.name, what,
+                               x.error().message)};
+    }
+    return x;
+  };
+  // Forward operands, then the backward's own copies.
+  auto q_s = quantized(q_in, r.qk.a, "Q of Q.K^T");
+  auto k_s = quantized(k_in, r.qk.b, "K of Q.K^T");
+  auto v_o = quantized(v_in, r.pv.b, "V of P.V");
+  if (!q_s.ok()) return q_s.error();
+  if (!k_s.ok()) return k_s.error();
+  if (!v_o.ok()) return v_o.error();
+  Tensor do_p, v_p, do_v, k_q, q_k, do_raw;
+  if (backward) {
+    auto a = quantized(*dout_in, r.dov.a, "dO of dO.V^T");
+    auto b = quantized(v_in, r.dov.b, "V of dO.V^T");
+    auto c = quantized(*dout_in, r.pdo.b, "dO of P^T.dO");
+    auto d = quantized(k_in, r.dsk.b, "K of dS.K");
+    auto e = quantized(q_in, r.dsq.b, "Q of dS^T.Q");
+    for (auto* x : {&a, &b, &c, &d, &e}) {
+      if (!x->ok()) return x->error();
+    }
+    do_p = std::move(*a);
+    v_p = std::move(*b);
+    do_v = std::move(*c);
+    k_q = std::move(*d);
+    q_k = std::move(*e);
+    do_raw = ToF64(*dout_in);
+  }
+  const Format in_f = FormatOf(p.dtype).value_or(Format::kF32);
+  const Format out_f = r.output.value_or(in_f);
+  const Format grad_f = r.gradients.value_or(in_f);
+  const int64_t H = p.heads_q, Hk = p.heads_kv, D = p.head_dim, Dv = p.head_dim_v;
+  const double scale = p.EffectiveScale();
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  const double* qs = q_s->data<double>();
+  const double* ks = k_s->data<double>();
+  const double* vo = v_o->data<double>();
+  std::vector<double> o(static_cast<size_t>(p.TotalQ() * H * Dv), 0.0);
+  std::vector<double> lse(static_cast<size_t>(p.TotalQ() * H), kNegInf);
+  std::vector<double> dq, dk, dv;
+  if (backward) {
+    dq.assign(static_cast<size_t>(p.TotalQ() * H * D), 0.0);
+    dk.assign(static_cast<size_t>(p.TotalK() * Hk * D), 0.0);
+    dv.assign(static_cast<size_t>(p.TotalK() * Hk * Dv), 0.0);
+  }
+  const auto QI = [&](int64_t t, int64_t h) { return (t * H + h) * D; };
+  const auto KI = [&](int64_t t, int64_t h) { return (t * Hk + h) * D; };
+  const auto VI = [&](int64_t t, int64_t h) { return (t * Hk + h) * Dv; };
+  const auto OI = [&](int64_t t, int64_t h) { return (t * H + h) * Dv; };
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const MaskView mask(p, b);
+    const Sequence seq = mask.sequence();
+    const int64_t nq = seq.q_len, nk = seq.k_len;
+    if (nq == 0) continue;
+    const auto LI = [&](int64_t h, int64_t i) {
+      return p.varlen() ? h * p.TotalQ() + seq.q_begin + i : (b * H + h) * p.seqlen_q + i;
+    };
+    std::vector<double> s(static_cast<size_t>(nq * nk)), c(static_cast<size_t>(nq * nk), 1.0);
+    std::vector<char> vis(static_cast<size_t>(nq * nk));
+    std::vector<double> pmat, ds_k, ds_q, o_raw(static_cast<size_t>(nq * Dv));
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = p.KvHead(h);
+      const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
+      // Scores from the quantised Q·Kᵀ operands.
+      for (int64_t i = 0; i < nq; ++i) {
+        const double* qr = qs + QI(seq.q_begin + i, h);
+        for (int64_t j = 0; j < nk; ++j) {
+          const size_t ij = static_cast<size_t>(i * nk + j);
+          vis[ij] = mask.Visible(i, j);
+          if (!vis[ij]) continue;
+          const double* kr = ks + KI(seq.k_begin + j, hk);
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+          const double raw = scale * dot;
+          s[ij] = TransformScore(raw, p.softcap, slope, mask.AlibiDistance(i, j));
+          if (p.softcap > 0) {
+            const double t = std::tanh(raw / p.softcap);
+            c[ij] = 1 - t * t;
+          }
+        }
+      }
+      // Forward: P = exp(s - m) rounded by pv.a, o = Σ round(P) v / Σ P.
+      pmat.assign(static_cast<size_t>(nq * nk), 0.0);
+      std::vector<double> rowsum(static_cast<size_t>(nq), 0.0);
+      for (int64_t i = 0; i < nq; ++i) {
+        double m = kNegInf;
+        for (int64_t j = 0; j < nk; ++j) {
+          if (vis[static_cast<size_t>(i * nk + j)]) m = std::max(m, s[static_cast<size_t>(i * nk + j)]);
+        }
+        if (m == kNegInf) continue;
+        double l = 0;
+        for (int64_t j = 0; j < nk; ++j) {
+          const size_t ij = static_cast<size_t>(i * nk + j);
+          if (!vis[ij]) continue;
+          pmat[ij] = std::exp(s[ij] - m);
+          l += pmat[ij];
+        }
+        rowsum[static_cast<size_t>(i)] = l;
+        lse[static_cast<size_t>(LI(h, i))] = RoundOut(m + std::log(l), r.lse);
+      }
+      if (Status st = RoundMatrix(pmat, nq, nk, r.pv.a, 1); !st.ok()) return st.error();
+      for (int64_t i = 0; i < nq; ++i) {
+        const double l = rowsum[static_cast<size_t>(i)];
+        double* orow = o_raw.data() + i * Dv;
+        std::fill(orow, orow + Dv, 0.0);
+        if (l == 0) continue;
+        for (int64_t j = 0; j < nk; ++j) {
+          const double pj = pmat[static_cast<size_t>(i * nk + j)];
+          if (pj == 0) continue;
+          const double* vr = vo + VI(seq.k_begin + j, hk);
+          for (int64_t e = 0; e < Dv; ++e) orow[e] += pj * vr[e];
+        }
+        for (int64_t e = 0; e < Dv; ++e) {
+          orow[e] /= l;
+          o[static_cast<size_t>(OI(seq.q_begin + i, h) + e)] = RoundOut(orow[e], out_f);
+        }
+      }
+      if (!backward) continue;
+      // Backward: normalised P from the exact lse of these scores.
+      const double* dop = do_p.data<double>();
+      const double* dov = do_v.data<double>();
+      const double* dor = do_raw.data<double>();
+      const double* vp = v_p.data<double>();
+      const double* kq = k_q.data<double>();
+      const double* qk = q_k.data<double>();
+      pmat.assign(static_cast<size_t>(nq * nk), 0.0);
+      ds_k.assign(static_cast<size_t>(nq * nk), 0.0);
+      for (int64_t i = 0; i < nq; ++i) {
+        const double l = rowsum[static_cast<size_t>(i)];
+        if (l == 0) continue;
+        double m = kNegInf;
+        for (int64_t j = 0; j < nk; ++j) {
+          if (vis[static_cast<size_t>(i * nk + j)]) m = std::max(m, s[static_cast<size_t>(i * nk + j)]);
+        }
+        const double lse_i = m + std::log(l);
+        const int64_t t = seq.q_begin + i;
+        // D = rowsum(dO∘O) with the O the recipe names.
+        double delta = 0;
+        for (int64_t e = 0; e < Dv; ++e) {
+          const double oe = r.delta == DeltaSource::kRoundedO
+                                ? o[static_cast<size_t>(OI(t, h) + e)]
+                                : o_raw[static_cast<size_t>(i * Dv + e)];
+          delta += dor[OI(t, h) + e] * oe;
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          const size_t ij = static_cast<size_t>(i * nk + j);
+          if (!vis[ij]) continue;
+          const double pj = std::exp(s[ij] - lse_i);
+          const double* vr = vp + VI(seq.k_begin + j, hk);
+          double dp = 0;
+          for (int64_t e = 0; e < Dv; ++e) dp += dop[OI(t, h) + e] * vr[e];
+          if (r.dp) dp = RoundTo(dp, *r.dp);
+          pmat[ij] = pj;
+          ds_k[ij] = pj * (dp - delta) * c[ij];
+        }
+      }
+      ds_q = ds_k;
+      if (Status st = RoundMatrix(pmat, nq, nk, r.pdo.a, 0); !st.ok()) return st.error();
+      if (Status st = RoundMatrix(ds_k, nq, nk, r.dsk.a, 1); !st.ok()) return st.error();
+      if (Status st = RoundMatrix(ds_q, nq, nk, r.dsq.a, 0); !st.ok()) return st.error();
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = seq.q_begin + i;
+        double* dqr = dq.data() + QI(t, h);
+        for (int64_t j = 0; j < nk; ++j) {
+          const size_t ij = static_cast<size_t>(i * nk + j);
+          if (!vis[ij]) continue;
+          const int64_t tk = seq.k_begin + j;
+          const double* kr = kq + KI(tk, hk);
+          const double* qr = qk + QI(t, h);
+          const double* gr = dov + OI(t, h);
+          double* dkr = dk.data() + KI(tk, hk);
+          double* dvr = dv.data() + VI(tk, hk);
+          const double a = ds_k[ij] * scale, bq = ds_q[ij] * scale, pj = pmat[ij];
+          for (int64_t d = 0; d < D; ++d) dqr[d] += a * kr[d];
+          for (int64_t d = 0; d < D; ++d) dkr[d] += bq * qr[d];
+          for (int64_t e = 0; e < Dv; ++e) dvr[e] += pj * gr[e];
+        }
+      }
+    }
+  }
+  BaselineOut out;
+  out.o = Tensor::FromF64(p.OShape(), std::move(o));
+  out.lse = Tensor::FromF64(p.LseShape(), std::move(lse));
+  if (backward) {
+    for (double& x : dq) x = RoundOut(x, grad_f);
+    for (double& x : dk) x = RoundOut(x, grad_f);
+    for (double& x : dv) x = RoundOut(x, grad_f);
+    out.dq = Tensor::FromF64(p.QShape(), std::move(dq));
+    out.dk = Tensor::FromF64(p.KShape(), std::move(dk));
+    out.dv = Tensor::FromF64(p.VShape(), std::move(dv));
+  }
+  return out;
+}
+
+}  // namespace
+
+Expected<BaselineOut> RecipeReferenceForward(const Problem& p, const Recipe& recipe,
+                                             const Tensor& q, const Tensor& k, const Tensor& v) {
+  return RunRecipe(p, recipe, q, k, v, nullptr);
+}
+
+Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& recipe,
+                                              const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& dout) {
+  return RunRecipe(p, recipe, q, k, v, &dout);
+}
+
+Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
+                                      const Tensor& k, const Tensor& v, const Tensor* dout) {
+  if (profile.baseline_recipe.empty()) {
+    return dout != nullptr ? BaselineBackward(p, q, k, v, *dout) : BaselineForward(p, q, k, v);
+  }
+  const Recipe* r = FindRecipe(profile.baseline_recipe);
+  if (r == nullptr) {
+    return Error{fmt::format("profile {}: baseline_recipe '{}' is not a recipe", profile.name,
+                             profile.baseline_recipe)};
+  }
+  return dout != nullptr ? RecipeReferenceBackward(p, *r, q, k, v, *dout)
+                         : RecipeReferenceForward(p, *r, q, k, v);
+}
+
 }  // namespace attest

@@ -34,8 +34,10 @@
 #pragma once
 
 #include "reference/problem/problem.h"
+#include "reference/recipes/recipe.h"
 #include "reference/status.h"
 #include "reference/tensor.h"
+#include "verify/tolerance.h"
 
 namespace attest {
 
@@ -53,5 +55,48 @@ Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const T
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& dout,
                                        BaselineMode mode = BaselineMode::kSdpaMath);
+
+// ---- The recipe reference: the "pt" of a low-precision recipe ----
+//
+// A low-precision kernel has no PyTorch math path in its precision; the reference of the same
+// recipe plays that role (cudnn-frontend judges cuDNN's MXFP8 SDPA against
+// test/python/sdpa/mxfp8_ref.py: the operands quantised as the kernel quantises them, the
+// attention computed in high precision, P and dS rounded where the recipe rounds them). Here:
+//   operands   every GEMM operand quantised over the whole tensor exactly as the recipe row
+//              says (QuantizeForRecipe: Q·Kᵀ's Q and K, P·V's V, dO·Vᵀ's dO and V, Pᵀ·dO's dO,
+//              dS·K's K, dSᵀ·Q's Q), bit for bit what the engine feeds its GEMMs;
+//   forward    scores, softmax and every sum in float64 (no tiling); P = exp(s - m) with m the
+//              row's final max (P <= 1, as an untiled reference forms it) rounded by the
+//              recipe's pv.a; o = Σ_j round(P_j) v_j / Σ_j P_j (the row sum of the unrounded
+//              P, FlashAttention-2's order); o rounded to the recipe's output format, lse to
+//              fp32;
+//   backward   P = exp(s - lse) rounded by pdo.a for dV = Σ_i P_ij dO_i; dP = dO·Vᵀ from the
+//              dO·Vᵀ operands (rounded to the recipe's dp format where it names one);
+//              D = rowsum(dO∘O) from this reference's own rounded o (kRoundedO) or its
+//              unrounded o (kFp32O); dS = P (dP - D) times the softcap derivative, rounded by
+//              dsk.a for dQ = scale Σ_j dS_ij k_j and by dsq.a for dK = scale Σ_i dS_ij q_i
+//              (block schemes of dS run over the [Sq, Sk] matrix of one (batch, head), along
+//              keys or queries as the operand's axis says); GQA gradients summed over the
+//              group in float64; dq, dk, dv rounded once to the recipe's gradient format.
+// What separates a correct kernel from this reference is its fp32 accumulation, its tile
+// order and where its running max puts P's rounding grid: the baseline-ratio policy bounds
+// that by k times the reference's own error (verify/tolerance.cc; docs/tolerances.md).
+// Errors name the recipe and operand.
+
+// `t` (f64, token-major [B, S, H, X] or packed [T, H, X]) as `quant` represents it before a
+// product: kSequence blocks run along the token axis, kHeadDim along the last axis.
+Expected<Tensor> QuantizeForRecipe(const Tensor& t, const OperandQuant& quant);
+
+Expected<BaselineOut> RecipeReferenceForward(const Problem& p, const Recipe& recipe,
+                                             const Tensor& q, const Tensor& k, const Tensor& v);
+Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& recipe,
+                                              const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& dout);
+
+// The baseline of `profile`'s baseline-ratio policies on (q, k, v[, dout]): the recipe
+// reference of profile.baseline_recipe when it names one, else the kSdpaMath "pt". dout
+// nullptr: forward only. The Error names the profile.
+Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
+                                      const Tensor& k, const Tensor& v, const Tensor* dout);
 
 }  // namespace attest

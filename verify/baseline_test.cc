@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <variant>
 
+#include "kernels/builtin.h"
+#include "kernels/models/lowp_models.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/inputs.h"
@@ -178,6 +182,142 @@ TEST(Baseline, EmptyRowsAndUnsupportedDtype) {
   auto bad = BaselineForward(p, in.q, in.k, in.v);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("e4m3fn"), std::string::npos);
+}
+
+// ---- The recipe reference ----
+
+// A recipe that quantises and rounds nothing, in float64: its reference must be the oracle
+// (masks, GQA, softcap, ALiBi, packed sequences, D from the exact O).
+Recipe ExactRecipe() {
+  Recipe r;
+  r.name = "test-exact";
+  r.output = Format::kF64;
+  r.gradients = Format::kF64;
+  r.lse = Format::kF64;
+  r.input_dtypes = {DType::kF32};
+  return r;
+}
+
+void ExpectRecipeIsOracle(const Problem& p) {
+  const CaseInputs in = Inputs(p, 11);
+  auto b = RecipeReferenceBackward(p, ExactRecipe(), in.q, in.k, in.v, in.dout);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  const BackwardOut r = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  constexpr double kRel = 1e-12;
+  EXPECT_LE(MaxDiff(b->o, r.o), kRel * MaxAbs(r.o));
+  EXPECT_LE(MaxDiff(b->lse, r.lse), kRel * MaxAbs(r.lse));
+  EXPECT_LE(MaxDiff(b->dq, r.dq), kRel * MaxAbs(r.dq));
+  EXPECT_LE(MaxDiff(b->dk, r.dk), kRel * MaxAbs(r.dk));
+  EXPECT_LE(MaxDiff(b->dv, r.dv), kRel * MaxAbs(r.dv));
+}
+
+TEST(RecipeReference, UnroundedRecipeIsTheOracleOnEveryFeature) {
+  ExpectRecipeIsOracle(Featureful(DType::kF32));
+  Problem p = Featureful(DType::kF32);
+  p.batch = 3;
+  p.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 19};
+  p.cu_seqlens_k = std::vector<int32_t>{0, 12, 20, 33};
+  p.seqlen_q = 14;
+  p.seqlen_k = 13;
+  ExpectRecipeIsOracle(p);
+}
+
+// Each rounding point moves the reference: P rounded to bf16 moves o, dS rounded moves dq.
+TEST(RecipeReference, RoundingPointsAreApplied) {
+  Problem p = Featureful(DType::kF32);
+  p.softcap = 0;
+  const CaseInputs in = Inputs(p, 12);
+  const BackwardOut r = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  Recipe only_p = ExactRecipe();
+  only_p.pv.a.scheme.kind = OperandKind::kElement;
+  only_p.pv.a.scheme.element = Format::kBF16;
+  auto a = RecipeReferenceBackward(p, only_p, in.q, in.k, in.v, in.dout);
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_GT(MaxDiff(a->o, r.o), 1e-5 * MaxAbs(r.o));  // bf16 P: ~2^-9 relative
+  EXPECT_LE(MaxDiff(a->o, r.o), 0x1p-8 * MaxAbs(in.v));
+  EXPECT_LE(MaxDiff(a->dq, r.dq), 0x1p-6 * MaxAbs(r.dq));  // only through D = dO·o
+  EXPECT_LE(MaxDiff(a->dv, r.dv), 1e-12 * MaxAbs(r.dv));   // P·V's P only
+  Recipe only_ds = ExactRecipe();
+  only_ds.dsk.a.scheme.kind = OperandKind::kElement;
+  only_ds.dsk.a.scheme.element = Format::kBF16;
+  auto b = RecipeReferenceBackward(p, only_ds, in.q, in.k, in.v, in.dout);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_GT(MaxDiff(b->dq, r.dq), 1e-5 * MaxAbs(r.dq));
+  EXPECT_LE(MaxDiff(b->dk, r.dk), 1e-12 * MaxAbs(r.dk));  // dSᵀ·Q's dS is unrounded
+  EXPECT_LE(MaxDiff(b->o, r.o), 1e-12 * MaxAbs(r.o));
+}
+
+// The reference quantises exactly as the models do: the models' lse (scores from the same
+// quantised Q, K; fp32 against float64 arithmetic) agrees with it to fp32 precision, and the
+// models' o errors against the oracle are within 2x of the reference's (the profiles' k).
+TEST(RecipeReference, SharesEachModelsQuantisation) {
+  Problem p;
+  p.batch = 2;
+  p.heads_q = 4;
+  p.heads_kv = 2;
+  p.seqlen_q = 77;
+  p.seqlen_k = 130;
+  p.head_dim = p.head_dim_v = 64;
+  p.dtype = DType::kBF16;
+  p.causal = true;
+  const CaseInputs in = Inputs(p, 21);
+  const ForwardOut oracle = Forward<double>(p, in.q, in.k, in.v);
+  for (const LowpModelSpec& spec : LowpModelSpecs()) {
+    if (!spec.gqa) p.heads_q = p.heads_kv;
+    const CaseInputs x = spec.gqa ? in : Inputs(p, 21);
+    const ForwardOut ora = spec.gqa ? oracle : Forward<double>(p, x.q, x.k, x.v);
+    auto kernel = Kernels().Create(spec.name);
+    ASSERT_TRUE(kernel.ok());
+    auto f = (*kernel)->Forward(p, x.q, x.k, x.v);
+    ASSERT_TRUE(std::holds_alternative<ForwardResult>(f)) << spec.name;
+    const Tensor ko = ToF64(std::get<ForwardResult>(f).o);
+    const Tensor kl = ToF64(std::get<ForwardResult>(f).lse);
+    auto ref = RecipeReferenceForward(p, *FindRecipe(spec.recipe), x.q, x.k, x.v);
+    ASSERT_TRUE(ref.ok()) << ref.error().message;
+    EXPECT_LE(MaxDiff(kl, ref->lse), 4e-6 * MaxAbs(ref->lse)) << spec.name;
+    const double ratio = MaxDiff(ko, ora.o) / MaxDiff(ref->o, ora.o);
+    std::printf("  %-22s lse |kernel - reference| %.3g; o error ratio kernel/reference %.3f\n",
+                std::string(spec.name).c_str(), MaxDiff(kl, ref->lse), ratio);
+    EXPECT_GT(ratio, 0.5) << spec.name;
+    EXPECT_LT(ratio, 2.0) << spec.name;
+    // Against the unquantised oracle the error is the quantisation's, far above bf16's.
+    EXPECT_GT(MaxDiff(ref->o, ora.o), 0x1p-8 * MaxAbs(ora.o)) << spec.name;
+  }
+}
+
+TEST(RecipeReference, ProfileBaselinePicksTheProfilesReference) {
+  Problem p = Featureful(DType::kBF16);
+  p.head_dim = p.head_dim_v = 32;
+  const CaseInputs in = Inputs(p, 5);
+  const Profile* lowp = FindProfile("mxfp8-pvbf16");
+  ASSERT_NE(lowp, nullptr);
+  EXPECT_EQ(lowp->baseline_recipe, "mxfp8-pvbf16");
+  auto a = ProfileBaseline(*lowp, p, in.q, in.k, in.v, &in.dout);
+  auto b = RecipeReferenceBackward(p, *FindRecipe("mxfp8-pvbf16"), in.q, in.k, in.v, in.dout);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(MaxDiff(a->dq, b->dq), 0.0);
+  auto c = ProfileBaseline(*FindProfile("bf16"), p, in.q, in.k, in.v, nullptr);
+  auto d = BaselineForward(p, in.q, in.k, in.v);
+  ASSERT_TRUE(c.ok() && d.ok());
+  EXPECT_EQ(MaxDiff(c->o, d->o), 0.0);
+  EXPECT_FALSE(c->dq.defined());
+  Profile broken = *lowp;
+  broken.baseline_recipe = "no-such-recipe";
+  auto e = ProfileBaseline(broken, p, in.q, in.k, in.v, nullptr);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("no-such-recipe"), std::string::npos);
+}
+
+TEST(RecipeReference, ErrorsNameTheRecipeAndOperand) {
+  Problem p = Featureful(DType::kBF16);
+  const CaseInputs in = Inputs(p, 5);
+  Recipe r = ExactRecipe();
+  r.name = "broken-row";
+  r.qk.a.scheme.kind = OperandKind::kBlock;
+  r.qk.a.scheme.block = "no-such-scheme";
+  auto e = RecipeReferenceForward(p, r, in.q, in.k, in.v);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("broken-row"), std::string::npos) << e.error().message;
 }
 
 }  // namespace

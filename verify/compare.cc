@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 
 #include "reference/problem/inputs.h"
 #include "verify/baseline.h"
+#include "verify/term_scale.h"
 
 namespace attest {
 namespace {
@@ -76,6 +78,7 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     return Error{"outputs: gradients given but the case has no 'do' to differentiate with"};
   }
   Tensor ref[5];
+  std::optional<GradientTermScales> terms;
   auto start = Clock::now();
   try {
     if (any_grad) {
@@ -86,6 +89,13 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
       ref[2] = b.dq;
       ref[3] = b.dk;
       ref[4] = b.dv;
+      // dq / dk floors on the terms' magnitude (tolerance.h FloorScale::kTerms).
+      if (profile->needs_term_scale()) {
+        auto t = ComputeGradientTermScales(p, inputs->q, inputs->k, inputs->v, inputs->dout,
+                                           b.lse, b.delta);
+        if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
+        terms = std::move(t).value();
+      }
     } else {
       ForwardOut f = Forward<double>(p, inputs->q, inputs->k, inputs->v, options.oracle);
       ref[0] = f.o;
@@ -100,8 +110,8 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   const bool with_baseline = profile->needs_baseline();
   if (with_baseline) {
     start = Clock::now();
-    auto b = any_grad ? BaselineBackward(p, inputs->q, inputs->k, inputs->v, inputs->dout)
-                      : BaselineForward(p, inputs->q, inputs->k, inputs->v);
+    auto b = ProfileBaseline(*profile, p, inputs->q, inputs->k, inputs->v,
+                             any_grad ? &inputs->dout : nullptr);
     if (!b.ok()) {
       return Error{fmt::format("profile {}: {}", profile->name, b.error().message)};
     }
@@ -126,6 +136,11 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     const Layout layout = LayoutOf(p, s.name);
     auto m = Compare(s.name, *s.tensor, ref[k], format, layout, copts);
     if (!m.ok()) return m.error();
+    if (terms && (k == 2 || k == 3)) {
+      if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
+        return st.error();
+      }
+    }
     const TensorMetrics* bm = nullptr;
     if (with_baseline) {
       auto b = Compare(s.name, base[k], ref[k], format, layout, copts);

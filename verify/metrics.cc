@@ -374,4 +374,29 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
   return m;
 }
 
+Status SetRowTermScales(TensorMetrics& m, const Tensor& terms) {
+  const bool rows_along_d = !m.layout.axes.empty() && m.layout.axes.back() == AxisRole::kDim &&
+                            !m.shape.empty() && m.shape.back() > 0;
+  if (!rows_along_d) {
+    return Error{fmt::format("{}: term magnitudes need rows along a last d axis", m.tensor)};
+  }
+  const int64_t width = m.shape.back();
+  if (!terms.defined() || terms.numel() * width != m.elements) {
+    return Error{fmt::format("{}: {} term magnitudes for {} rows of {} elements", m.tensor,
+                             terms.defined() ? terms.numel() : 0, m.elements / width, width)};
+  }
+  Tensor t = ToF64(terms);
+  if (!t.contiguous()) t = t.Clone();
+  const double* v = t.data<double>();
+  for (size_t r = 0; r < m.rows.size(); ++r) {
+    if (m.rows[r].length != width) {
+      return Error{fmt::format("{}: row {} has {} elements, not {}", m.tensor, r,
+                               m.rows[r].length, width)};
+    }
+    m.rows[r].term_scale = v[m.row_begin[r] / width];
+  }
+  m.has_term_scale = true;
+  return Status::Ok();
+}
+
 }  // namespace attest

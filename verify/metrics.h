@@ -85,6 +85,10 @@ struct RowMetrics {
   double max_abs_error = 0;
   double ref_max_abs = 0;
   double err_l2 = 0, ref_l2 = 0, obs_l2 = 0, dot = 0;
+  // The magnitude of the terms summed into this row (verify/term_scale.h: dq, dk), 0 where
+  // unknown. A cancelled row (exact dq = 0 with one visible key) has ref_max_abs 0 but terms
+  // of the size of its inputs; FloorScale::kTerms puts the ULP floor there.
+  double term_scale = 0;
 
   double RelL2() const;   // err_l2 / ref_l2 (0 when both are 0, inf when only ref_l2 is)
   double Cosine() const;  // dot / (|obs| |ref|): 1 when both are 0, 0 when one is
@@ -142,7 +146,14 @@ struct TensorMetrics {
   // Index of the row holding flat element `flat` (rows are contiguous runs).
   int64_t RowOf(int64_t flat) const;
   std::vector<int64_t> row_begin;  // flat index of each row's first element
+  // Whether SetRowTermScales filled rows[].term_scale.
+  bool has_term_scale = false;
 };
+
+// Fills rows[r].term_scale from `terms` (verify/term_scale.h GradientTermScales::dq or ::dk):
+// one value per row of a tensor whose last axis is the row (d) axis, row r taking
+// terms[row_begin[r] / row length]. Errors name the tensor when the counts do not match.
+Status SetRowTermScales(TensorMetrics& m, const Tensor& terms);
 
 // Compares two tensors of equal shape (any float dtype, any strides; widened exactly).
 // Errors name the tensor when the shapes differ or the layout does not fit the shape.

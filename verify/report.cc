@@ -12,6 +12,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "verify/checks/check.h"
+
 namespace attest {
 namespace {
 
@@ -110,6 +112,20 @@ int Report::failures() const {
       std::count_if(verdicts.begin(), verdicts.end(), [](const Verdict& v) { return !v.pass; }));
 }
 
+const Verdict* FirstFailure(const Report& report) {
+  const Verdict* best = nullptr;
+  size_t best_rank = 0;
+  for (const Verdict& v : report.verdicts) {
+    if (v.pass) continue;
+    const size_t rank = DiagnosisRank(v.check, v.tensor);
+    if (best == nullptr || rank < best_rank) {
+      best = &v;
+      best_rank = rank;
+    }
+  }
+  return best;
+}
+
 std::string ToConsole(const Report& r) {
   std::string out;
   size_t check_w = 5, tensor_w = 1;
@@ -132,6 +148,10 @@ std::string ToConsole(const Report& r) {
   out += fmt::format("{}: {} of {} checks failed (kernel {}, suite {}, seed {})\n",
                      r.passed() ? "PASS" : "FAIL", r.failures(), r.verdicts.size(), r.kernel,
                      r.suite, r.seed);
+  if (const Verdict* f = FirstFailure(r)) {
+    out += fmt::format("first failing check (the diagnosis): {}{} margin {}\n", f->check,
+                       f->tensor.empty() ? "" : " " + f->tensor, Margin3(f->margin));
+  }
   return out;
 }
 
@@ -158,9 +178,13 @@ nlohmann::json ToJson(const Report& r) {
   }
   nlohmann::json timings = nlohmann::json::array();
   for (const Timing& t : r.timings) timings.push_back({{"name", t.name}, {"seconds", t.seconds}});
-  return {{"kernel", r.kernel},   {"suite", r.suite},         {"seed", r.seed},
-          {"passed", r.passed()}, {"failures", r.failures()}, {"verdicts", verdicts},
-          {"timings", timings}};
+  nlohmann::json first = nullptr;
+  if (const Verdict* f = FirstFailure(r)) {
+    first = {{"check", f->check}, {"tensor", f->tensor}, {"margin", Number(f->margin)}};
+  }
+  return {{"kernel", r.kernel},     {"suite", r.suite},         {"seed", r.seed},
+          {"passed", r.passed()},   {"failures", r.failures()}, {"verdicts", verdicts},
+          {"first_failure", first}, {"timings", timings}};
 }
 
 std::string XmlEscape(std::string_view text) {

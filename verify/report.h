@@ -18,9 +18,14 @@ namespace attest {
 // worst (b=0, h=1, i=5, d=3) observed ... reference ...", then for each failure its message
 // and "  repro: <command>", then a summary line.
 std::string ToConsole(const Report& report);
+// The failing verdict of lowest check.h DiagnosisRank (in a report of RunSuite, which sorts
+// by it, the first failing one), or nullptr: the diagnosis of the run. Console and JSON
+// reports name it ("first_failure").
+const Verdict* FirstFailure(const Report& report);
 // {"kernel", "suite", "seed", "passed", "failures", "verdicts": [{"check", "tensor",
 // "policy", "pass", "observed", "allowed", "margin", "worst": {"b", "h", "i", "d", "flat",
-// "observed", "reference"}, "message", "repro"}], "timings": [{"name", "seconds"}]}.
+// "observed", "reference"}, "message", "repro"}], "first_failure": {"check", "tensor",
+// "margin"} or null, "timings": [{"name", "seconds"}]}.
 // Non-finite numbers are written as the strings "inf", "-inf", "nan" (JSON has no such
 // numbers).
 nlohmann::json ToJson(const Report& report);

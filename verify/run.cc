@@ -1,6 +1,7 @@
 // Suite and case runs (see run.h).
 #include "verify/run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
@@ -123,6 +124,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     if (Status s = SaveFailures(verdicts, *inst.c, options, result); !s.ok()) return s.error();
     for (Verdict& v : verdicts) result.report.verdicts.push_back(std::move(v));
   }
+  SortByDiagnosis(result.report.verdicts);
   result.seconds = Since(start);
   return result;
 }
@@ -152,8 +154,16 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
     }
     for (Verdict& v : verdicts) result.report.verdicts.push_back(std::move(v));
   }
+  SortByDiagnosis(result.report.verdicts);
   result.seconds = Since(start);
   return result;
+}
+
+void SortByDiagnosis(std::vector<Verdict>& verdicts) {
+  // Stable: within a step, verdicts keep the suite's row order (case by case).
+  std::stable_sort(verdicts.begin(), verdicts.end(), [](const Verdict& a, const Verdict& b) {
+    return DiagnosisRank(a.check, a.tensor) < DiagnosisRank(b.check, b.tensor);
+  });
 }
 
 }  // namespace attest

@@ -55,6 +55,10 @@ struct RunResult {
 // kernel does (errors, crashes as exceptions, refusals of claimed features) is a verdict.
 Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOptions& options);
 
+// Orders verdicts by check.h DiagnosisRank (stable): RunSuite and RunCase return their
+// reports in this order, so the first failing verdict of a report names the bug class.
+void SortByDiagnosis(std::vector<Verdict>& verdicts);
+
 // Runs `checks` on one case (attest repro); `label` names the case in messages.
 Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
                             std::span<const CheckInfo* const> checks, const RunOptions& options,

@@ -140,6 +140,7 @@ constexpr auto kDet = "determinism";
 constexpr auto kGqa = "gqa-mha";
 constexpr auto kPerm = "permutation";
 constexpr auto kWin = "window-causal";
+constexpr auto kPad = "padding";
 constexpr auto kLeak = "non-interference";  // verify/checks/noninterference.h (engineer "leak")
 constexpr auto kCons = "consistency";       // verify/checks/consistency.h (engineer "leak")
 
@@ -147,7 +148,7 @@ void QuickRows(Builder& s) {
   s.Add({kAcc, kUnw, kSpec, kDet, kGqa, kPerm, kWin, kLeak, kCons}, "GQA causal Sq<Sk batch 2",
         Causal(P(2, 4, 2, 77, 130)));
   s.Add({kAcc, kSpec}, "causal Sq>Sk (empty rows)", Causal(P(1, 2, 2, 130, 65)));
-  s.Add({kAcc, kSpec, kUnw}, "varlen with zero-length documents",
+  s.Add({kAcc, kSpec, kUnw, kPad}, "varlen with zero-length documents",
         Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
   s.Add({kSpec}, "huge logits (scores ~1e4)", P(1, 2, 2, 64, 96), HugeLogits());
   s.Honesty("softcap", Softcap(P(1, 2, 2, 64, 64), 30));
@@ -156,10 +157,12 @@ void QuickRows(Builder& s) {
 void GateRows(Builder& s) {
   // Shapes: Sq != Sk both ways, batch > 1, dense and causal.
   s.Add({kAcc, kUnw, kDet, kPerm, kCons}, "dense batch 2", P(2, 4, 4, 128, 128));
-  s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
+  s.Add({kAcc, kUnw, kSpec, kWin, kLeak, kPad}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
   s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq>Sk (empty rows)",
         Causal(P(1, 2, 2, 130, 77)));
-  s.Add({kAcc}, "dense Sq>>Sk", P(1, 2, 2, 200, 33));
+  // (window-causal: a window reaching past every key must be no window; flash-attention #895
+  // clamped such bounds to seqlen_k, which drops keys once Sq > Sk.)
+  s.Add({kAcc, kWin}, "dense Sq>>Sk", P(1, 2, 2, 200, 33));
   s.Add({kAcc}, "dense Sq<<Sk", P(1, 2, 2, 17, 300));
   s.Add({kAcc, kPerm, kDet, kCons}, "causal batch 3", Causal(P(3, 2, 2, 96, 96)));
   // Tile boundaries +-1 of 64 and 128.
@@ -175,9 +178,9 @@ void GateRows(Builder& s) {
   s.Add({kAcc, kUnw, kPerm, kCons}, "Dv < D", P(2, 2, 2, 70, 90, 64, 32));
   s.Add({kAcc}, "Dv > D causal", Causal(P(1, 2, 2, 70, 90, 32, 64)));
   // Packed variable length with zero-length documents (q-empty and k-empty).
-  s.Add({kAcc, kSpec, kUnw, kPerm, kLeak}, "varlen zero-length documents",
+  s.Add({kAcc, kSpec, kUnw, kPerm, kLeak, kPad}, "varlen zero-length documents",
         Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
-  s.Add({kAcc, kSpec, kWin, kLeak, kCons}, "varlen causal",
+  s.Add({kAcc, kSpec, kWin, kLeak, kCons, kPerm, kPad}, "varlen causal",
         Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20})));
   // Windows.
   s.Add({kAcc, kSpec, kLeak}, "window (32, 0)", Window(P(1, 2, 2, 150, 150), 32, 0));
@@ -197,7 +200,7 @@ void GateRows(Builder& s) {
   s.Add({kAcc, kSpec}, "causal top-left Sq>Sk",
         Causal(P(1, 2, 2, 140, 70), CausalAlign::kTopLeft));
   // Document masks.
-  s.Add({kAcc, kSpec, kLeak}, "two documents causal", Causal(Documents(P(2, 2, 2, 90, 90))));
+  s.Add({kAcc, kSpec, kLeak, kPad}, "two documents causal", Causal(Documents(P(2, 2, 2, 90, 90))));
   // Special values. Huge logits get no accuracy row: with a near-one-hot softmax, dq and dk
   // are cancellations of terms ~1e4 times larger than the result, so a correct kernel that
   // rounds dS to bf16 (FlashAttention-2) is 18x over the profile's result-scaled floor
@@ -206,6 +209,9 @@ void GateRows(Builder& s) {
   s.Add({kSpec}, "huge logits causal", Causal(P(1, 2, 2, 96, 64)), HugeLogits());
   s.Add({kSpec, kAcc},
         CaseTemplate{"format-edge values", P(1, 2, 2, 64, 128), Gaussian(), FormatEdge, true});
+  // Blocks of zeros: amax 0 in every block of V (a scale of 0 must not divide 0 by 0;
+  // ROCm/aiter #4289). o is exactly 0 and dv exactly P^T dO.
+  s.Add({kSpec, kAcc}, "zero V (amax-0 blocks)", P(1, 2, 2, 64, 96), Gaussian({{"v", {{"std", 0.0}}}}));
   // Honesty: features a kernel may or may not claim.
   s.Honesty("softcap", Softcap(P(1, 2, 2, 64, 64), 30));
   s.Honesty("ALiBi", Alibi(P(1, 2, 2, 64, 64)));

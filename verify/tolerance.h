@@ -46,12 +46,22 @@ enum class FloorScale : uint8_t {
   // the possibly cancelled result, so a row-relative floor does not fail tiny elements of
   // correct kernels.
   kRow,
+  // the kRow floor PLUS Policy::term_ulps fp32 ULPs of the row's term magnitude
+  // (RowMetrics::term_scale; verify/term_scale.h): for gradients, whose row can cancel
+  // exactly (dq = dk = 0 with one visible key) while a correct kernel's fp32 accumulation
+  // error stays of the size of the terms P (|dP| + |D|) |k|. The terms are rounded in fp32
+  // (the accumulator), the result in the output format, hence two parts. Metrics without
+  // term magnitudes (has_term_scale false) get the kRow floor alone.
+  kTerms,
 };
+// "element", "row", "terms".
+std::string_view Name(FloorScale scale);
 
 struct Policy {
   PolicyKind kind = PolicyKind::kBaselineRatio;
   double ratio = 0;       // kBaselineRatio: k
   double floor_ulps = 0;  // kBaselineRatio: n
+  double term_ulps = 0;   // kBaselineRatio with kTerms: m fp32 ULPs of the row's terms
   FloorScale floor_scale = FloorScale::kRow;
   double atol = 0, rtol = 0;  // kAbsRel
   bool atol_relative_to_max = false;
@@ -85,10 +95,17 @@ struct Profile {
   std::string description;  // one line
   std::string evidence;     // where the numbers come from (one line)
   std::vector<TensorPolicies> tensors;
+  // The "pt" of the baseline-ratio policies: empty for the same-precision PyTorch math path
+  // (verify/baseline.h kSdpaMath), or a recipe of reference/recipes whose reference
+  // implementation (baseline.h RecipeReferenceForward/Backward) is the baseline.
+  std::string baseline_recipe;
 
   // The policies for `tensor`, or nullptr when the profile does not judge it.
   const std::vector<Policy>* For(std::string_view tensor) const;
   bool needs_baseline() const;
+  // Whether a policy floors on the gradients' term magnitudes (FloorScale::kTerms): then the
+  // caller fills TensorMetrics rows with verify/term_scale.h before Evaluate.
+  bool needs_term_scale() const;
 };
 
 // The profile table, built once: rows f32 bf16 f16 fp8 mxfp8 nvfp4, then one per recipe

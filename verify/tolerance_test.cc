@@ -3,6 +3,8 @@
 // every profile, and the profile table's required rows.
 #include "verify/tolerance.h"
 
+#include "reference/recipes/recipe.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -210,6 +212,31 @@ TEST(Profiles, ProfileForCapabilities) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("capabilities.profile"), std::string::npos);
   EXPECT_EQ(ProfileForDType(DType::kE4M3FN)->name, "fp8");
+}
+
+// The recipe rows judge a low-precision kernel against the reference implementation of its
+// own recipe with the bf16 row's numbers, unchanged (docs/tolerances.md has the measured
+// headroom); the same-precision rows keep PyTorch's math path.
+TEST(Profiles, RecipeRowsUseTheirRecipeReferenceWithTheBf16Rule) {
+  const Profile* bf16 = FindProfile("bf16");
+  ASSERT_NE(bf16, nullptr);
+  EXPECT_TRUE(bf16->baseline_recipe.empty());
+  for (const char* name : {"mxfp8-cudnn", "mxfp8-pvbf16", "nvfp4-mixed", "fp8-e4m3-tensor"}) {
+    const Profile* p = FindProfile(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_EQ(p->baseline_recipe, name);
+    EXPECT_NE(FindRecipe(p->baseline_recipe), nullptr) << name;
+    EXPECT_TRUE(p->needs_baseline());
+    for (const char* t : {"o", "lse", "dq", "dk", "dv"}) {
+      ASSERT_EQ(p->For(t)->size(), bf16->For(t)->size()) << name << " " << t;
+      const Policy& a = p->For(t)->front();
+      const Policy& b = bf16->For(t)->front();
+      EXPECT_EQ(a.kind, PolicyKind::kBaselineRatio) << name << " " << t;
+      EXPECT_EQ(a.ratio, b.ratio) << name << " " << t;
+      EXPECT_EQ(a.floor_ulps, b.floor_ulps) << name << " " << t;
+      EXPECT_EQ(a.format, b.format) << name << " " << t;
+    }
+  }
 }
 
 }  // namespace

@@ -916,10 +916,11 @@ KernelAnswer<ForwardResult> FlashForward(const Problem& p, const Recipe& recipe,
     plan.k = std::move(*b);
     plan.v = std::move(*c);
   }
-  // Fault skip_last_partial_tile: outputs start NaN, as a harness poisons them, and the last
-  // query tile of a sequence is never run when it is partial (a tile-count rounding bug).
+  // Fault skip_last_partial_tile: outputs start as a harness poisons them (all-ones bytes,
+  // kernels/kernel.h kOutputPoisonByte; MakeOutput keeps the pattern in bf16 and f32), and the
+  // last query tile of a sequence is never run when it is partial (a tile-count rounding bug).
   const bool skip_last = options.faults.skip_last_partial_tile;
-  const float fill = std::numeric_limits<float>::quiet_NaN();
+  const float fill = OutputPoisonF32();
   plan.o.assign(static_cast<size_t>(p.TotalQ() * p.heads_q * p.head_dim_v),
                 skip_last ? fill : 0.0f);
   plan.lse.assign(static_cast<size_t>(Tensor::NumElements(p.LseShape())),

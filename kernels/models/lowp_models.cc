@@ -88,8 +88,9 @@ Capabilities LowpModel::capabilities() const {
   caps.varlen = spec_->varlen;
   caps.backward = spec_->no_backward.empty();
   caps.deterministic = true;  // fixed tile order; quantisation is a pure function of the data
-  // verify/tolerance.cc has one profile row per recipe (the family rows mxfp8 / nvfp4 / fp8
-  // hold the same numbers, except mxfp8-pvbf16's tighter o cosine).
+  // verify/tolerance.cc has one profile row per recipe: the bf16 baseline-ratio rule against
+  // the reference implementation of the recipe (verify/baseline.h RecipeReference*;
+  // docs/tolerances.md has the measured headroom).
   caps.profile = std::string(spec_->recipe);
   caps.recipe = std::string(spec_->recipe);
   return caps;

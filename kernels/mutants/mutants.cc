@@ -149,6 +149,7 @@ std::vector<MutantSpec> BuildCatalogue() {
               "diagonal, so a future key's value moves the scale of visible ones "
               "(TransformerEngine #3248, flash-attention #2707, cudnn-frontend PRs #983/#1123)",
        .change = "recipe: P·V's V operand MXFP8 along the sequence instead of bf16",
+       .bug_class = "non-interference",
        .edit_recipe = [](Recipe& r) { r.pv.b = Mx(QuantAxis::kSequence); },
        .problem = Case(Case(96, 96), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(101),
@@ -160,6 +161,7 @@ std::vector<MutantSpec> BuildCatalogue() {
               "spans two documents of a varlen batch, so one document's keys set the scale of "
               "another's (TransformerEngine #3248; cudnn-frontend PR #1123)",
        .change = "recipe: dS·K's K operand MXFP8 along the (packed) sequence",
+       .bug_class = "non-interference",
        .edit_recipe = [](Recipe& r) { r.dsk.b = Mx(QuantAxis::kSequence); },
        .problem = Case(Case(60, 60),
                        [](Problem& p) {
@@ -178,17 +180,22 @@ std::vector<MutantSpec> BuildCatalogue() {
               "than forward, so backward differentiates another forward (Attn-QAT, arXiv "
               "2603.00040: FP4 forward, transposed operands blocked along another axis)",
        .change = "fault bwd_requant_k_other_axis (K's NVFP4 blocks along the sequence)",
+       .bug_class = "consistency",
        .faults = Faults([](EngineFaults& f) { f.bwd_requant_k_other_axis = true; }),
        .problem = Case(64, 64),
        .generator = Gaussian(103),
        .differs = {"dq", "dk", "dv"}});
+  // On the leak-free MXFP8 parent: a mutant is one bug on a parent that passes the gate, so
+  // that its first failing check is its own (cpu/mxfp8-cudnn leaks by design, and the fault
+  // does not depend on the recipe).
   add({.name = "delta-from-other-o",
-       .parent = "cpu/mxfp8-cudnn",
-       .parent_recipe = "mxfp8-cudnn",
+       .parent = "cpu/mxfp8-pvbf16",
+       .parent_recipe = "mxfp8-pvbf16",
        .bug = "D = rowsum(dO∘O) computed from another O than forward returned (its FP8 copy), "
               "so D ≠ rowsum(P∘dP) (Attn-QAT, arXiv 2603.00040; cuDNN computes D from the "
               "BF16 O: cudnn-frontend mxfp8_ref.py)",
        .change = "fault delta_o_format = e4m3fn",
+       .bug_class = "consistency",
        .faults = Faults([](EngineFaults& f) { f.delta_o_format = Format::kE4M3FN; }),
        .problem = Case(64, 64),
        .generator = Gaussian(104),
@@ -200,6 +207,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "a fully masked row normalised without a guard gives 0·(1/0) = NaN instead of "
               "o = 0 (flash-attention #443 class; FlexAttention test_fully_masked_out_rows)",
        .change = "fault empty_row_nan",
+       .bug_class = "special-values",
        .faults = Faults([](EngineFaults& f) { f.empty_row_nan = true; }),
        .problem = Case(Case(80, 48), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(105),
@@ -211,6 +219,7 @@ std::vector<MutantSpec> BuildCatalogue() {
               "(flash-attention #443: keys beyond seqlen_k unmasked in the backward; ROCm/aiter "
               "#3551: a backward missing its bounds mask)",
        .change = "fault bwd_diag_tile_unmasked",
+       .bug_class = "non-interference",
        .faults = Faults([](EngineFaults& f) { f.bwd_diag_tile_unmasked = true; }),
        .problem = Case(Case(100, 100), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(106),
@@ -221,6 +230,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "window right bound clamped to seqlen_k: with Sq > Sk and bottom-right alignment "
               "keys inside the window are dropped (flash-attention #895, flash_api.cpp)",
        .change = "problem fault kWindowRightClamped",
+       .bug_class = "window-causal",
        .problem_fault = ProblemFault::kWindowRightClamped,
        .problem = Case(Case(96, 32), [](Problem& p) { p.window_left = 16; }),
        .generator = Gaussian(107),
@@ -231,6 +241,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "causal aligned top-left (PyTorch SDPA is_causal) where bottom-right is meant "
               "(flash-attention #1778 convention; REFERENCES.md on SDPA)",
        .change = "problem fault kCausalTopLeft",
+       .bug_class = "window-causal",
        .problem_fault = ProblemFault::kCausalTopLeft,
        .problem = Case(Case(32, 80), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(108),
@@ -242,6 +253,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "softcap computed as s·tanh(s) instead of cap·tanh(s/cap) (flash-attention PR "
               "#2402)",
        .change = "fault softcap_s_tanh_s",
+       .bug_class = "accuracy",
        .faults = Faults([](EngineFaults& f) { f.softcap_s_tanh_s = true; }),
        .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 5.0; }),
        .generator = Gaussian(109, {{"q", {{"std", 2.0}}}}),
@@ -252,6 +264,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "softcap's derivative 1 − tanh² missing in the backward (flash-attention PR "
               "#2402; PR #2544: varlen backward with softcap wrong dq)",
        .change = "fault softcap_no_bwd_derivative",
+       .bug_class = "consistency",
        .faults = Faults([](EngineFaults& f) { f.softcap_no_bwd_derivative = true; }),
        .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 2.0; }),
        .generator = Gaussian(110, {{"q", {{"std", 3.0}}}}),
@@ -263,6 +276,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "lse returned in log2 units, off by a factor ln 2 (pytorch #181645: flex "
               "returned lse off by ln 2)",
        .change = "fault lse_log2 (the backward reads it consistently)",
+       .bug_class = "accuracy",
        .faults = Faults([](EngineFaults& f) { f.lse_log2 = true; }),
        .problem = Case(64, 64),
        .generator = Gaussian(111),
@@ -273,6 +287,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "the row max scaled twice in lse = m·scale + log(l) (pytorch #181645 class); the "
               "backward's P recomputed from it is unnormalised",
        .change = "fault lse_scaled_twice",
+       .bug_class = "accuracy",
        .faults = Faults([](EngineFaults& f) { f.lse_scaled_twice = true; }),
        .problem = Case(64, 64),
        .generator = Gaussian(112, {{"q", {{"std", 2.0}}}}),
@@ -283,6 +298,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "split-KV partials combined with weights l_s/Σl instead of exp(lse_s − lse): "
               "results differ beyond rounding (flash-attention #1647)",
        .change = "fault split_kv_bad_combine (keys in two splits)",
+       .bug_class = "accuracy",
        .faults = Faults([](EngineFaults& f) { f.split_kv_bad_combine = true; }),
        .problem = Case(32, 256),
        .generator = Gaussian(113, {{"q", {{"std", 2.0}}}}),
@@ -293,6 +309,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "GQA query head h mapped to kv head h % Hkv instead of h / (Hq/Hkv) "
               "(TransformerEngine #3216 class: FA4 GQA dq wrong)",
        .change = "fault gqa_head_mod",
+       .bug_class = "gqa-mha",
        .faults = Faults([](EngineFaults& f) { f.gqa_head_mod = true; }),
        .problem = Case(48, 48, 4, 2),
        .generator = Gaussian(114),
@@ -305,6 +322,7 @@ std::vector<MutantSpec> BuildCatalogue() {
               "> 448 before the E4M3 cast, which saturates or gives NaN as the parent's cast "
               "does (flash-attention #2577: FA4 FP8 cosine dropping at 128-key boundaries)",
        .change = "fault rescale_threshold_log2 = 8",
+       .bug_class = "special-values",
        .faults = Faults([](EngineFaults& f) { f.rescale_threshold_log2 = 8.0f; }),
        .problem = Case(64, 256),
        .generator = Gaussian(115, {{"q", {{"std", 3.0}}}}),
@@ -315,6 +333,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "P cast to E4M3 without a scale while the row sum is taken before the cast: P "
               "below 2^-9 underflows and the row loses mass (ROCm/FlyDSL PR #1020: up to 36%)",
        .change = "recipe: P before P·V rounded to e4m3fn (saturating, no pre-scale)",
+       .bug_class = "accuracy",
        .edit_recipe = [](Recipe& r) { r.pv.a = Scaled(Format::kE4M3FN, 1.0); },
        .problem = Case(64, 256),
        .generator = Gaussian(116, {{"q", {{"std", 2.0}}}}),
@@ -325,6 +344,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "MX E8M0 scale exponent one too small: every block's largest elements saturate "
               "(vllm PR #43557: MXFP4 scale from exponent(amax/6) off by one)",
        .change = "fault mx_scale_offset = -1",
+       .bug_class = "accuracy",
        .faults = Faults([](EngineFaults& f) { f.mx_scale_offset = -1; }),
        .problem = Case(64, 64),
        .generator = Gaussian(117),
@@ -336,6 +356,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "claims determinism while dQ's accumulation order over key tiles varies from run "
               "to run (flash-attention #2244: FA3 deterministic mode still varied dq; #414)",
        .change = "dq_order_rotation = backward call count + 1 (first key tile of the walk)",
+       .bug_class = "determinism",
        .vary_dq_order = true,
        .problem = Case(128, 640),
        .generator = Gaussian(118),
@@ -347,6 +368,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "o stored with two d-columns swapped: every row keeps its norm (flash-attention "
               "PR #2553: norm-only comparisons missed a permutation)",
        .change = "fault store_swap_columns",
+       .bug_class = "accuracy",
        .faults = Faults([](EngineFaults& f) { f.store_swap_columns = true; }),
        .problem = Case(64, 64),
        .generator = Gaussian(119),
@@ -358,17 +380,23 @@ std::vector<MutantSpec> BuildCatalogue() {
               "buffer's (NaN-poisoned) content (tile-count rounding; pytorch #153799 class: "
               "seq 1025)",
        .change = "fault skip_last_partial_tile",
+       .bug_class = "unwritten-outputs",
        .faults = Faults([](EngineFaults& f) { f.skip_last_partial_tile = true; }),
        .problem = Case(200, 200),
        .generator = Gaussian(120),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
+  // On the bf16 parent, which passes the gate (cpu/mxfp8-cudnn leaks by design, and the
+  // mutant's first failure must be its own): the NaN reaches dq, dk, dv through the dS GEMMs
+  // directly, where cuDNN's recipe would spread it through a NaN block scale first.
   add({.name = "nan-ds-masked-tiles",
-       .parent = "cpu/mxfp8-cudnn",
-       .parent_recipe = "mxfp8-cudnn",
-       .bug = "NaN P and dS of empty rows in a visited tile (exp2(−inf − (−inf))) fed into "
-              "quantisation: the MX block's scale turns NaN (facebookexperimental/triton PR "
-              "#3395: clear NaN dS in masked tiles before quantising)",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "NaN P and dS of empty rows in a visited tile (exp2(−inf − (−inf))) fed onward "
+              "into the dS products (facebookexperimental/triton PR #3395: clear NaN dS in "
+              "masked tiles before quantising, where the MX block's scale turns NaN; "
+              "flash-attention #1947: zero P at masked positions)",
        .change = "fault masked_ds_nan",
+       .bug_class = "special-values",
        .faults = Faults([](EngineFaults& f) { f.masked_ds_nan = true; }),
        .problem = Case(Case(80, 48), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(121),
@@ -379,6 +407,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "a block of amax 0 (a zero V channel) gives scale 0 and 0/0 = NaN on "
               "dequantisation (ROCm/aiter #4289: per-channel V scale of 0)",
        .change = "fault zero_amax_block_nan",
+       .bug_class = "special-values",
        .faults = Faults([](EngineFaults& f) { f.zero_amax_block_nan = true; }),
        .problem = Case(64, 64),
        .generator = Gaussian(122, {{"v", {{"std", 0.0}}}}),
@@ -425,6 +454,14 @@ const MutantSpec* FindMutant(std::string_view name) {
     if (s.name == name) return &s;
   }
   return nullptr;
+}
+
+std::vector<const MutantSpec*> MutantsByClass(std::string_view check) {
+  std::vector<const MutantSpec*> out;
+  for (const MutantSpec& s : MutantCatalogue()) {
+    if (s.bug_class == check) out.push_back(&s);
+  }
+  return out;
 }
 
 const Recipe& ParentRecipe(const MutantSpec& spec) { return TheCatalogue().parents[IndexOf(spec)]; }

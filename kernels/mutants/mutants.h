@@ -41,6 +41,12 @@ struct MutantSpec {
   std::string_view parent_recipe{};  // the parent's recipe row ("bf16", "mxfp8-pvbf16", ...)
   std::string_view bug{};            // the real bug class and its source
   std::string_view change{};         // the deviation, in words
+  // The check that names the bug (a name of verify/checks AllChecks(): "accuracy",
+  // "non-interference", "consistency", "determinism", "unwritten-outputs", "special-values",
+  // "gqa-mha", "permutation", "window-causal", "padding", "honesty"): the diagnosis, which
+  // must be the first failing check of `attest check --suite gate` on this mutant
+  // (docs/checks.md; verify/checks/first_failure_test.cc keeps it true).
+  std::string_view bug_class{};
   // The deviation: a recipe edit (null: none), engine faults, a problem fault, and whether
   // dQ's accumulation order changes from call to call (EngineFaults::dq_order_rotation set
   // to the kernel's backward call count + 1).
@@ -62,6 +68,8 @@ struct MutantSpec {
 // Every mutant, in a fixed order (built once).
 std::span<const MutantSpec> MutantCatalogue();
 const MutantSpec* FindMutant(std::string_view name);  // "empty-row-nan" or "mutant/empty-row-nan"
+// The rows whose bug_class is `check`, in catalogue order.
+std::vector<const MutantSpec*> MutantsByClass(std::string_view check);
 
 // The parent's recipe: the row of AllRecipes() named spec.parent_recipe when it exists, else
 // this file's copy of it (the low-precision rows are added by their own issue; the copy

@@ -93,6 +93,17 @@ TEST(MutantCatalogue, HasUniqueRegisteredRowsClaimingTheirParentsCapabilities) {
     EXPECT_FALSE(s.bug.empty());
     EXPECT_FALSE(s.change.empty());
     EXPECT_FALSE(s.differs.empty());
+    // The check names of verify/checks/registry.cc (kernels/ does not link verify/; the
+    // first-failure test there checks the names against the registry itself).
+    static constexpr std::string_view kClasses[] = {
+        "accuracy",    "non-interference", "consistency", "determinism",
+        "unwritten-outputs", "special-values", "gqa-mha", "permutation",
+        "window-causal", "padding", "honesty"};
+    EXPECT_TRUE(std::find(std::begin(kClasses), std::end(kClasses), s.bug_class) !=
+                std::end(kClasses))
+        << "bug_class '" << s.bug_class << "'";
+    const std::vector<const MutantSpec*> same_class = MutantsByClass(s.bug_class);
+    EXPECT_NE(std::find(same_class.begin(), same_class.end(), &s), same_class.end());
     for (std::string_view d : s.differs) {
       EXPECT_TRUE(std::find(std::begin(kOutputs), std::end(kOutputs), d) != std::end(kOutputs));
     }

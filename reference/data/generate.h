@@ -84,6 +84,10 @@ struct GeneratorParam {
   std::string_view name;
   double default_value;
   std::string_view help;
+  // Non-empty: a text parameter (a format name) with this default; default_value is unused.
+  // Text parameters travel as JSON strings, every other parameter as a finite number.
+  std::string_view text_default = {};
+  bool is_text() const { return !text_default.empty(); }
 };
 
 // One row of the generator table. Adding a distribution is adding a row (in generate.cc, or in
@@ -92,7 +96,7 @@ struct GeneratorParam {
 struct GeneratorRow {
   std::string_view name;
   std::string_view description;
-  std::vector<GeneratorParam> params;  // numeric parameters, overridable per tensor
+  std::vector<GeneratorParam> params;  // parameters, overridable per tensor
   // Checks one tensor's resolved params (e.g. low < high); `where` prefixes messages.
   Status (*check)(const nlohmann::json& params, const std::string& where) = nullptr;
   // Fills `out` (the tensor's elements, row-major) from ctx.

@@ -34,9 +34,23 @@ namespace attest {
 
 struct OracleOptions {
   int threads = 0;       // worker threads; 0: std::thread::hardware_concurrency()
-  int64_t tile_q = 64;   // query rows per work item (and per dgemm)
-  int64_t tile_k = 256;  // keys per tile: the only score storage is tile_q x tile_k
+  // Tiles of the float64 path: tile_q query rows per work item and per dgemm, tile_k keys per
+  // tile (the only score storage is tile_q x tile_k). 0 picks them from the problem
+  // (AutoTiles below).
+  int64_t tile_q = 0;
+  int64_t tile_k = 0;
 };
+
+// The float64 path's tiles for `p` when OracleOptions leaves them 0: 128 x 512 when every
+// query may see every key, 256 x 256 when a causal or sliding-window mask restricts the keys
+// (fewer partly masked tiles). The fastest of the sizes tried (32..256 x 128..1024, S = 2048
+// at D = 64 and 128, S = 4096 at D = 128; docs/bench-oracle.md): fewer, larger dgemm calls
+// amortise OpenBLAS's packing of both operands, and a worker's working set (the S and dP
+// tiles, the tile_k x D partials of dK and dV) stays near one core's 2 MiB L2.
+struct OracleTiles {
+  int64_t q = 0, k = 0;
+};
+OracleTiles AutoTiles(const Problem& p);
 
 // Magnitudes that bound the rounding error of a run (all maxima over the whole problem,
 // computed in double from the inputs and the exact-path intermediates). Notation used by

@@ -3,8 +3,10 @@
 // floating-point arithmetic, fl(x op y) = (x op y)(1 + d), |d| <= u, and any-order sums
 // and dot products of length n erring by at most gamma_n ~ n u times the sum of absolute
 // values (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §2.2, §3.1);
-// exp within one ulp, i.e. 2u relative (oracle_exp.h in the float64 tiles, measured in
-// oracle_test.cc; MPFR correctly rounded), log and tanh of glibc within one ulp.
+// exp within one ulp, i.e. 2u relative (oracle_exp.h in the float64 tiles: at most 0.962 ulp
+// from the exact value over 2.2 million arguments and every reduction boundary in
+// oracle_kernels_test.cc; MPFR correctly rounded), log and tanh of glibc within one ulp.
+// The softmax denominator's lane-compensated sum (oracle_exp.h) keeps Sum2's bound.
 //
 // Notation: u unit roundoff, D / Dv head dims, a = score_abs_max, V = v_norm_max,
 // G = do_norm_max, Vinf/Ginf/Qinf/Kinf max-abs, c = col_mass_max, Lk / Lq the longest

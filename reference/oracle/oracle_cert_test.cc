@@ -56,7 +56,8 @@ TEST(OracleCertTest, DoubleMatchesMp256WithinTheBoundOnEveryFeature) {
     const BackwardOut mp = Backward<Mp256>(np.p, in.q, in.k, in.v, in.dout, {});
     // Default tiles, and tiles small enough that every problem spans several query and key
     // tiles (online-softmax rescaling, partial tiles, skipped tiles).
-    for (const auto& [tq, tk] : {std::pair<int64_t, int64_t>{64, 256}, {4, 5}, {3, 2}}) {
+    // (0 x 0: AutoTiles.)
+    for (const auto& [tq, tk] : {std::pair<int64_t, int64_t>{0, 0}, {4, 5}, {3, 2}}) {
       OracleOptions opt;
       opt.tile_q = tq;
       opt.tile_k = tk;
@@ -87,15 +88,19 @@ TEST(OracleCertTest, BoundHoldsForSharpSoftmaxAndLargeLogits) {
 }
 
 TEST(OracleCertTest, BoundHoldsWithBlasSizedTiles) {
-  // Default 64 x 256 tiles on a problem spanning 2 query tiles and 2 key tiles per head,
-  // GQA 2, causal with softcap and ALiBi: the dgemm shapes the performance path uses.
+  // 64 x 256 tiles (AutoTiles' 128 x 512 halved in each direction, so that the MP256
+  // reference stays a few seconds) on a problem spanning 2 query tiles and 2 key tiles per head, GQA 2,
+  // causal with softcap and ALiBi: dgemm shapes of the performance path's order.
   Problem p = oracle_test::Base(1, 2, 1, 80, 280, 64, 48);
   p.causal = true;
   p.softcap = 6.0;
   p.alibi_slopes = std::vector<double>{0.25, 0.0625};
   const auto in = RandomInputs(p, 31, 1.5);
   const BackwardOut mp = Backward<Mp256>(p, in.q, in.k, in.v, in.dout, {});
-  const BackwardOut d = Backward<double>(p, in.q, in.k, in.v, in.dout, {});
+  OracleOptions opt;
+  opt.tile_q = 64;
+  opt.tile_k = 256;
+  const BackwardOut d = Backward<double>(p, in.q, in.k, in.v, in.dout, opt);
   ExpectCertified("blas_tiles_gqa_softcap_alibi", d, mp);
 }
 

@@ -23,9 +23,15 @@
 // kv head shared by several query heads (GQA) go to per-query-head partials that are summed
 // in ascending head order at the end. Nothing depends on which thread ran what: results are
 // bitwise independent of the thread count. Flops: 4 + 10 = 14 Sq Sk D (D = Dv); extra
-// memory: one [Hq, total_k, D + Dv] partial when Hq > Hkv.
+// memory: one [Hq, total_k, D + Dv] partial when Hq > Hkv, and head-major copies of the
+// inputs (below).
 //
-// Elementwise work uses ExpInPlace (oracle_exp.h, <= 1 ulp) instead of glibc's scalar exp.
+// Speed (docs/bench-oracle.md has the profile): the dgemm calls are ~60 % of the time, so
+// what is around them is kept small. Tiles default to AutoTiles (oracle.h): few, large
+// calls amortise OpenBLAS's packing of both operands on every call. With several heads the
+// inputs are read from head-major copies, so a tile's rows are contiguous for the packing.
+// Elementwise work is one fused pass per row (oracle_exp.h: exp <= 1 ulp instead of glibc's
+// scalar exp, lane-compensated sums, branch-free row statistics), vectorised per ISA.
 //
 // BLAS threading: the workers call single-threaded dgemm. OpenBLAS 0.3.21 (Debian 12) has
 // only the process-wide openblas_set_num_threads (per-thread control arrived in 0.3.27 as
@@ -119,10 +125,14 @@ class DoubleOracle {
                const Tensor* dout, const OracleOptions& options)
       : p_(p),
         in_(CheckInputs(p, q, k, v, dout)),
+        q_(HeadMajor(in_.Q(), p.TotalQ(), p.heads_q, p.head_dim)),
+        k_(HeadMajor(in_.K(), p.TotalK(), p.heads_kv, p.head_dim)),
+        v_(HeadMajor(in_.V(), p.TotalK(), p.heads_kv, p.head_dim_v)),
+        do_(HeadMajor(dout ? in_.DO() : nullptr, p.TotalQ(), p.heads_q, p.head_dim_v)),
         norms_(ComputeNorms(p, in_)),
         masks_(MaskViews(p)),
-        tile_q_(std::max<int64_t>(options.tile_q, 1)),
-        tile_k_(std::max<int64_t>(options.tile_k, 1)),
+        tile_q_(options.tile_q > 0 ? options.tile_q : AutoTiles(p).q),
+        tile_k_(options.tile_k > 0 ? options.tile_k : AutoTiles(p).k),
         options_(options) {
     stats_.unit_roundoff = std::ldexp(1.0, -53);
     stats_.scale = p.EffectiveScale();
@@ -139,22 +149,51 @@ class DoubleOracle {
 
  private:
   struct Scratch {
-    std::vector<double> s, dp, th, acc_k, acc_v, m, l, comp, tile_max;
+    std::vector<double> s, dp, th, acc_k, acc_v, m, l, comp, knorm;
     std::vector<int64_t> tiles, keys, rlo, rhi;
   };
 
-  const double* QRow(int64_t row, int64_t h) const {
-    return in_.Q() + RowOffset(row, p_.heads_q, h, p_.head_dim);
+  // An input as the dgemm calls read it: row `row` of head `h` at base + h head_stride +
+  // row ld. With several heads the oracle reads a head-major copy ([H, rows, width], ld =
+  // width) rather than the [rows, H, width] input (ld = H width): a tile's rows are then
+  // contiguous, which OpenBLAS packs ~1.1x faster overall (fewer TLB misses, prefetchable)
+  // at the price of one copy of the inputs, made only up to kHeadMajorMaxBytes per input
+  // (the oracle must not double the memory of a huge problem). OpenBLAS packs a tile into the
+  // same buffer layout whatever its leading dimension, so the results are the same (checked
+  // bitwise against strided reads on MHA, GQA, causal and Dv != D problems).
+  struct Operand {
+    const double* base = nullptr;
+    int64_t head_stride = 0, ld = 0;
+    std::vector<double> copy;
+    const double* Row(int64_t row, int64_t h) const { return base + h * head_stride + row * ld; }
+  };
+  static Operand HeadMajor(const double* x, int64_t rows, int64_t heads, int64_t width) {
+    Operand op;
+    constexpr int64_t kHeadMajorMaxBytes = int64_t{512} << 20;
+    if (heads == 1 || x == nullptr ||
+        rows * heads * width > kHeadMajorMaxBytes / static_cast<int64_t>(sizeof(double))) {
+      op.base = x;
+      op.head_stride = width;
+      op.ld = heads * width;
+      return op;
+    }
+    op.copy.resize(static_cast<size_t>(rows * heads * width));
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t row = 0; row < rows; ++row) {
+        const double* src = x + RowOffset(row, heads, h, width);
+        std::copy(src, src + width, op.copy.data() + (h * rows + row) * width);
+      }
+    }
+    op.base = op.copy.data();
+    op.head_stride = rows * width;
+    op.ld = width;
+    return op;
   }
-  const double* KRow(int64_t row, int64_t g) const {
-    return in_.K() + RowOffset(row, p_.heads_kv, g, p_.head_dim);
-  }
-  const double* VRow(int64_t row, int64_t g) const {
-    return in_.V() + RowOffset(row, p_.heads_kv, g, p_.head_dim_v);
-  }
-  const double* DoRow(int64_t row, int64_t h) const {
-    return in_.DO() + RowOffset(row, p_.heads_q, h, p_.head_dim_v);
-  }
+
+  const double* QRow(int64_t row, int64_t h) const { return q_.Row(row, h); }
+  const double* KRow(int64_t row, int64_t g) const { return k_.Row(row, g); }
+  const double* VRow(int64_t row, int64_t g) const { return v_.Row(row, g); }
+  const double* DoRow(int64_t row, int64_t h) const { return do_.Row(row, h); }
   size_t RowIndex(int64_t row, int64_t h) const {
     return static_cast<size_t>(row * p_.heads_q + h);
   }
@@ -169,6 +208,15 @@ class DoubleOracle {
       sc.rhi[static_cast<size_t>(i)] = hi < lo ? lo : hi;
     }
   }
+  // ||k_j|| of the tile's keys, contiguous (for TransformRow's statistics).
+  void GatherKeyNorms(const Tile& t, const Sequence& seq, Scratch& sc) const {
+    sc.knorm.resize(static_cast<size_t>(t.tk));
+    for (int64_t c = 0; c < t.tk; ++c) {
+      sc.knorm[static_cast<size_t>(c)] =
+          norms_.k[static_cast<size_t>((seq.k_begin + t.j0 + c) * p_.heads_kv + t.g)];
+    }
+  }
+
   // Whether some row of [i0, i0 + tq) may see some key of [j0, j0 + tk).
   static bool Overlaps(const Scratch& sc, int64_t i0, int64_t tq, int64_t j0, int64_t tk) {
     for (int64_t i = i0; i < i0 + tq; ++i) {
@@ -180,8 +228,8 @@ class DoubleOracle {
 
   // S = scale Q_tile K_tile^T into sc.s (tq x tk, leading dimension tk).
   void Scores(const Tile& t, const Sequence& seq, Scratch& sc) const {
-    Gemm(false, true, t.tq, t.tk, p_.head_dim, stats_.scale, QRow(seq.q_begin + t.i0, t.h),
-         p_.heads_q * p_.head_dim, KRow(seq.k_begin + t.j0, t.g), p_.heads_kv * p_.head_dim, 0.0,
+    Gemm(false, true, t.tq, t.tk, p_.head_dim, stats_.scale, QRow(seq.q_begin + t.i0, t.h), q_.ld,
+         KRow(seq.k_begin + t.j0, t.g), k_.ld, 0.0,
          sc.s.data(), t.tk);
   }
 
@@ -189,6 +237,7 @@ class DoubleOracle {
   // visible entries, -inf on masked ones. With softcap, tanh(s / cap) goes to th (for the
   // backward's derivative). Returns the row max (-inf if nothing is visible) and counts the
   // visible entries into *count; the row's score magnitude goes into st.score_abs_max.
+  // Needs GatherKeyNorms for the tile.
   double TransformRow(const Tile& t, const MaskView& mask, const Scratch& sc, int64_t r, double* s,
                       double* th, int64_t* count, OracleStats& st) const {
     const int64_t i = t.i0 + r;
@@ -220,14 +269,7 @@ class DoubleOracle {
       }
     }
     double mx = kNegInf, nk = 0;
-    int64_t n = 0;
-    for (int64_t c = lo; c < hi; ++c) {
-      if (s[c] == kNegInf) continue;
-      ++n;
-      mx = std::max(mx, s[c]);
-      nk =
-          std::max(nk, norms_.k[static_cast<size_t>((seq.k_begin + t.j0 + c) * p_.heads_kv + t.g)]);
-    }
+    const int64_t n = RowStats(s + lo, sc.knorm.data() + lo, hi - lo, &mx, &nk);
     *count = n;
     if (n > 0) {
       // a = |scale| ||q_i|| max ||k_j|| + |slope| max |dist| over the visible range.
@@ -246,6 +288,7 @@ class DoubleOracle {
 
   const Problem& p_;
   Inputs in_;
+  Operand q_, k_, v_, do_;
   Norms norms_;
   std::vector<MaskView> masks_;
   int64_t tile_q_, tile_k_;
@@ -279,6 +322,7 @@ void DoubleOracle::ForwardItem(const Tile& item, Scratch& sc, OracleStats& st, d
     t.tk = std::min(tile_k_, seq.k_len - t.j0);
     if (!Overlaps(sc, t.i0, tq, t.j0, t.tk)) continue;
     Scores(t, seq, sc);
+    GatherKeyNorms(t, seq, sc);
     bool any = false;
     for (int64_t r = 0; r < tq; ++r) {
       const size_t ur = static_cast<size_t>(r);
@@ -305,18 +349,18 @@ void DoubleOracle::ForwardItem(const Tile& item, Scratch& sc, OracleStats& st, d
         }
         sc.m[ur] = mx;
       }
-      const double m = sc.m[ur];
-      for (int64_t c = 0; c < t.tk; ++c) srow[c] -= m;  // -inf stays -inf: exp gives 0
-      ExpInPlace(srow, t.tk);
-      double sum = sc.l[ur], comp = sc.comp[ur];
-      for (int64_t c = 0; c < t.tk; ++c) TwoSumAdd(sum, comp, srow[c]);
+      // P = exp(s - m) (-inf: 0) and l += rowsum(P), compensated: the tile's lane sum,
+      // then its addition to l with the error kept.
+      const CompensatedSum tile_sum = ExpShiftSum(srow, t.tk, sc.m[ur]);
+      double sum = sc.l[ur], comp = sc.comp[ur] + tile_sum.comp;
+      TwoSumAdd(sum, comp, tile_sum.sum);
       sc.l[ur] = sum;
       sc.comp[ur] = comp;
     }
     if (!any) continue;
     max_tk = std::max(max_tk, t.tk);
-    Gemm(false, false, tq, dv, t.tk, 1.0, sc.s.data(), t.tk, VRow(seq.k_begin + t.j0, t.g),
-         p_.heads_kv * dv, 1.0, sc.acc_v.data(), dv);
+    Gemm(false, false, tq, dv, t.tk, 1.0, sc.s.data(), t.tk, VRow(seq.k_begin + t.j0, t.g), v_.ld,
+         1.0, sc.acc_v.data(), dv);
   }
   for (int64_t r = 0; r < tq; ++r) {
     const size_t ur = static_cast<size_t>(r);
@@ -401,14 +445,15 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, Scratch& sc, OracleStats& 
     sc.acc_k.assign(static_cast<size_t>(tk * dd), 0.0);
     sc.acc_v.assign(static_cast<size_t>(tk * ddv), 0.0);
     int64_t chain = 0, max_tq = 0;
+    GatherKeyNorms(Tile{b, h, g, 0, 0, j0, tk}, seq, sc);
     for (int64_t i0 = qlo < qhi ? qlo / tile_q_ * tile_q_ : qhi; i0 < qhi; i0 += tile_q_) {
       Tile t{b, h, g, i0, std::min(tile_q_, seq.q_len - i0), j0, tk};
       if (!Overlaps(sc, t.i0, t.tq, t.j0, t.tk)) continue;
       Scores(t, seq, sc);
       const int64_t row0 = seq.q_begin + t.i0;
       // dP = dO_tile V_tile^T.
-      Gemm(false, true, t.tq, tk, ddv, 1.0, DoRow(row0, h), p_.heads_q * ddv,
-           VRow(seq.k_begin + j0, g), p_.heads_kv * ddv, 0.0, sc.dp.data(), tk);
+      Gemm(false, true, t.tq, tk, ddv, 1.0, DoRow(row0, h), do_.ld, VRow(seq.k_begin + j0, g),
+           v_.ld, 0.0, sc.dp.data(), tk);
       bool any = false;
       for (int64_t r = 0; r < t.tq; ++r) {
         double* srow = &sc.s[static_cast<size_t>(r * tk)];
@@ -422,33 +467,29 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, Scratch& sc, OracleStats& 
           continue;
         }
         any = true;
-        // Visible entries are exactly the finite ones here (before exp can underflow).
-        int64_t* nrow = seen + (seq.k_begin + j0);
-        for (int64_t c = 0; c < tk; ++c) nrow[c] += srow[c] != kNegInf;
-        const double lse = lse_rows_[RowIndex(row0 + r, h)];
-        const double delta = delta_rows_[RowIndex(row0 + r, h)];
-        for (int64_t c = 0; c < tk; ++c) srow[c] -= lse;  // masked: -inf, exp gives 0
-        ExpInPlace(srow, tk);
-        for (int64_t c = 0; c < tk; ++c) dprow[c] = srow[c] * (dprow[c] - delta);
+        // P = exp(s - lse) (masked: -inf, exp gives 0), dS = P (dP - delta), the column
+        // mass, and the visible count (visible entries are exactly the finite ones before
+        // the exp, which can underflow).
+        BackwardRow(srow, dprow, tk, lse_rows_[RowIndex(row0 + r, h)],
+                    delta_rows_[RowIndex(row0 + r, h)], mass + (seq.k_begin + j0),
+                    seen + (seq.k_begin + j0));
         if (cap > 0) {
           // d/dx [cap tanh(x / cap)] = 1 - tanh^2(x / cap); ALiBi is a constant bias.
           for (int64_t c = 0; c < tk; ++c) {
             if (srow[c] != 0.0) dprow[c] *= 1.0 - throw_[c] * throw_[c];
           }
         }
-        double* mrow = mass + (seq.k_begin + j0);
-        for (int64_t c = 0; c < tk; ++c) mrow[c] += srow[c];
       }
       if (!any) continue;
       ++chain;
       max_tq = std::max(max_tq, t.tq);
       // dV += P^T dO, dK += dS^T Q, dQ += dS K.
-      Gemm(true, false, tk, ddv, t.tq, 1.0, sc.s.data(), tk, DoRow(row0, h), p_.heads_q * ddv, 1.0,
+      Gemm(true, false, tk, ddv, t.tq, 1.0, sc.s.data(), tk, DoRow(row0, h), do_.ld, 1.0,
            sc.acc_v.data(), ddv);
-      Gemm(true, false, tk, dd, t.tq, 1.0, sc.dp.data(), tk, QRow(row0, h), p_.heads_q * dd, 1.0,
+      Gemm(true, false, tk, dd, t.tq, 1.0, sc.dp.data(), tk, QRow(row0, h), q_.ld, 1.0,
            sc.acc_k.data(), dd);
-      Gemm(false, false, t.tq, dd, tk, 1.0, sc.dp.data(), tk, KRow(seq.k_begin + j0, g),
-           p_.heads_kv * dd, 1.0, dq + RowOffset(row0, p_.heads_q, h, dd), p_.heads_q * dd);
+      Gemm(false, false, t.tq, dd, tk, 1.0, sc.dp.data(), tk, KRow(seq.k_begin + j0, g), k_.ld,
+           1.0, dq + RowOffset(row0, p_.heads_q, h, dd), p_.heads_q * dd);
     }
     st.sum_len_q = std::max(st.sum_len_q, max_tq + chain + p_.gqa_ratio());
     for (int64_t c = 0; c < tk; ++c) {
@@ -572,6 +613,11 @@ BackwardOut DoubleOracle::RunBackward() {
 }
 
 }  // namespace
+
+OracleTiles AutoTiles(const Problem& p) {
+  const bool restricted = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  return restricted ? OracleTiles{256, 256} : OracleTiles{128, 512};
+}
 
 template <>
 ForwardOut Forward<double>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -1,8 +1,13 @@
-// A vectorisable exp for the float64 oracle's softmax tiles (oracle_double.cc): glibc's
-// scalar exp costs ~8-10 ns per score on this class of machine, as much as the dgemm work
-// of a D = 64 score, so the tiles use this kernel instead. Accuracy: at most 1 ulp for
-// results in the normal range (measured against MPFR in oracle_test.cc), which is what
-// ErrorBound assumes of exp.
+// Vectorisable row kernels for the float64 oracle's softmax tiles (oracle_double.cc;
+// DESIGN.md "Oracle"): an exp, and the fused per-row passes of the forward and backward that
+// use it. glibc's scalar exp costs ~8-10 ns per score on this class of machine, as much as
+// the dgemm work of a D = 64 score, and separate passes over a tile row cost as much again,
+// so the tiles use these kernels. Every kernel is compiled once per ISA level and picked at
+// load time; each version performs the same IEEE operations in the same order (no FMA
+// contraction, fixed lane structure), so results do not depend on the machine's ISA.
+//
+// exp accuracy: at most 1 ulp for results in the normal range (measured against MPFR in
+// oracle_test.cc), which is what ErrorBound assumes of exp.
 //
 // Method (fdlibm e_exp.c, Tang 1989): k = round(x / ln 2), r = x - k ln2_hi - k ln2_lo with
 // the Cody-Waite split of ln 2 (ln2_hi has 32 trailing zero bits, so k ln2_hi is exact for
@@ -10,13 +15,42 @@
 // < 0.35^14 / 14! = 5e-18 relative); then the exact scaling by 2^k built from its bits.
 // Results below 2^-1022 are scaled in two steps (so subnormals come out, once rounded);
 // x < -745.2 gives 0, NaN stays NaN, x > 709.78 gives +inf.
+//
+// Sums use kSumLanes independent compensated accumulators (Knuth TwoSum feeding a running
+// compensation per lane, Ogita-Rump-Oishi Sum2), combined in lane order by TwoSum at the
+// end: the result is the compensated sum of a fixed re-association of the terms, so Sum2's
+// bound |error| <= u |sum| + gamma_{n-1}^2 sum |x_i| holds unchanged (Higham §4.3), and the
+// lanes break the serial dependence of one TwoSum chain (4 dependent additions per term).
 #pragma once
 
 #include <cstdint>
 
 namespace attest::oracle_internal {
 
+constexpr int kSumLanes = 8;
+
 // x[e] = exp(x[e]) for e in [0, n).
 void ExpInPlace(double* x, int64_t n);
+
+// A compensated sum: the value is sum + comp (comp carries the rounding errors of sum).
+struct CompensatedSum {
+  double sum = 0;
+  double comp = 0;
+};
+
+// Forward row: x[e] = exp(x[e] - shift) for e in [0, n) (-inf entries give 0), and the
+// compensated sum of the new x[e], in kSumLanes lanes (lane of e: e % kSumLanes).
+CompensatedSum ExpShiftSum(double* x, int64_t n, double shift);
+
+// Backward row: p = exp(s[e] - lse), s[e] = p, dp[e] = p (dp[e] - delta), mass[e] += p,
+// seen[e] += (s[e] was not -inf), for e in [0, n).
+void BackwardRow(double* s, double* dp, int64_t n, double lse, double delta, double* mass,
+                 int64_t* seen);
+
+// Statistics of a transformed score row x[0, n) whose -inf entries are masked: returns the
+// number of visible (not -inf) entries; *max gets their maximum (-inf if none; NaN entries
+// are ignored, as std::max(max, NaN) does), *norm_max the maximum of norm[e] over the
+// visible entries (0 if none).
+int64_t RowStats(const double* x, const double* norm, int64_t n, double* max, double* norm_max);
 
 }  // namespace attest::oracle_internal

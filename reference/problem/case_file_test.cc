@@ -104,7 +104,7 @@ TEST(CaseJson, ErrorsNameTheField) {
   j["generator"]["seed"] = 18446744073709551615ULL;  // the largest seed is fine
   EXPECT_EQ(ErrorOf(j), "(accepted)");
   j["generator"]["name"] = "gausian";
-  EXPECT_EQ(ErrorOf(j), "generator.name: unknown generator \"gausian\" (known: gaussian, uniform)");
+  EXPECT_EQ(ErrorOf(j), "generator.name: unknown generator \"gausian\" (known: gaussian, uniform, outlier-channels, heavy-tail, token-scale-spread, peaked-logits, near-fp8-subnormal, near-max, constant-rows, ties)");
   j["generator"]["name"] = "gaussian";
   j["generator"]["params"] = {{"std", -1}};
   EXPECT_EQ(ErrorOf(j), "generator.params.q.std: -1 must be >= 0");

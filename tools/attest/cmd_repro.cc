@@ -2,8 +2,9 @@
 // re-runs the checks on a saved case with bit-identical inputs (MakeCaseInputs) and the same
 // verdict and exit code as `attest check` (0 pass, 1 finding, 2 usage). Without --check, the
 // check is read from a file name written by `attest check` (<kernel>-<check>-<tensor>-<hash>
-// .case.json); failing that, every check runs. --dump writes inputs.safetensors (q, k, v, do),
-// outputs.safetensors (the kernel's o, lse, dq, dk, dv as returned) and oracle.safetensors.
+// .case.json) or `attest fuzz` (<check>-<hash>.case.json); failing that, every check runs.
+// --dump writes inputs.safetensors (q, k, v, do), outputs.safetensors (the kernel's o, lse,
+// dq, dk, dv as returned) and oracle.safetensors.
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -30,12 +31,15 @@ struct ReproCliOptions {
 };
 
 // The check named in a failure file's name: the longest registered name that appears as
-// "-<name>-".
+// "-<name>-" (attest check) or starts it as "<name>-" (attest fuzz: <check>-<hash>.case.json).
 const CheckInfo* CheckFromFileName(const std::string& file) {
   const std::string name = std::filesystem::path(file).filename().string();
   const CheckInfo* best = nullptr;
   for (const CheckInfo& c : AllChecks()) {
-    if (name.find("-" + std::string(c.name) + "-") == std::string::npos) continue;
+    const std::string check(c.name);
+    if (name.find("-" + check + "-") == std::string::npos && name.rfind(check + "-", 0) != 0) {
+      continue;
+    }
     if (best == nullptr || c.name.size() > best->name.size()) best = &c;
   }
   return best;

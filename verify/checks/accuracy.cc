@@ -2,11 +2,16 @@
 // (verify/compare.cc), run on a kernel's answers instead of a file.
 #include "verify/checks/accuracy.h"
 
+#include <cmath>
+#include <limits>
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "reference/formats/format.h"
 #include "verify/baseline.h"
 #include "verify/metrics.h"
+#include "verify/term_scale.h"
 
 namespace attest {
 
@@ -57,8 +62,7 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   const bool with_baseline = ctx.profile->needs_baseline();
   if (with_baseline) {
     const CaseInputs& in = ctx.inputs;
-    auto b = bwd != nullptr ? BaselineBackward(p, in.q, in.k, in.v, in.dout)
-                            : BaselineForward(p, in.q, in.k, in.v);
+    auto b = ProfileBaseline(*ctx.profile, p, in.q, in.k, in.v, bwd != nullptr ? &in.dout : nullptr);
     if (!b.ok()) {
       out.push_back(Failure(check, "", "a baseline for the profile",
                             fmt::format("profile {}: {}", ctx.profile->name, b.error().message)));
@@ -71,6 +75,33 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     base[4] = b->dv;
   }
 
+  // An empty row's lse is -inf, or +inf where the kernel declares it (kernels/kernel.h
+  // Capabilities::empty_row_lse; DESIGN.md): the reference follows the declaration (v2).
+  if (ctx.kernel != nullptr && EmptyRowLse(ctx.kernel->capabilities()) > 0) {
+    for (Tensor* t : {&ref[1], &base[1]}) {
+      if (!t->defined()) continue;
+      Tensor w = ToF64(*t).Clone();
+      for (double& x : w.span<double>()) {
+        if (std::isinf(x) && x < 0) x = std::numeric_limits<double>::infinity();
+      }
+      *t = w;
+    }
+  }
+
+  // The gradients' term magnitudes, where the profile floors dq / dk on them (tolerance.h
+  // FloorScale::kTerms): from the oracle's own lse and delta, never the kernel's.
+  std::optional<GradientTermScales> terms;
+  if (bwd != nullptr && ctx.profile->needs_term_scale()) {
+    const BackwardOut& b = ctx.OracleBackward();
+    const CaseInputs& in = ctx.inputs;
+    auto t = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, b.lse, b.delta);
+    if (!t.ok()) {
+      out.push_back(Failure(check, "dq", "gradient term magnitudes", t.error().message));
+      return out;
+    }
+    terms = std::move(t).value();
+  }
+
   // 3. Metrics and verdicts per tensor, ULPs counted in the format the kernel delivered.
   for (size_t k = 0; k < slots.size(); ++k) {
     const Slot& s = slots[k];
@@ -80,6 +111,12 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     if (!m.ok()) {
       out.push_back(Failure(check, s.name, "comparable outputs", m.error().message));
       continue;
+    }
+    if (terms && (k == 2 || k == 3)) {
+      if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
+        out.push_back(Failure(check, s.name, "gradient term magnitudes", st.error().message));
+        continue;
+      }
     }
     std::optional<TensorMetrics> bm;
     if (with_baseline) {

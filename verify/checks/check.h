@@ -112,8 +112,24 @@ struct CheckInfo {
   std::function<std::vector<Verdict>(CheckContext&)> run;
 };
 
-// Every registered check, in a fixed order (the first failing one is reported first).
+// Every registered check, in diagnosis order (below): the order `attest list checks` shows.
 std::span<const CheckInfo> AllChecks();
 const CheckInfo* FindCheck(std::string_view name);
+
+// The order in which failures are diagnosed, and reports list verdicts (registry.cc says why
+// each step sits where it does): from the most specific diagnosis, whose failure explains the
+// symptoms every later check would see, to the most general. A step is a check and the
+// tensors it covers (empty: all), so that a check may be split around another: accuracy of
+// the forward's o and lse comes before consistency (a wrong forward value explains a backward
+// that disagrees with it), accuracy of the gradients after (a backward that does not
+// differentiate the forward explains inaccurate gradients). The first failing verdict in this
+// order names the bug class; mutants declare theirs (kernels/mutants MutantSpec::bug_class).
+struct DiagnosisStep {
+  std::string_view check;
+  std::vector<std::string_view> tensors;  // empty: every tensor of the check
+};
+std::span<const DiagnosisStep> DiagnosisOrder();
+// The index of the first step covering (check, tensor); checks not in the table rank last.
+size_t DiagnosisRank(std::string_view check, std::string_view tensor);
 
 }  // namespace attest

@@ -3,6 +3,7 @@
 // check that names their bug and the (b, h, i, d) where it is. Every broken kernel wraps the
 // correct model, so the only difference is the seeded bug.
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -77,16 +78,28 @@ class OffByOneElement : public Wrapper {
   }
 };
 
-// Writes NaN over row (b=0, h=1, i=3) of o, as an unwritten (NaN-poisoned) buffer would be.
+// Leaves row (b=0, h=1, i=3) of o as the harness poisoned it (all-ones bytes,
+// kOutputPoisonByte): a row the kernel never wrote. With `computed`, the row holds the NaN
+// that arithmetic gives instead (0 * inf), which is a wrong value, not an unwritten one.
 class NanRow : public Wrapper {
  public:
-  NanRow() : Wrapper("test/nan-row") {}
+  explicit NanRow(bool computed = false) : Wrapper("test/nan-row"), computed_(computed) {}
   void Edit(const Problem& p, ForwardResult& r) override {
     if (p.varlen() || p.heads_q < 2 || p.seqlen_q < 4) return;
     r.o = EditOutput(r.o, [&](std::span<double> o) {
-      for (int64_t d = 0; d < p.head_dim_v; ++d) o[OIndex(p, 0, 1, 3, d)] = std::nan("");
+      for (int64_t d = 0; d < p.head_dim_v; ++d) o[OIndex(p, 0, 1, 3, d)] = 0.0;
     });
+    ASSERT_EQ(r.o.dtype(), DType::kBF16);
+    uint16_t* codes = r.o.data<uint16_t>();
+    const double inf = std::numeric_limits<double>::infinity();
+    const Tensor computed_nan = *FromF64(Tensor::FromF64({1}, {0.0 * inf}), DType::kBF16);
+    for (int64_t d = 0; d < p.head_dim_v; ++d) {
+      codes[OIndex(p, 0, 1, 3, d)] = computed_ ? computed_nan.data<uint16_t>()[0] : 0xFFFF;
+    }
   }
+
+ private:
+  bool computed_;
 };
 
 // Every other call moves o[0] by a bf16 step (a race in a reduction, say).
@@ -131,6 +144,52 @@ class HeadMixer : public Wrapper {
         },
         /*keep_f64=*/true);
   }
+};
+
+// Moves o of packed sequence b by b * 1e-4 of itself (a per-sequence bias far below the
+// accuracy tolerance that depends on where the sequence sits in the batch), in f64. With
+// `by_count`, moves every row by 1e-4 * (number of sequences) instead.
+class SequenceBias : public Wrapper {
+ public:
+  explicit SequenceBias(bool by_count) : Wrapper("test/sequence-bias"), by_count_(by_count) {}
+  void Edit(const Problem& p, ForwardResult& r) override {
+    if (!p.varlen()) return;
+    r.o = EditOutput(
+        r.o,
+        [&](std::span<double> o) {
+          const int64_t row = p.heads_q * p.head_dim_v;
+          for (int64_t b = 0; b < p.batch; ++b) {
+            const Sequence s = SequenceOf(p, b);
+            const double f = 1 + 1e-4 * static_cast<double>(by_count_ ? p.batch : b);
+            for (int64_t e = s.q_begin * row; e < (s.q_begin + s.q_len) * row; ++e) o[e] *= f;
+          }
+        },
+        /*keep_f64=*/true);
+  }
+
+ private:
+  bool by_count_;
+};
+
+// Writes lse = +inf for empty rows (FlashAttention's convention), declaring it or not.
+class PlusInfLse : public Wrapper {
+ public:
+  explicit PlusInfLse(bool declares) : Wrapper("test/plus-inf-lse"), declares_(declares) {}
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    if (declares_) c.empty_row_lse = "+inf";
+    return c;
+  }
+  void Edit(const Problem&, ForwardResult& r) override {
+    r.lse = EditOutput(r.lse, [](std::span<double> l) {
+      for (double& x : l) {
+        if (std::isinf(x) && x < 0) x = std::numeric_limits<double>::infinity();
+      }
+    });
+  }
+
+ private:
+  bool declares_;
 };
 
 // Claims softcap but refuses it.
@@ -286,19 +345,47 @@ TEST(Run, NanRowFailsUnwrittenOutputsAndAccuracyAtTheRow) {
   EXPECT_FALSE(AnyFailure(acc, "accuracy", "lse"));
   RunResult r = RunQuick(k, "quick", 0, "unwritten-outputs");
   bool found = false;
-  // (The backward consumes the poisoned o, so dq, dk, dv fail too; o is where it starts.)
+  // (The backward consumes the poisoned o, but its NaNs are computed ones: only o is
+  // unwritten.)
   for (const Verdict& v : Failures(r)) {
+    EXPECT_EQ(v.tensor, "o") << v.message;
     if (v.check != "unwritten-outputs" || v.tensor != "o") continue;
     found = true;
-    EXPECT_EQ(v.tensor, "o");
     EXPECT_EQ(v.worst.b, 0);
     EXPECT_EQ(v.worst.h, 1);
     EXPECT_EQ(v.worst.i, 3);
     EXPECT_EQ(v.worst.d, 0);
     EXPECT_EQ(v.observed, 64);  // one row of Dv = 64
-    EXPECT_NE(v.message.find("NaN"), std::string::npos);
+    EXPECT_NE(v.message.find("poison"), std::string::npos);
   }
   EXPECT_TRUE(found) << ToConsole(r.report);
+  // The whole quick suite names the unwritten row first.
+  RunResult all = RunQuick(k);
+  ASSERT_NE(FirstFailure(all.report), nullptr);
+  EXPECT_EQ(FirstFailure(all.report)->check, "unwritten-outputs");
+}
+
+TEST(Run, AComputedNanIsAWrongValueNotAnUnwrittenOne) {
+  NanRow k(/*computed=*/true);
+  RunResult r = RunQuick(k, "quick", 0, "unwritten-outputs");
+  EXPECT_TRUE(r.report.passed()) << ToConsole(r.report);
+  RunResult acc = RunQuick(k, "quick", 0, "accuracy");
+  EXPECT_TRUE(AnyFailure(acc, "accuracy", "o"));
+}
+
+TEST(Run, ReportsListVerdictsInDiagnosisOrder) {
+  NanRow k;
+  RunResult r = RunQuick(k);
+  size_t last = 0;
+  for (const Verdict& v : r.report.verdicts) {
+    const size_t rank = DiagnosisRank(v.check, v.tensor);
+    EXPECT_GE(rank, last) << v.check << "/" << v.tensor;
+    last = rank;
+  }
+  const nlohmann::json j = ToJson(r.report);
+  EXPECT_EQ(j["first_failure"]["check"], "unwritten-outputs");
+  EXPECT_NE(ToConsole(r.report).find("first failing check (the diagnosis): unwritten-outputs"),
+            std::string::npos);
 }
 
 TEST(Run, NondeterminismFailsOnlyWhenClaimed) {
@@ -325,6 +412,56 @@ TEST(Run, PermutationCatchesAKernelThatMixesHeads) {
   EXPECT_FALSE(AnyFailure(acc, "accuracy", "o")) << "the leak is meant to be below tolerance";
   RunResult r = RunQuick(k, "quick", 0, "permutation");
   EXPECT_TRUE(AnyFailure(r, "permutation", "o")) << ToConsole(r.report);
+}
+
+TEST(Run, PermutationPermutesPackedSequences) {
+  SequenceBias k(/*by_count=*/false);
+  RunResult acc = RunQuick(k, "quick", 0, "accuracy");  // (its varlen row)
+  EXPECT_FALSE(AnyFailure(acc, "accuracy", "o")) << "the bias is meant to be below tolerance";
+  RunResult r = RunQuick(k, "gate", 0, "permutation");
+  bool packed = false;
+  for (const Verdict& v : Failures(r)) {
+    packed = packed || v.message.find("packed sequences reversed") != std::string::npos;
+  }
+  EXPECT_TRUE(packed) << ToConsole(r.report);
+}
+
+TEST(Run, PaddingSequencesMustNotMoveRealTokens) {
+  auto good = Flash2();
+  RunResult ok = RunQuick(*good, "gate", 0, "padding");
+  EXPECT_TRUE(ok.report.passed()) << ToConsole(ok.report);
+  size_t packed = 0, padded = 0;
+  for (const Verdict& v : ok.report.verdicts) {
+    packed += v.message.find("padding sequences") != std::string::npos;
+    padded += v.message.find("masked by document ids") != std::string::npos;
+    EXPECT_EQ(v.margin, 0) << v.message;  // deterministic: bitwise (packed) or exact anyway
+  }
+  EXPECT_GT(packed, 0u);
+  EXPECT_GT(padded, 0u);
+  SequenceBias bad(/*by_count=*/true);
+  RunResult r = RunQuick(bad, "gate", 0, "padding");
+  EXPECT_TRUE(AnyFailure(r, "padding", "o")) << ToConsole(r.report);
+}
+
+TEST(Run, PlusInfLseOnEmptyRowsPassesOnlyWhenDeclared) {
+  for (const char* check : {"special-values", "accuracy"}) {
+    PlusInfLse declared(true), silent(false);
+    RunResult a = RunQuick(declared, "quick", 0, check);
+    EXPECT_TRUE(a.report.passed()) << ToConsole(a.report);
+    RunResult b = RunQuick(silent, "quick", 0, check);
+    EXPECT_TRUE(AnyFailure(b, check, "lse")) << check << "\n" << ToConsole(b.report);
+  }
+  // And a kernel that declares +inf but writes -inf breaks its own declaration.
+  class Declares : public Wrapper {
+   public:
+    Declares() : Wrapper("test/declares-plus-inf") {}
+    Capabilities capabilities() const override {
+      Capabilities c = inner_->capabilities();
+      c.empty_row_lse = "+inf";
+      return c;
+    }
+  } liar;
+  EXPECT_TRUE(AnyFailure(RunQuick(liar, "quick", 0, "special-values"), "special-values", "lse"));
 }
 
 TEST(Run, RefusingAClaimedFeatureAndAnsweringWronglyOutsideFailHonesty) {
@@ -372,12 +509,42 @@ TEST(Run, FailingCasesAreSavedAndReproduceTheSameVerdict) {
 
 TEST(Checks, RegistryIsOrderedAndNamed) {
   ASSERT_FALSE(AllChecks().empty());
-  EXPECT_EQ(AllChecks()[0].name, "accuracy");
+  EXPECT_EQ(AllChecks()[0].name, "unwritten-outputs");
   for (const CheckInfo& c : AllChecks()) {
     EXPECT_EQ(FindCheck(c.name), &c);
     EXPECT_FALSE(c.description.empty());
   }
   EXPECT_EQ(FindCheck("no-such-check"), nullptr);
+  // Every check has a diagnosis step, every step names a check, and the registry lists the
+  // checks in the order of their first step.
+  size_t last = 0;
+  for (const CheckInfo& c : AllChecks()) {
+    size_t rank = DiagnosisOrder().size();
+    for (size_t i = 0; i < DiagnosisOrder().size() && rank == DiagnosisOrder().size(); ++i) {
+      if (DiagnosisOrder()[i].check == c.name) rank = i;
+    }
+    EXPECT_LT(rank, DiagnosisOrder().size()) << c.name;
+    EXPECT_GE(rank, last) << c.name;
+    last = rank;
+  }
+  for (const DiagnosisStep& s : DiagnosisOrder()) EXPECT_NE(FindCheck(s.check), nullptr);
+  // Accuracy of the forward comes before consistency, of the gradients after.
+  EXPECT_LT(DiagnosisRank("accuracy", "o"), DiagnosisRank("consistency", "dq"));
+  EXPECT_GT(DiagnosisRank("accuracy", "dq"), DiagnosisRank("consistency", "dq"));
+}
+
+TEST(Checks, EmptyRowLseIsMinusInfUnlessPlusInfIsDeclared) {
+  Capabilities c;
+  EXPECT_EQ(EmptyRowLse(c), -std::numeric_limits<double>::infinity());
+  c.empty_row_lse = "+inf";
+  EXPECT_EQ(EmptyRowLse(c), std::numeric_limits<double>::infinity());
+  auto round = CapabilitiesFromJson(CapabilitiesToJson(c));
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->empty_row_lse, "+inf");
+  nlohmann::json j = CapabilitiesToJson(Capabilities{});
+  EXPECT_FALSE(j.contains("empty_row_lse"));  // the default is not written
+  j["empty_row_lse"] = "nan";
+  EXPECT_FALSE(CapabilitiesFromJson(j).ok());
 }
 
 }  // namespace

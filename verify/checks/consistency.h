@@ -17,8 +17,16 @@
 //                lse (dS_ij = -P_ij dO_i·(O_i - c)) and every element is bounded. A D that is
 //                not rowsum(dO∘O) of the returned O shows here hundreds of times its bound.
 //   recipe-gradient dq/dk/dv  the kernel's gradients against the float64 oracle's backward
-//                at the operands as the recipe quantised them (QuantizeOperand on q, k, v),
-//                judged with the kernel's tolerance profile.
+//                at the operands as the recipe quantised them (QuantizeForRecipe on q, k, v),
+//                judged with the kernel's tolerance profile, whose baseline (the bf16 "pt",
+//                or the recipe reference of verify/baseline.h) is measured against the same
+//                quantised oracle.
+// Every identity and the probe are evaluated on the recipe's quantised GEMM operands (scores
+// from Q·Kᵀ's operands, dP from dO·Vᵀ's, dK from dSᵀ·Q's Q, ...), since those are the
+// products the kernel forms. Softcap probe: with softcap on, the identities and the recipe
+// gradient run a second time with q scaled by the power of two that puts the RMS score at the
+// cap, where tanh' is far from 1 (at cap 30 with unit data it is 1 - O(1e-3), below bf16's
+// rounding of dS, and a backward without it hides in the bound).
 #pragma once
 
 #include <string>

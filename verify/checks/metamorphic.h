@@ -4,9 +4,16 @@
 // accuracy and fails permutation).
 //   gqa-mha:       kernel on (Hq, Hkv) = kernel on (Hq, Hq) with k/v repeated per group
 //                  (dk, dv: the group sum of the MHA gradients);
-//   permutation:   permuting batch entries and heads of the inputs permutes the outputs,
-//                  bitwise for a kernel that claims determinism;
-//   window-causal: window (Sk, 0) without causal = causal (same diagonal alignment).
+//   permutation:   permuting batch entries (padded, or the sequences of a packed batch) and
+//                  heads of the inputs permutes the outputs, bitwise for a kernel that claims
+//                  determinism;
+//   padding:       padding tokens leave the real tokens' outputs unchanged: a padding
+//                  sequence in front of and behind a packed batch (bitwise when
+//                  deterministic), or padding queries and keys appended to every entry of a
+//                  padded batch and hidden by document ids (within a few ulps: Sq and Sk
+//                  change, and with them a kernel's tiling);
+//   window-causal: window (Sk, 0) without causal = causal (same diagonal alignment), and a
+//                  window whose bounds reach past every key = no window.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +26,7 @@ namespace attest {
 std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx);
 std::vector<Verdict> RunPermutation(CheckContext& ctx);
 std::vector<Verdict> RunWindowCausal(CheckContext& ctx);
+std::vector<Verdict> RunPadding(CheckContext& ctx);
 
 // result[..., k, ...] = t[..., src[k], ...] along `axis`, which gets src.size() entries (any
 // dtype; contiguous copy).

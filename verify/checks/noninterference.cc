@@ -155,10 +155,13 @@ std::vector<int64_t> Unflatten(const Shape& shape, int64_t flat) {
   return index;
 }
 
-// Size of a change between two values: 0 when the bits are equal, |a - b| when finite, inf
-// otherwise (a NaN appearing, an infinity flipping).
+// Size of a change between two values: 0 when the bits are equal or both are NaN (a NaN
+// that is there either way is special-values' finding, not a leak; payloads may differ with
+// the operations that made them), |a - b| when finite, inf otherwise (a NaN appearing, an
+// infinity flipping).
 double Change(double a, double b) {
   if (std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b)) return 0;
+  if (std::isnan(a) && std::isnan(b)) return 0;
   const double d = std::fabs(a - b);
   return std::isfinite(d) ? d : std::numeric_limits<double>::infinity();
 }

@@ -1,52 +1,119 @@
-// The table of checks (check.h AllChecks/FindCheck), in reporting order: accuracy first,
-// then the behavioural checks, the metamorphic relations, and the leak / consistency
-// families. Adding a check is adding a row.
+// The table of checks (check.h AllChecks/FindCheck) and the diagnosis order (check.h
+// DiagnosisOrder; issue "verify/": the first failing check names the bug class). Adding a
+// check is adding a row here and a step in the diagnosis order.
+#include <algorithm>
+
 #include "verify/checks/accuracy.h"
 #include "verify/checks/basic.h"
 #include "verify/checks/check.h"
-#include "verify/checks/metamorphic.h"
 #include "verify/checks/consistency.h"
+#include "verify/checks/metamorphic.h"
 #include "verify/checks/noninterference.h"
 
 namespace attest {
 namespace {
 
+// Rows in the order of their first diagnosis step. The diagnosis order (BuildDiagnosisOrder)
+// and why each step sits where it does: a check placed earlier must not fire on a bug that a
+// later one names, and its failure must explain what the later ones would see.
+//  1. unwritten-outputs: an element still holding the harness's poison was never written;
+//     every other check sees NaN there.
+//  2. gqa-mha, window-causal: two spellings of the same problem (head mapping; causal
+//     alignment and window bounds) disagree, with the same tiles on both sides. The relation
+//     names the parameter the kernel misreads; every later rule presupposes it is read
+//     right (a causal mask aligned top-left makes rows that must be empty non-empty, which
+//     special-values would report, and lets rows see hidden keys, which non-interference
+//     would). Identical NaNs on both sides agree: a NaN is not a relation failure.
+//  3. special-values of o and lse: the exact rules of empty rows (o = 0, lse = -inf or the
+//     declared +inf) and finiteness on huge-logit, format-edge and zero-block inputs; a NaN
+//     born in an empty row or a zero scale spreads into everything after it.
+//  4. determinism: later checks compare runs bitwise and would misread run-to-run variation
+//     as a leak or a broken relation.
+//  5. non-interference: a hidden input moves a protected output (forward or backward): it
+//     says who leaks into whom. A backward that computes masked entries is a leak here
+//     before its overflowing gradients are a special-values failure (step 7).
+//  6. accuracy of o and lse: the forward's values are wrong. Every backward step comes after
+//     it: the backward consumes o and lse, so a wrong forward value (an lse scaled twice)
+//     shows in the gradients too, as overflow or as an identity that fails.
+//  7. special-values of dq, dk, dv: non-finite gradients and the exact empty-row / unseen-key
+//     rules of the backward.
+//  8. consistency: the forward is right but the backward does not differentiate it.
+//  9. accuracy of dq, dk, dv: gradients wrong in a way the identities do not isolate.
+// 10. permutation, padding: re-layouts of the batch (permuted or padded packed sequences,
+//     padded sequences). They compare the kernel with itself, bitwise where it claims
+//     determinism, so they are the most sensitive checks and the least specific: any defect
+//     that depends on token offsets (a split point, a scale block along the packed token
+//     axis, a wrong value that changes with the tiling) shows there too. They name the bug
+//     only when everything above passed: a layout defect below every tolerance (a head
+//     mixed into its neighbour at 1e-4).
+// 11. honesty: refusing a claimed feature, or answering an unclaimed one wrongly (inside the
+//     capabilities, a wrong answer is already an accuracy failure).
 std::vector<CheckInfo> BuildChecks() {
   std::vector<CheckInfo> t = {
+      {"unwritten-outputs",
+       "every output has the problem's shape and a float dtype, and no element still holds "
+       "the harness's poison (all-ones bytes: a NaN that arithmetic does not produce)",
+       RunUnwrittenOutputs},
+      {"gqa-mha", "GQA equals MHA with k/v repeated per group (dk, dv: group sums)",
+       RunGqaEquivalence},
+      {"window-causal",
+       "window (Sk, 0) without causal equals causal, and a window reaching past every key on "
+       "both sides equals no window",
+       RunWindowCausal},
+      {"special-values",
+       "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
+       "give dk = dv = 0; outputs are finite wherever the oracle's are (huge logits, "
+       "format-edge values, blocks of zeros)",
+       RunSpecialValues},
+      {"determinism",
+       "repeat runs are bitwise equal where the kernel claims determinism", RunDeterminism},
+      {"non-interference",
+       "outputs of rows that must not see a set of inputs (future keys, keys outside the "
+       "window, other documents or sequences; queries for dk/dv) are bitwise unchanged when "
+       "those inputs are perturbed, also by values that move shared block scales; "
+       "nondeterministic kernels within their own run-to-run spread",
+       RunNonInterference},
       {"accuracy",
        "o, lse (and dq, dk, dv) within the kernel's tolerance profile of the float64 oracle, "
        "element by element; no NaN/Inf where the oracle is finite",
        RunAccuracy},
-      {"unwritten-outputs",
-       "every output has the problem's shape and a float dtype and holds no NaN where the "
-       "oracle is finite",
-       RunUnwrittenOutputs},
-      {"special-values",
-       "no overflow/NaN on huge logits and format-edge inputs; empty rows give o = 0, lse = "
-       "-inf, dq = 0; unseen keys give dk = dv = 0",
-       RunSpecialValues},
-      {"determinism",
-       "repeat runs are bitwise equal where the kernel claims determinism", RunDeterminism},
-      {"honesty",
-       "a case inside the capabilities is answered and right; one outside is refused or right",
-       RunHonesty},
-      {"gqa-mha", "GQA equals MHA with k/v repeated per group (dk, dv: group sums)",
-       RunGqaEquivalence},
-      {"permutation",
-       "permuting batch entries and heads permutes the outputs (bitwise when deterministic)",
-       RunPermutation},
-      {"window-causal", "window (Sk, 0) without causal equals causal", RunWindowCausal},
-      {"non-interference",
-       "outputs of rows that must not see a set of inputs (future keys, keys outside the "
-       "window, other documents or sequences; queries for dk/dv) are bitwise unchanged when "
-       "those inputs are perturbed, also by values that move shared block scales",
-       RunNonInterference},
       {"consistency",
        "the backward differentiates the forward that ran: delta, sum-of-gradient identities, "
        "the constant-V probe, and the gradient at the recipe's quantised operands",
        RunConsistency},
+      {"permutation",
+       "permuting batch entries (padded or packed) and heads permutes the outputs (bitwise "
+       "when deterministic)",
+       RunPermutation},
+      {"padding",
+       "padding tokens (a padding sequence before and after a packed batch; padding keys and "
+       "queries of a padded batch, masked by document ids) leave the real tokens' outputs "
+       "unchanged",
+       RunPadding},
+      {"honesty",
+       "a claimed feature is never refused; a case outside the capabilities is refused or "
+       "answered right",
+       RunHonesty},
   };
   return t;
+}
+
+std::vector<DiagnosisStep> BuildDiagnosisOrder() {
+  return {
+      {"unwritten-outputs", {}},
+      {"gqa-mha", {}},
+      {"window-causal", {}},
+      {"special-values", {"o", "lse"}},
+      {"determinism", {}},
+      {"non-interference", {}},
+      {"accuracy", {"o", "lse"}},
+      {"special-values", {}},
+      {"consistency", {}},
+      {"accuracy", {}},
+      {"permutation", {}},
+      {"padding", {}},
+      {"honesty", {}},
+  };
 }
 
 }  // namespace
@@ -61,6 +128,24 @@ const CheckInfo* FindCheck(std::string_view name) {
     if (c.name == name) return &c;
   }
   return nullptr;
+}
+
+std::span<const DiagnosisStep> DiagnosisOrder() {
+  static const std::vector<DiagnosisStep> kOrder = BuildDiagnosisOrder();
+  return kOrder;
+}
+
+size_t DiagnosisRank(std::string_view check, std::string_view tensor) {
+  const auto order = DiagnosisOrder();
+  for (size_t i = 0; i < order.size(); ++i) {
+    const DiagnosisStep& s = order[i];
+    if (s.check != check) continue;
+    if (s.tensors.empty() ||
+        std::find(s.tensors.begin(), s.tensors.end(), tensor) != s.tensors.end()) {
+      return i;
+    }
+  }
+  return order.size();
 }
 
 }  // namespace attest

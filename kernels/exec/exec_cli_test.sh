@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# End-to-end test of the exec protocol through the CLI (issue 9 acceptance: "CI tests ... the
+# exec protocol end to end (numpy worker)"): `attest check --suite quick` passes on the NumPy
+# worker, and a worker that crashes mid-call gives findings (exit 1) naming the signal and a
+# repro line, never an infrastructure failure (exit 2) or a dead harness.
+# Usage: exec_cli_test.sh ATTEST PYTHON   (run from the repository root; exit 77 = skipped)
+set -uo pipefail
+attest="$1"
+python="$2"
+"$python" -c 'import numpy' 2> /dev/null || { echo "skip: $python cannot import numpy"; exit 77; }
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. The NumPy worker passes the quick suite; the JSON report names the kernel.
+kernel="exec:$python tools/workers/numpy_worker.py"
+"$attest" check --kernel "$kernel" --suite quick --json "$tmp/quick.json" --out "$tmp/f1" \
+  > "$tmp/quick.log" 2>&1
+rc=$?
+[ "$rc" = 0 ] || { cat "$tmp/quick.log"; fail "numpy worker: quick suite exit $rc, want 0"; }
+grep -q 'numpy_worker.py' "$tmp/quick.json" || fail "the JSON report does not name the kernel"
+echo "ok: numpy worker passes the quick suite ($(tail -1 "$tmp/quick.log"))"
+
+# 2. A worker that segfaults on every forward: findings with the signal, a repro line, exit 1.
+kernel="exec:$python tools/workers/faulty_worker.py --mode crash"
+"$attest" check --kernel "$kernel" --suite quick --out "$tmp/f2" > "$tmp/crash.log" 2>&1
+rc=$?
+[ "$rc" = 1 ] || { tail -20 "$tmp/crash.log"; fail "crashing worker: exit $rc, want 1"; }
+grep -q 'killed by signal SIGSEGV (11)' "$tmp/crash.log" || fail "the signal is not named"
+grep -q "repro: attest repro --kernel 'exec:" "$tmp/crash.log" || fail "no repro line"
+ls "$tmp"/f2/*.case.json > /dev/null 2>&1 || fail "no case file written for the crash"
+echo "ok: a crashing worker is a finding (exit 1) naming SIGSEGV"
+
+# 3. A worker that does not start: an infrastructure error (exit 2) naming the cause.
+"$attest" check --kernel "exec:/nonexistent/worker" --suite quick > "$tmp/missing.log" 2>&1
+rc=$?
+[ "$rc" = 2 ] || fail "missing worker: exit $rc, want 2"
+grep -q "cannot start '/nonexistent/worker'" "$tmp/missing.log" || fail "cause not named"
+echo "ok: a worker that cannot start is exit 2 with its cause"
+echo "exec_cli_test: 3 passed, 0 failed"

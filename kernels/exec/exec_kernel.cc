@@ -1,0 +1,396 @@
+// The exec protocol's client (DESIGN.md "External kernels"; docs/protocol.md): a Kernel
+// whose calls are requests to a worker process, used by `exec:` kernels and by forked
+// (isolated) in-process kernels alike. Every way a worker can fail becomes an Error answer
+// naming what happened; the worker is restarted on the next call.
+#include "kernels/exec/exec_kernel.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kernels/exec/process.h"
+#include "reference/formats/format.h"
+#include "reference/io/safetensors.h"
+
+namespace attest {
+namespace {
+
+using nlohmann::json;
+using Clock = WorkerProcess::Clock;
+
+// Consecutive failed starts (spawn or describe) after which calls fail at once instead of
+// paying a worker's start-up (seconds for a PyTorch import) again for every case.
+constexpr int kMaxConsecutiveStartFailures = 3;
+
+// A private directory (mkdtemp: mode 0700, unique) removed with everything in it.
+class TempDir {
+ public:
+  static Expected<std::shared_ptr<TempDir>> Make(const std::string& root_option) {
+    std::string root = root_option;
+    if (root.empty()) {
+      const char* env = std::getenv("TMPDIR");
+      root = env != nullptr && *env != '\0' ? env : "/tmp";
+    }
+    std::string templ = root + "/attest-exec-XXXXXX";
+    if (mkdtemp(templ.data()) == nullptr) {
+      return Error{fmt::format("cannot create a temporary directory under {}: {}", root,
+                               std::strerror(errno))};
+    }
+    return std::shared_ptr<TempDir>(new TempDir(templ));
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit TempDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// Removes the per-call tensor files however the call ends.
+struct FileCleanup {
+  std::vector<std::string> paths;
+  ~FileCleanup() {
+    std::error_code ec;
+    for (const auto& p : paths) std::filesystem::remove(p, ec);
+  }
+};
+
+std::string Abbreviate(const std::string& s, size_t n = 200) {
+  return s.size() <= n ? s : s.substr(0, n) + "...";
+}
+
+std::string ShapeText(const Shape& s) {
+  std::string out = "[";
+  for (size_t k = 0; k < s.size(); ++k) out += (k ? ", " : "") + std::to_string(s[k]);
+  return out + "]";
+}
+
+// An output tensor the reply promised: present, a float dtype, the problem's shape.
+Status CheckOutput(const NamedTensors& file, std::string_view name, const Shape& shape,
+                   Tensor* out) {
+  const Tensor* t = file.Find(name);
+  if (t == nullptr) {
+    std::string have;
+    for (const auto& [n, tensor] : file.tensors) have += (have.empty() ? "" : ", ") + n;
+    return Error{fmt::format("output '{}' missing from the outputs file (it holds: {})", name,
+                             have.empty() ? "nothing" : have)};
+  }
+  switch (t->dtype()) {
+    case DType::kF64:
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kE4M3FN:
+    case DType::kE5M2:
+      break;
+    default:
+      return Error{fmt::format("output '{}' has dtype {}, not a float format", name,
+                               Name(t->dtype()))};
+  }
+  if (t->shape() != shape) {
+    return Error{fmt::format("output '{}' has shape {}, expected {}", name, ShapeText(t->shape()),
+                             ShapeText(shape))};
+  }
+  *out = *t;
+  return {};
+}
+
+// The tensor in the problem's input dtype, as a worker expects it (attest hands kernels the
+// dtype-rounded values, possibly held in f64; the conversion is then exact).
+Expected<Tensor> InDType(const Tensor& t, DType dtype, std::string_view name) {
+  if (t.dtype() == dtype) return t;
+  auto out = FromF64(t.dtype() == DType::kF64 ? t : ToF64(t), dtype);
+  if (!out) return Error{fmt::format("input '{}': {}", name, out.error().message)};
+  return out;
+}
+
+class ProtocolKernel final : public Kernel {
+ public:
+  using Launch = std::function<Expected<WorkerProcess>()>;
+
+  // `label` names the kernel in messages until describe has answered; afterwards name() is
+  // options.name, else the label, else (name_from_worker) the worker's describe name.
+  ProtocolKernel(std::string label, bool name_from_worker, Launch launch, ExecOptions options,
+                 std::shared_ptr<TempDir> dir)
+      : label_(std::move(label)),
+        name_from_worker_(name_from_worker),
+        launch_(std::move(launch)),
+        options_(std::move(options)),
+        dir_(std::move(dir)) {}
+
+  // Starts the worker and records its describe reply (the kernel's identity from then on).
+  Status Start() {
+    const auto deadline = Clock::now() + Timeout();
+    if (Status s = EnsureRunning(deadline); !s) return s;
+    return {};
+  }
+
+  std::string name() const override {
+    if (!options_.name.empty()) return options_.name;
+    if (name_from_worker_ && !worker_name_.empty()) return worker_name_;
+    return label_;
+  }
+  Capabilities capabilities() const override { return caps_; }
+  std::string last_route() const override { return route_; }
+
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override {
+    NamedTensors in;
+    for (auto [n, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
+      auto c = InDType(*t, p.dtype, n);
+      if (!c) return Fail("forward", c.error().message);
+      in.Add(n, *c);
+    }
+    auto reply = Call("forward", p, in);
+    if (auto* e = std::get_if<Error>(&reply)) return *e;
+    if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
+    const NamedTensors& out = std::get<NamedTensors>(reply);
+    ForwardResult r;
+    for (auto [n, shape, dst] : {std::tuple{"o", p.OShape(), &r.o},
+                                 std::tuple{"lse", p.LseShape(), &r.lse}}) {
+      if (Status s = CheckOutput(out, n, shape, dst); !s) return Fail("forward", s.error().message);
+    }
+    return r;
+  }
+
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    NamedTensors in;
+    // q, k, v and dO in the input dtype; o and lse as this kernel's forward returned them.
+    for (auto [n, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v},
+                        std::pair{"do", &dout}}) {
+      auto c = InDType(*t, p.dtype, n);
+      if (!c) return Fail("backward", c.error().message);
+      in.Add(n, *c);
+    }
+    in.Add("o", o);
+    in.Add("lse", lse);
+    auto reply = Call("backward", p, in);
+    if (auto* e = std::get_if<Error>(&reply)) return *e;
+    if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
+    const NamedTensors& out = std::get<NamedTensors>(reply);
+    BackwardResult r;
+    for (auto [n, shape, dst] :
+         {std::tuple{"dq", p.QShape(), &r.dq}, std::tuple{"dk", p.KShape(), &r.dk},
+          std::tuple{"dv", p.VShape(), &r.dv}}) {
+      if (Status s = CheckOutput(out, n, shape, dst); !s) {
+        return Fail("backward", s.error().message);
+      }
+    }
+    return r;
+  }
+
+ private:
+  std::chrono::steady_clock::duration Timeout() const {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(options_.timeout_s));
+  }
+
+  Error Fail(std::string_view op, const std::string& what) const {
+    return Error{fmt::format("{}: {}: {}", name(), op, what)};
+  }
+
+  // Starts the worker if it is not running and checks its describe reply; on a restart
+  // the reply must equal the first one (a kernel does not change what it claims mid-run).
+  Status EnsureRunning(Clock::time_point deadline) {
+    if (worker_ && worker_->running()) return {};
+    worker_.reset();
+    if (start_failures_ >= kMaxConsecutiveStartFailures) {
+      return Error{fmt::format("worker failed to start {} times in a row; not retrying (last: {})",
+                               start_failures_, last_start_error_)};
+    }
+    auto fail = [&](std::string what) -> Status {
+      ++start_failures_;
+      last_start_error_ = what;
+      if (worker_) worker_->Kill();
+      worker_.reset();
+      return Error{std::move(what)};
+    };
+    auto w = launch_();
+    if (!w) return fail(w.error().message);
+    worker_.emplace(std::move(w).value());
+    ++starts_;
+    auto line = worker_->Exchange(R"({"op":"describe"})", deadline);
+    if (!line) return fail("describe: worker " + line.error().message);
+    const json reply = json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    if (reply.is_discarded() || !reply.is_object()) {
+      return fail("describe: reply is not a JSON object: '" + Abbreviate(*line) + "'");
+    }
+    if (!reply.contains("status") || reply["status"] != "ok") {
+      return fail("describe: reply status is not \"ok\": " + Abbreviate(reply.dump()));
+    }
+    if (!reply.contains("name") || !reply["name"].is_string()) {
+      return fail("describe: reply has no string \"name\"");
+    }
+    if (!reply.contains("capabilities")) return fail("describe: reply has no \"capabilities\"");
+    auto caps = CapabilitiesFromJson(reply["capabilities"]);
+    if (!caps) return fail("describe: " + caps.error().message);
+    if (starts_ == 1) {
+      caps_ = *caps;
+      caps_json_ = reply["capabilities"];
+      worker_name_ = reply["name"].get<std::string>();
+    } else if (reply["capabilities"] != caps_json_ || reply["name"] != worker_name_) {
+      return fail("describe: after a restart the worker describes itself differently (" +
+                  Abbreviate(reply.dump()) + ")");
+    }
+    start_failures_ = 0;
+    return {};
+  }
+
+  using Reply = std::variant<NamedTensors, Unsupported, Error>;
+
+  // One forward/backward request: inputs written, request sent, reply checked, outputs read.
+  Reply Call(std::string_view op, const Problem& p, const NamedTensors& inputs) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto deadline = Clock::now() + Timeout();
+    route_.clear();
+    const bool restarted = starts_ > 0 && !(worker_ && worker_->running());
+    if (Status s = EnsureRunning(deadline); !s) return Fail(op, s.error().message);
+    if (restarted) route_ = fmt::format("worker restarted (start #{})", starts_);
+    const uint64_t n = ++calls_;
+    FileCleanup cleanup;
+    const std::string in_path = fmt::format("{}/{}-{}-inputs.safetensors", dir_->path(), n, op);
+    const std::string out_path = fmt::format("{}/{}-{}-outputs.safetensors", dir_->path(), n, op);
+    cleanup.paths = {in_path, out_path};
+    if (Status s = WriteSafetensors(in_path, inputs); !s) {
+      return Fail(op, "cannot write the inputs file: " + s.error().message);
+    }
+    const json request = {
+        {"op", op}, {"problem", ProblemToJson(p)}, {"inputs", in_path}, {"outputs", out_path}};
+    auto line = worker_->Exchange(request.dump(), deadline);
+    if (!line) {
+      worker_.reset();  // Exchange killed and reaped it; the next call starts a fresh one
+      return Fail(op, "worker " + line.error().message);
+    }
+    // A reply we cannot read means the worker's state is unknown: replace it.
+    auto violation = [&](std::string what) {
+      worker_->Kill();
+      worker_.reset();
+      return Fail(op, "protocol violation: " + what + " (worker killed; restarted on the next call)");
+    };
+    const json reply = json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    if (reply.is_discarded() || !reply.is_object()) {
+      return violation("reply is not a JSON object: '" + Abbreviate(*line) + "'");
+    }
+    if (!reply.contains("status") || !reply["status"].is_string()) {
+      return violation("reply has no string \"status\": " + Abbreviate(reply.dump()));
+    }
+    const std::string status = reply["status"].get<std::string>();
+    if (status == "unsupported") {
+      if (!reply.contains("reason") || !reply["reason"].is_string()) {
+        return violation("\"unsupported\" reply without a string \"reason\"");
+      }
+      return Unsupported{reply["reason"].get<std::string>()};
+    }
+    if (status == "error") {
+      if (!reply.contains("message") || !reply["message"].is_string()) {
+        return violation("\"error\" reply without a string \"message\"");
+      }
+      std::string message = "worker reported an error: " + reply["message"].get<std::string>();
+      if (const std::string tail = worker_->StderrText(); !tail.empty()) {
+        message += "; stderr: " + tail;
+      }
+      return Fail(op, message);
+    }
+    if (status != "ok") return violation("unknown status \"" + Abbreviate(status) + "\"");
+    // Optional: which code path the worker took (shown as last_route()).
+    if (reply.contains("route") && reply["route"].is_string()) {
+      const std::string note = reply["route"].get<std::string>();
+      route_ = route_.empty() ? note : route_ + "; " + note;
+    }
+    auto out = ReadSafetensors(out_path);
+    if (!out) return Fail(op, "reply \"ok\" but the outputs file is unusable: " + out.error().message);
+    return std::move(out).value();
+  }
+
+  std::string label_;
+  bool name_from_worker_ = false;
+  Launch launch_;
+  ExecOptions options_;
+  std::shared_ptr<TempDir> dir_;
+  std::mutex mu_;
+  std::optional<WorkerProcess> worker_;
+  Capabilities caps_;
+  json caps_json_;
+  std::string worker_name_;
+  std::string route_;
+  std::string last_start_error_;
+  int starts_ = 0;
+  int start_failures_ = 0;
+  uint64_t calls_ = 0;
+};
+
+Expected<std::unique_ptr<Kernel>> Build(std::string label, bool name_from_worker,
+                                        ProtocolKernel::Launch launch, ExecOptions options) {
+  if (!(options.timeout_s > 0)) {
+    return Error{fmt::format("{}: timeout {} s must be positive", label, options.timeout_s)};
+  }
+  auto dir = TempDir::Make(options.tmp_root);
+  if (!dir) return Error{label + ": " + dir.error().message};
+  auto kernel = std::make_unique<ProtocolKernel>(label, name_from_worker, std::move(launch),
+                                                 std::move(options),
+                                                 std::move(dir).value());
+  if (Status s = kernel->Start(); !s) return Error{label + ": " + s.error().message};
+  return std::unique_ptr<Kernel>(std::move(kernel));
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Kernel>> MakeExecKernel(std::string command_line, ExecOptions options) {
+  const std::string label = "exec:" + command_line;
+  auto command = SplitCommandLine(command_line);
+  if (!command) return Error{label + ": " + command.error().message};
+  const int tail = options.stderr_tail_lines;
+  return Build(
+      label, false, [command = *command, tail] { return WorkerProcess::Spawn(command, tail); },
+      std::move(options));
+}
+
+Expected<std::unique_ptr<Kernel>> MakeForkedKernel(KernelFactory factory, ExecOptions options) {
+  const int tail = options.stderr_tail_lines;
+  auto serve = [factory = std::move(factory)](int in_fd, int out_fd) -> int {
+    auto kernel = factory();
+    if (!kernel) {
+      // Say why on stderr (the parent quotes it) and leave: describe then fails with it.
+      const std::string msg = "kernel factory failed: " + kernel.error().message + "\n";
+      [[maybe_unused]] ssize_t n = write(2, msg.data(), msg.size());
+      return 3;
+    }
+    return ServeProtocol(**kernel, in_fd, out_fd);
+  };
+  // The kernel keeps its own name (the describe reply's), as if it ran in process.
+  return Build(
+      "forked kernel", true, [serve, tail] { return WorkerProcess::Fork(serve, tail); },
+      std::move(options));
+}
+
+void RegisterExecKernels(KernelRegistry& registry) {
+  registry.RegisterPrefix("exec:", [](std::string_view arg) -> Expected<std::unique_ptr<Kernel>> {
+    ExecOptions options;
+    // ATTEST_EXEC_TIMEOUT_S overrides the per-call limit (e.g. for a first torch.compile).
+    if (const char* t = std::getenv("ATTEST_EXEC_TIMEOUT_S"); t != nullptr && *t != '\0') {
+      char* end = nullptr;
+      const double v = std::strtod(t, &end);
+      if (end == t || *end != '\0' || !(v > 0)) {
+        return Error{fmt::format("ATTEST_EXEC_TIMEOUT_S: '{}' is not a positive number", t)};
+      }
+      options.timeout_s = v;
+    }
+    return MakeExecKernel(std::string(arg), std::move(options));
+  });
+}
+
+}  // namespace attest

@@ -1,0 +1,143 @@
+// The worker side of the exec protocol for C++ kernels (DESIGN.md "External kernels";
+// docs/protocol.md): one JSON request per line in, one JSON reply per line out, tensors in
+// the safetensors files the request names. Used by forked (isolated) kernels.
+#include <errno.h>
+#include <unistd.h>
+
+#include <exception>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kernels/exec/exec_kernel.h"
+#include "reference/io/safetensors.h"
+
+namespace attest {
+namespace {
+
+using nlohmann::json;
+
+bool WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+json ErrorReply(const std::string& message) { return {{"status", "error"}, {"message", message}}; }
+
+// The tensors a request's inputs file must hold, read and shape-checked.
+Expected<NamedTensors> ReadInputs(const json& request, const Problem& p, bool backward) {
+  if (!request.contains("inputs") || !request["inputs"].is_string()) {
+    return Error{"request: \"inputs\" must be a path string"};
+  }
+  auto file = ReadSafetensors(request["inputs"].get<std::string>());
+  if (!file) return file.error();
+  struct Want {
+    const char* name;
+    Shape shape;
+  };
+  std::vector<Want> want = {{"q", p.QShape()}, {"k", p.KShape()}, {"v", p.VShape()}};
+  if (backward) {
+    want.push_back({"o", p.OShape()});
+    want.push_back({"lse", p.LseShape()});
+    want.push_back({"do", p.OShape()});
+  }
+  for (const Want& w : want) {
+    const Tensor* t = file->Find(w.name);
+    if (t == nullptr) return Error{fmt::format("inputs file: tensor '{}' missing", w.name)};
+    if (t->shape() != w.shape) {
+      return Error{fmt::format("inputs file: tensor '{}' is {}, the problem needs another shape",
+                               w.name, t->Describe())};
+    }
+  }
+  return file;
+}
+
+json Handle(Kernel& kernel, const json& request) {
+  if (!request.is_object() || !request.contains("op") || !request["op"].is_string()) {
+    return ErrorReply("request: expected an object with a string \"op\"");
+  }
+  const std::string op = request["op"].get<std::string>();
+  if (op == "describe") {
+    return {{"status", "ok"},
+            {"name", kernel.name()},
+            {"capabilities", CapabilitiesToJson(kernel.capabilities())}};
+  }
+  if (op != "forward" && op != "backward") {
+    return ErrorReply("request: unknown op \"" + op + "\" (describe, forward, backward)");
+  }
+  if (!request.contains("problem")) return ErrorReply("request: \"problem\" missing");
+  auto problem = ProblemFromJson(request["problem"]);
+  if (!problem) return ErrorReply(problem.error().message);
+  if (!request.contains("outputs") || !request["outputs"].is_string()) {
+    return ErrorReply("request: \"outputs\" must be a path string");
+  }
+  const std::string out_path = request["outputs"].get<std::string>();
+  const bool backward = op == "backward";
+  auto in = ReadInputs(request, *problem, backward);
+  if (!in) return ErrorReply(in.error().message);
+  auto get = [&](const char* n) { return *in->Find(n); };
+
+  NamedTensors out;
+  if (!backward) {
+    auto r = kernel.Forward(*problem, get("q"), get("k"), get("v"));
+    if (auto* u = std::get_if<Unsupported>(&r)) return {{"status", "unsupported"}, {"reason", u->reason}};
+    if (auto* e = std::get_if<Error>(&r)) return ErrorReply(e->message);
+    auto& f = std::get<ForwardResult>(r);
+    out.Add("o", f.o);
+    out.Add("lse", f.lse);
+  } else {
+    auto r = kernel.Backward(*problem, get("q"), get("k"), get("v"), get("o"), get("lse"),
+                             get("do"));
+    if (auto* u = std::get_if<Unsupported>(&r)) return {{"status", "unsupported"}, {"reason", u->reason}};
+    if (auto* e = std::get_if<Error>(&r)) return ErrorReply(e->message);
+    auto& b = std::get<BackwardResult>(r);
+    out.Add("dq", b.dq);
+    out.Add("dk", b.dk);
+    out.Add("dv", b.dv);
+  }
+  if (Status s = WriteSafetensors(out_path, out); !s) return ErrorReply(s.error().message);
+  return {{"status", "ok"}};
+}
+
+}  // namespace
+
+int ServeProtocol(Kernel& kernel, int in_fd, int out_fd) {
+  std::string buffer;
+  char chunk[4096];
+  for (;;) {
+    size_t nl;
+    while ((nl = buffer.find('\n')) == std::string::npos) {
+      const ssize_t n = read(in_fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return 0;  // EOF (or a broken pipe): the client is done with us
+      buffer.append(chunk, static_cast<size_t>(n));
+    }
+    const std::string line = buffer.substr(0, nl);
+    buffer.erase(0, nl + 1);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json reply;
+    const json request = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (request.is_discarded()) {
+      reply = ErrorReply("request is not JSON");
+    } else {
+      try {
+        reply = Handle(kernel, request);
+      } catch (const std::exception& e) {
+        reply = ErrorReply(std::string("exception: ") + e.what());
+      }
+    }
+    // Invalid UTF-8 in a message must not stop the reply: replace it.
+    if (!WriteAll(out_fd, reply.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")) {
+      return 2;
+    }
+  }
+}
+
+}  // namespace attest

@@ -1,0 +1,73 @@
+// Device adapters for C ABI plugins (DESIGN.md "External kernels": "the harness allocates and
+// copies device buffers, fills outputs with NaN before each call, and checks every runtime
+// call"). One adapter per attest_device_type; every method reports a failed runtime call as
+// an Error naming the call and the runtime's error string, which becomes a finding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "reference/status.h"
+
+namespace attest {
+
+class DeviceAdapter {
+ public:
+  virtual ~DeviceAdapter() = default;
+  // "CUDA device 0 (NVIDIA H200)".
+  virtual std::string Describe() const = 0;
+  virtual int32_t device_type() const = 0;  // attest_device_type
+  virtual int32_t device_id() const = 0;
+  // The stream passed to the kernel (attest_*_args.stream); nullptr is the default stream.
+  virtual void* stream() const = 0;
+  virtual Expected<void*> Allocate(size_t bytes) = 0;
+  virtual Status Free(void* device_ptr) = 0;
+  virtual Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
+  // Waits for the kernel's work and reports errors it raised asynchronously (an illegal
+  // address surfaces here, not at the launch).
+  virtual Status Synchronize() = 0;
+};
+
+// The adapter for `device_type` (ATTEST_DEVICE_CUDA, ATTEST_DEVICE_HIP); opened once per
+// process (a runtime is loaded with dlopen, so attest has no build-time GPU dependency).
+// Errors say "no CUDA runtime (…)" or "no CUDA device" on machines without one.
+Expected<std::shared_ptr<DeviceAdapter>> OpenDevice(int32_t device_type);
+
+// Device memory that frees itself; a failed free is reported by Release().
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(std::shared_ptr<DeviceAdapter> device, void* ptr) : device_(device), ptr_(ptr) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : device_(std::move(o.device_)), ptr_(o.ptr_) {
+    o.ptr_ = nullptr;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      (void)Release();
+      device_ = std::move(o.device_);
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { (void)Release(); }
+  void* get() const { return ptr_; }
+  Status Release() {
+    if (ptr_ == nullptr || !device_) return Status::Ok();
+    void* p = ptr_;
+    ptr_ = nullptr;
+    return device_->Free(p);
+  }
+
+ private:
+  std::shared_ptr<DeviceAdapter> device_;
+  void* ptr_ = nullptr;
+};
+
+}  // namespace attest

@@ -1,0 +1,146 @@
+// Framed JSON + tensor messages over a socket (see wire.h).
+#include "kernels/plugin/wire.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace attest {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Larger headers or tensors than this are a corrupted frame, not a request.
+constexpr uint64_t kMaxHeaderBytes = 64ull << 20;
+constexpr uint64_t kMaxTensorBytes = 64ull << 30;
+
+Status SendAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Error{std::string("send: ") + std::strerror(errno)};
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+// Reads exactly n bytes before `deadline` (nullopt: no deadline).
+WireFailure ReadAll(int fd, void* data, size_t n, const Clock::time_point* deadline,
+                    std::string* detail) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    int wait_ms = -1;
+    if (deadline != nullptr) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline -
+                                                                              Clock::now());
+      if (left.count() <= 0) return WireFailure::kTimeout;
+      wait_ms = static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, wait_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      *detail = std::string("poll: ") + std::strerror(errno);
+      return WireFailure::kIo;
+    }
+    if (ready == 0) return WireFailure::kTimeout;
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == ECONNRESET) return WireFailure::kEof;
+      *detail = std::string("read: ") + std::strerror(errno);
+      return WireFailure::kIo;
+    }
+    if (r == 0) return WireFailure::kEof;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return WireFailure::kNone;
+}
+
+}  // namespace
+
+Status SendWire(int fd, nlohmann::json header, const std::vector<Tensor>& tensors) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const Tensor& t : tensors) {
+    list.push_back({{"dtype", std::string(Name(t.dtype()))}, {"shape", t.shape()}});
+  }
+  header["tensors"] = list;
+  const std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const uint64_t size = text.size();
+  unsigned char prefix[8];
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(size >> (8 * i));
+  if (Status s = SendAll(fd, prefix, sizeof prefix); !s.ok()) return s;
+  if (Status s = SendAll(fd, text.data(), text.size()); !s.ok()) return s;
+  for (const Tensor& t : tensors) {
+    const Tensor c = t.contiguous() ? t : t.Clone();
+    if (Status s = SendAll(fd, c.bytes(), static_cast<size_t>(c.nbytes())); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+WireReceive ReceiveWire(int fd, double timeout_s) {
+  WireReceive out;
+  Clock::time_point deadline{};
+  const Clock::time_point* dl = nullptr;
+  if (timeout_s >= 0) {
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(timeout_s));
+    dl = &deadline;
+  }
+  unsigned char prefix[8];
+  if ((out.failure = ReadAll(fd, prefix, sizeof prefix, dl, &out.detail)) != WireFailure::kNone) {
+    return out;
+  }
+  uint64_t size = 0;
+  for (int i = 0; i < 8; ++i) size |= static_cast<uint64_t>(prefix[i]) << (8 * i);
+  if (size > kMaxHeaderBytes) {
+    out.failure = WireFailure::kMalformed;
+    out.detail = "header of " + std::to_string(size) + " bytes";
+    return out;
+  }
+  std::string text(size, '\0');
+  if ((out.failure = ReadAll(fd, text.data(), size, dl, &out.detail)) != WireFailure::kNone) {
+    return out;
+  }
+  out.message.header = nlohmann::json::parse(text, nullptr, false);
+  const nlohmann::json& h = out.message.header;
+  if (h.is_discarded() || !h.is_object() || !h.contains("tensors") || !h["tensors"].is_array()) {
+    out.failure = WireFailure::kMalformed;
+    out.detail = "header is not a JSON object with a tensors array";
+    return out;
+  }
+  for (const auto& entry : h["tensors"]) {
+    auto dtype = entry.contains("dtype") && entry["dtype"].is_string()
+                     ? ParseDType(entry["dtype"].get<std::string>())
+                     : std::nullopt;
+    if (!dtype || !entry.contains("shape") || !entry["shape"].is_array()) {
+      out.failure = WireFailure::kMalformed;
+      out.detail = "tensor entry " + entry.dump();
+      return out;
+    }
+    Shape shape = entry["shape"].get<Shape>();
+    if (static_cast<uint64_t>(Tensor::NumElements(shape)) * SizeOf(*dtype) > kMaxTensorBytes) {
+      out.failure = WireFailure::kMalformed;
+      out.detail = "tensor of " + entry.dump();
+      return out;
+    }
+    Tensor t = Tensor::Zeros(*dtype, shape);
+    if ((out.failure = ReadAll(fd, t.bytes(), static_cast<size_t>(t.nbytes()), dl,
+                               &out.detail)) != WireFailure::kNone) {
+      return out;
+    }
+    out.message.tensors.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace attest

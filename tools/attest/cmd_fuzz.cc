@@ -1,0 +1,216 @@
+// `attest fuzz --kernel K --seed S (--cases N | --time SEC) [--shard I/N] [--out DIR]` and
+// `attest fuzz --merge DIR...` (DESIGN.md "CLI contract"; issue 6, Deliver 3): draws
+// (check, case) pairs inside the kernel's capabilities, shrinks the first failure, writes
+// DIR/<check>-<hash>.case.json and prints its one-line repro. Exit codes: 0 nothing failed,
+// 1 a failure was found (or a merged report holds one), 2 usage or infrastructure error.
+// A progress bar on a terminal (cases/s, failures), plain lines otherwise.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <regex>
+
+#include "kernels/builtin.h"
+#include "property_tests/fuzz.h"
+#include "reference/data/generate.h"
+#include "reference/problem/case_file.h"
+#include "tools/attest/command.h"
+#include "verify/suite.h"
+
+namespace attest::cli {
+namespace {
+
+struct FuzzCliOptions {
+  std::string kernel;
+  std::string baseline;
+  uint64_t seed = 0;
+  int64_t cases = -1;
+  double seconds = -1;
+  std::string shard = "0/1";
+  std::string out;
+  std::vector<std::string> merge;
+  std::vector<std::string> checks;
+  std::vector<std::string> generators;
+  int64_t max_seqlen = 160;
+  int max_failures = 1;
+  bool no_shrink = false;
+  bool quiet = false;
+};
+
+// Draws a progress bar (terminal) or a line every tenth of the run / every 5 s (otherwise).
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool quiet) : tty_(isatty(fileno(stderr)) != 0), quiet_(quiet) {}
+  void operator()(const FuzzOptions::Progress& p) {
+    if (quiet_) return;
+    const double rate = p.seconds > 0 ? static_cast<double>(p.done) / p.seconds : 0.0;
+    if (tty_) {
+      std::string bar;
+      if (p.planned > 0) {
+        constexpr int kWidth = 30;
+        const auto filled = static_cast<int>(kWidth * p.done / p.planned);
+        bar = "[" + std::string(static_cast<size_t>(filled), '#') +
+              std::string(static_cast<size_t>(kWidth - filled), '.') + "] ";
+      }
+      std::fprintf(stderr, "\r%s%lld%s cases  %.1f cases/s  %d failure%s%s\x1b[K", bar.c_str(),
+                   static_cast<long long>(p.done),
+                   p.planned >= 0 ? fmt::format("/{}", p.planned).c_str() : "", rate, p.failures,
+                   p.failures == 1 ? "" : "s", p.shrinking ? "  (shrinking)" : "");
+      std::fflush(stderr);
+      dirty_ = true;
+      return;
+    }
+    const int64_t step = p.planned > 0 ? std::max<int64_t>(1, p.planned / 10) : 0;
+    const bool due = p.shrinking || (step > 0 ? p.done % step == 0 || p.done == p.planned
+                                              : p.seconds >= next_time_);
+    if (!due) return;
+    next_time_ = p.seconds + 5;
+    std::fprintf(stderr, "fuzz: %lld%s cases, %.1f cases/s, %d failure%s%s\n",
+                 static_cast<long long>(p.done),
+                 p.planned >= 0 ? fmt::format("/{}", p.planned).c_str() : "", rate, p.failures,
+                 p.failures == 1 ? "" : "s", p.shrinking ? " (shrinking a failure)" : "");
+  }
+  void Finish() {
+    if (dirty_) std::fprintf(stderr, "\n");
+    dirty_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool quiet_;
+  bool dirty_ = false;
+  double next_time_ = 0;
+};
+
+int RunMerge(const FuzzCliOptions& opt) {
+  std::vector<std::filesystem::path> dirs(opt.merge.begin(), opt.merge.end());
+  auto merged = MergeFuzzReports(dirs);
+  if (!merged.ok()) throw UsageError(merged.error().message);
+  const auto& j = *merged;
+  std::cout << fmt::format("merged {} shard report(s) of {} (seed {}): {} cases, {} failure(s)\n",
+                           j["shards"].size(), j["kernel"].get<std::string>(), j["seed"].dump(),
+                           j["cases_run"].get<int64_t>(), j["failures"].size());
+  if (!j["missing_shards"].empty()) {
+    std::cout << "missing shards: " << j["missing_shards"].dump() << "\n";
+  }
+  for (const auto& f : j["failures"]) {
+    std::cout << fmt::format("FAIL {} (case {}, shard {}): {}\n  {}\n",
+                             f["check"].get<std::string>(), f["case_index"].get<int64_t>(),
+                             f["shard"].get<int64_t>(), f["message"].get<std::string>(),
+                             f["repro"].get<std::string>());
+  }
+  if (!opt.out.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opt.out, ec);
+    const auto path = std::filesystem::path(opt.out) / "fuzz-merged.json";
+    std::ofstream(path) << j.dump(2) << "\n";
+    std::cout << "wrote " << path.string() << "\n";
+  }
+  return j["failures"].empty() ? kExitPass : kExitFinding;
+}
+
+int RunFuzzCli(const FuzzCliOptions& opt) {
+  if (!opt.merge.empty()) {
+    if (!opt.kernel.empty() || opt.cases >= 0 || opt.seconds >= 0) {
+      throw UsageError("--merge combines reports: give no --kernel, --cases or --time");
+    }
+    return RunMerge(opt);
+  }
+  if (opt.kernel.empty()) throw UsageError("--kernel is required (or --merge DIR...)");
+  if ((opt.cases >= 0) == (opt.seconds >= 0))
+    throw UsageError("give exactly one of --cases N and --time SEC");
+  std::smatch m;
+  static const std::regex kShard(R"(^(\d+)/(\d+)$)");
+  if (!std::regex_match(opt.shard, m, kShard)) {
+    throw UsageError("--shard: expected I/N (e.g. 0/4), got '" + opt.shard + "'");
+  }
+  FuzzOptions fo;
+  fo.kernel_spec = opt.kernel;
+  fo.seed = opt.seed;
+  if (opt.cases >= 0) fo.cases = opt.cases;
+  if (opt.seconds >= 0) fo.seconds = opt.seconds;
+  fo.shard_index = std::stoll(m[1]);
+  fo.shard_count = std::stoll(m[2]);
+  if (!opt.out.empty()) fo.out_dir = opt.out;
+  fo.checks = opt.checks;
+  fo.limits.max_seqlen = opt.max_seqlen;
+  for (const auto& g : opt.generators) {
+    const auto names = GeneratorNames();
+    if (std::find(names.begin(), names.end(), g) == names.end()) {
+      throw UsageError("--generator: unknown generator '" + g + "'");
+    }
+  }
+  fo.limits.generators = opt.generators;
+  fo.shrink = !opt.no_shrink;
+  fo.max_failures = opt.max_failures;
+  if (fo.max_failures < 1) throw UsageError("--max-failures: must be >= 1");
+  if (fo.limits.max_seqlen < 2) throw UsageError("--max-seqlen: must be >= 2");
+
+  auto kernel = Kernels().Create(opt.kernel);
+  if (!kernel.ok()) throw UsageError(kernel.error().message);
+  std::unique_ptr<Kernel> baseline;
+  if (!opt.baseline.empty()) {
+    auto b = Kernels().Create(opt.baseline);
+    if (!b.ok()) throw UsageError("--baseline: " + b.error().message);
+    baseline = std::move(b).value();
+    fo.baseline = baseline.get();
+    fo.baseline_spec = opt.baseline;
+  }
+  ProgressPrinter printer(opt.quiet);
+  fo.progress = [&](const FuzzOptions::Progress& p) { printer(p); };
+  auto report = RunFuzz(**kernel, fo);
+  printer.Finish();
+  if (!report.ok()) throw UsageError(report.error().message);
+  const double rate = report->seconds > 0 ? report->cases_run / report->seconds : 0.0;
+  std::cout << fmt::format(
+      "fuzz {} seed {} shard {}/{}: {} cases in {:.1f} s ({:.1f} cases/s), "
+      "{} failure(s)\n",
+      opt.kernel, opt.seed, fo.shard_index, fo.shard_count, report->cases_run, report->seconds,
+      rate, report->failures.size());
+  for (const FuzzFailure& f : report->failures) {
+    std::cout << fmt::format("FAIL {} {} (case {}; shrunk in {} steps from {} to {}): {}\n",
+                             f.check, f.tensor.empty() ? "" : f.tensor, f.case_index,
+                             f.shrink_steps, DescribeProblem(f.original.problem),
+                             DescribeProblem(f.shrunk.problem), f.message);
+    if (!f.case_file) std::cout << CaseToText(f.shrunk);
+    std::cout << f.repro << "\n";
+  }
+  return report->failures.empty() ? kExitPass : kExitFinding;
+}
+
+Runner SetupFuzz(CLI::App& sub) {
+  auto opt = std::make_shared<FuzzCliOptions>();
+  sub.add_option("--kernel", opt->kernel, "Kernel to fuzz (see `attest list kernels`)");
+  sub.add_option("--seed", opt->seed, "Run seed: the same seed draws the same cases anywhere");
+  sub.add_option("--cases", opt->cases, "Number of cases (over all shards)");
+  sub.add_option("--time", opt->seconds, "Wall-time budget in seconds (instead of --cases)");
+  sub.add_option("--shard", opt->shard, "I/N: run the cases n with n mod N = I (default 0/1)");
+  sub.add_option("--out", opt->out,
+                 "Directory for <check>-<hash>.case.json files and fuzz-report.json");
+  sub.add_option("--merge", opt->merge, "Combine the fuzz-report.json of these shard directories")
+      ->expected(1, -1);
+  sub.add_option("--baseline", opt->baseline,
+                 "Differential mode: count a failure only if this kernel passes the same case "
+                 "(e.g. a mutant's parent)");
+  sub.add_option("--check", opt->checks, "Check families to draw (repeatable; default all)");
+  sub.add_option("--generator", opt->generators,
+                 "Value distributions to draw (repeatable; default: the calibrated domain, "
+                 "see docs/fuzz.md)");
+  sub.add_option("--max-seqlen", opt->max_seqlen, "Largest Sq, Sk drawn (default 160)");
+  sub.add_option("--max-failures", opt->max_failures,
+                 "Stop after this many failing cases (default 1)");
+  sub.add_flag("--no-shrink", opt->no_shrink, "Save failing cases as drawn");
+  sub.add_flag("--quiet", opt->quiet, "No progress output");
+  return [opt] { return RunFuzzCli(*opt); };
+}
+
+}  // namespace
+
+ATTEST_COMMAND("fuzz", "Search for failing cases from a seed, shrink them, save repro cases", 30,
+               SetupFuzz);
+
+}  // namespace attest::cli

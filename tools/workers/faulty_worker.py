@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""A worker that misbehaves on purpose, for attest's isolation tests (issue 9 acceptance:
+"a worker that exits mid-call"; kernels/exec/exec_kernel_test.cc). It is the NumPy worker,
+except that a chosen request triggers a fault:
+
+  crash          SIGSEGV itself          abort         SIGABRT (os.abort)
+  exit           sys.exit(3) mid-call    hang          sleeps forever
+  hang-child     starts `sleep` in its process group (pid written to --pid-file), then hangs
+  garbage        replies with a line that is not JSON
+  partial        writes half a reply, then exits
+  noise          prints a stray line on the protocol stream before a correct reply
+  no-file        replies "ok" without writing the outputs file
+  missing        writes only the first output tensor
+  wrong-shape    writes the first output with its axes reversed
+  wrong-dtype    writes the first output as int32
+  error          replies {"status": "error", "message": "deliberate failure"}
+  unsupported    replies {"status": "unsupported", "reason": "deliberate refusal"}
+  bad-status     replies {"status": "maybe"}
+  exit-early     exits (code 0) right after answering describe, without reading requests
+  bad-describe   answers describe with garbage
+  route          answers correctly, with the optional "route" field set to "slow path"
+
+--op selects which request (describe, forward, backward; default forward) and
+--when-seqlen-q N restricts the fault to problems with that seqlen_q, so that a test can
+check that the next call, on a fresh worker, succeeds.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import attest_worker as aw
+import numpy_worker as nw
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", required=True)
+    parser.add_argument("--op", default="forward")
+    parser.add_argument("--when-seqlen-q", type=int, default=None)
+    parser.add_argument("--pid-file", default=None)
+    args = parser.parse_args()
+
+    def triggered(op, problem):
+        if op != args.op:
+            return False
+        return args.when_seqlen_q is None or problem["seqlen_q"] == args.when_seqlen_q
+
+    proto = sys.stdout
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request["op"]
+        problem = request.get("problem")
+        if op == "describe":
+            if args.op == "describe" and args.mode == "bad-describe":
+                proto.write("hello, I am not a protocol reply\n")
+            else:
+                proto.write(json.dumps({"status": "ok", "name": "faulty-" + args.mode,
+                                        "capabilities": nw.CAPABILITIES}) + "\n")
+            proto.flush()
+            if args.mode == "exit-early":
+                sys.stdin.close()
+                os._exit(0)
+            continue
+        handler = nw.forward if op == "forward" else nw.backward
+        if not triggered(op, problem):
+            aw.write_safetensors(request["outputs"],
+                                 handler(problem, aw.read_safetensors(request["inputs"])))
+            proto.write('{"status": "ok"}\n')
+            proto.flush()
+            continue
+        mode = args.mode
+        print(f"faulty_worker: fault '{mode}' on {op}", file=sys.stderr, flush=True)
+        if mode == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif mode == "abort":
+            os.abort()
+        elif mode == "exit":
+            sys.exit(3)
+        elif mode in ("hang", "hang-child"):
+            if mode == "hang-child":
+                child = subprocess.Popen(["sleep", "300"])
+                with open(args.pid_file, "w") as f:
+                    f.write(str(child.pid))
+            while True:
+                time.sleep(60)
+        elif mode == "garbage":
+            proto.write("\x00\x01 this is not JSON\n")
+        elif mode == "partial":
+            proto.write('{"status": "o')
+            proto.flush()
+            os._exit(0)
+        elif mode == "noise":
+            proto.write("loading weights... done\n")
+            proto.write('{"status": "ok"}\n')
+        elif mode == "no-file":
+            proto.write('{"status": "ok"}\n')
+        elif mode in ("missing", "wrong-shape", "wrong-dtype"):
+            outputs = handler(problem, aw.read_safetensors(request["inputs"]))
+            first = next(iter(outputs))
+            if mode == "missing":
+                outputs = {first: outputs[first]}
+            elif mode == "wrong-shape":
+                outputs[first] = np.ascontiguousarray(outputs[first].T)
+            else:
+                outputs[first] = aw.Tensor(outputs[first].astype(np.int32), "I32")
+            aw.write_safetensors(request["outputs"], outputs)
+            proto.write('{"status": "ok"}\n')
+        elif mode == "route":
+            aw.write_safetensors(request["outputs"],
+                                 handler(problem, aw.read_safetensors(request["inputs"])))
+            proto.write('{"status": "ok", "route": "slow path"}\n')
+        elif mode == "error":
+            proto.write(json.dumps({"status": "error", "message": "deliberate failure"}) + "\n")
+        elif mode == "unsupported":
+            proto.write(json.dumps({"status": "unsupported", "reason": "deliberate refusal"})
+                        + "\n")
+        elif mode == "bad-status":
+            proto.write('{"status": "maybe"}\n')
+        else:
+            print(f"faulty_worker: unknown mode {mode}", file=sys.stderr)
+            sys.exit(2)
+        proto.flush()
+
+
+if __name__ == "__main__":
+    main()

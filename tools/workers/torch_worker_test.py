@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Checks tools/workers/torch_worker.py against numpy_worker.py through the exec protocol
+itself (both run as workers, fed the same safetensors inputs): forward o and lse and the
+backward gradients agree to bf16 rounding on problems covering each backend's claims, and
+refusals outside the claims are honest ("unsupported"). Exit 77 (skipped) without torch.
+Usage: torch_worker_test.py [--backends sdpa-math,sdpa-flash,flex] [--device cpu]
+(on CPU, sdpa-flash is PyTorch's CPU flash kernel and flex runs eager, forward only)
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import attest_worker as aw  # noqa: E402
+
+try:
+    import torch  # noqa: F401
+except ImportError:
+    print("skip: torch is not importable")
+    sys.exit(77)
+
+
+class Client:
+    def __init__(self, argv):
+        self.p = subprocess.Popen([sys.executable] + argv, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def call(self, request):
+        self.p.stdin.write(json.dumps(request) + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=60)
+
+
+def problem(**kw):
+    p = {"batch": 2, "heads_q": 4, "heads_kv": 2, "seqlen_q": 24, "seqlen_k": 40,
+         "head_dim": 32, "head_dim_v": 32, "dtype": "bf16", "scale": None, "causal": False,
+         "causal_align": "bottom_right", "window": [-1, -1], "softcap": 0.0,
+         "alibi_slopes": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
+    p.update(kw)
+    return p
+
+
+def shapes(p):
+    if p["cu_seqlens_q"] is not None:
+        tq, tk = p["cu_seqlens_q"][-1], p["cu_seqlens_k"][-1]
+        return ((tq, p["heads_q"], p["head_dim"]), (tk, p["heads_kv"], p["head_dim"]),
+                (tk, p["heads_kv"], p["head_dim_v"]), (tq, p["heads_q"], p["head_dim_v"]))
+    b, sq, sk = p["batch"], p["seqlen_q"], p["seqlen_k"]
+    return ((b, sq, p["heads_q"], p["head_dim"]), (b, sk, p["heads_kv"], p["head_dim"]),
+            (b, sk, p["heads_kv"], p["head_dim_v"]), (b, sq, p["heads_q"], p["head_dim_v"]))
+
+
+CASES = {
+    "plain gqa Sq<Sk": problem(),
+    "causal bottom-right Sq<Sk": problem(causal=True),
+    "causal bottom-right Sq>Sk (empty rows)": problem(causal=True, seqlen_q=40, seqlen_k=24),
+    "causal top-left": problem(causal=True, causal_align="top_left"),
+    "window + alibi": problem(window=[6, 2], alibi_slopes=[0.5, 0.25, 0.125, 0.0625]),
+    "softcap causal": problem(causal=True, softcap=5.0),
+    "Dv != D causal": problem(causal=True, head_dim_v=16),
+    "varlen causal": problem(batch=3, causal=True, seqlen_q=16, seqlen_k=20,
+                             cu_seqlens_q=[0, 7, 7, 23], cu_seqlens_k=[0, 9, 15, 35]),
+    "documents": problem(batch=1, seqlen_q=32, seqlen_k=32,
+                         document_ids_q=[[0] * 12 + [1] * 20], document_ids_k=[[0] * 12 + [1] * 20]),
+}
+
+
+def run(backend, device, tmp):
+    ref = Client([os.path.join(HERE, "numpy_worker.py")])
+    dut = Client([os.path.join(HERE, "torch_worker.py"), "--backend", backend, "--device", device])
+    caps = dut.call({"op": "describe"})["capabilities"]
+    ref.call({"op": "describe"})
+    rng = np.random.default_rng(1)
+    failures = 0
+    for name, p in CASES.items():
+        qs, ks, vs, os_ = shapes(p)
+        inputs = {n: aw.Tensor(aw.bf16_codes(rng.standard_normal(s).astype(np.float32)), "BF16")
+                  for n, s in (("q", qs), ("k", ks), ("v", vs))}
+        fin = os.path.join(tmp, "in.safetensors")
+        aw.write_safetensors(fin, inputs)
+        replies = {}
+        for who, c in (("ref", ref), ("dut", dut)):
+            out = os.path.join(tmp, f"{who}.safetensors")
+            r = c.call({"op": "forward", "problem": p, "inputs": fin, "outputs": out})
+            replies[who] = (r, out)
+        r, out = replies["dut"]
+        claimed = all(caps.get(f) for f, on in (
+            ("causal", p["causal"]), ("window", p["window"] != [-1, -1]),
+            ("alibi", p["alibi_slopes"] is not None), ("softcap", p["softcap"] > 0),
+            ("documents", "document_ids_q" in p)) if on)
+        for field, key in (("head_dims", "head_dim"), ("head_dims_v", "head_dim_v")):
+            if caps.get(field) and p[key] not in caps[field]:
+                claimed = False  # an empty list means any value; a list names the claim
+        if r["status"] == "unsupported":
+            verdict = "FAIL (claimed but refused)" if claimed else "ok (honest refusal)"
+            failures += claimed
+            print(f"{backend:10s} {name:40s} {verdict}: {r['reason']}")
+            continue
+        if r["status"] != "ok":
+            print(f"{backend:10s} {name:40s} FAIL: {r}")
+            failures += 1
+            continue
+        a = aw.read_safetensors(replies["dut"][1])
+        b = aw.read_safetensors(replies["ref"][1])
+        o_err = np.abs(aw.to_float(a["o"], np.float64) - aw.to_float(b["o"], np.float64)).max()
+        la, lb = aw.to_float(a["lse"], np.float64), aw.to_float(b["lse"], np.float64)
+        lse_ok = np.array_equal(np.isinf(la), np.isinf(lb))
+        fin_ = np.isfinite(lb)
+        lse_err = np.abs(la[fin_] - lb[fin_]).max() if fin_.any() else 0.0
+        # Backward with the same dO, each from its own forward.
+        do = aw.Tensor(aw.bf16_codes(rng.standard_normal(os_).astype(np.float32)), "BF16")
+        grads = {}
+        for who, c in (("ref", ref), ("dut", dut)):
+            f = aw.read_safetensors(replies[who][1])
+            bin_ = os.path.join(tmp, f"b{who}.safetensors")
+            aw.write_safetensors(bin_, dict(inputs, o=f["o"], lse=f["lse"], do=do))
+            out = os.path.join(tmp, f"g{who}.safetensors")
+            rb = c.call({"op": "backward", "problem": p, "inputs": bin_, "outputs": out})
+            grads[who] = aw.read_safetensors(out) if rb["status"] == "ok" else rb
+        if "status" in grads["dut"] and grads["dut"]["status"] == "unsupported" and \
+                not caps.get("backward"):
+            grads = None  # an honest refusal: this backend claims no backward here
+        elif "status" in grads["dut"] or "status" in grads["ref"]:
+            print(f"{backend:10s} {name:40s} FAIL backward: {grads}")
+            failures += 1
+            continue
+        g_err = 0.0 if grads is None else max(
+            np.abs(aw.to_float(grads["dut"][n], np.float64) -
+                   aw.to_float(grads["ref"][n], np.float64)).max() for n in ("dq", "dk", "dv"))
+        # bf16 outputs: a few bf16 ulps of O(1) values.
+        ok = o_err < 0.03 and lse_ok and lse_err < 1e-3 and g_err < 0.06
+        failures += not ok
+        print(f"{backend:10s} {name:40s} {'ok' if ok else 'FAIL'}: |do|max {o_err:.2e} "
+              f"lse {lse_err:.2e}{'' if lse_ok else ' (inf pattern differs)'} "
+              + (f"grads {g_err:.2e}" if grads is not None else "no backward (not claimed)"))
+    ref.close()
+    dut.close()
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backends", default="sdpa-math,sdpa-flash,flex")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        failures = sum(run(b, args.device, tmp) for b in args.backends.split(","))
+    print(f"torch_worker_test: {'FAIL' if failures else 'ok'} ({failures} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
