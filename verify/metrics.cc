@@ -153,7 +153,9 @@ double UlpDistance(double a, double b, Format f) {
   if (same_side) {
     d = static_cast<double>(oa.whole - ob.whole) + (oa.frac - ob.frac);
   } else {
-    d = static_cast<double>(oa.whole + ob.whole) + (oa.frac + ob.frac);
+    // Summed in double: two f64 ordinals (each up to ~2^62.9) overflow int64 (UBSan saw it
+    // in an audit of a kernel that returned values of opposite sign near the f64 range).
+    d = static_cast<double>(oa.whole) + static_cast<double>(ob.whole) + (oa.frac + ob.frac);
   }
   return std::fabs(d);
 }
