@@ -2,13 +2,14 @@
 """Oracle benchmark (issue "The oracle", item 8): float64 oracle fwd+bwd GFLOP/s and peak
 memory beside OpenBLAS dgemm and a NumPy float64 attention written the usual way
 (materialised score matrix), for B=1, H=8, S in {1024, 2048, 4096, 8192}, D in {64, 128},
-causal and not. Prints one Markdown table and writes it to docs/bench-oracle.md.
+causal and not. Prints one Markdown table (and writes it to --out when given).
 
   build/venv/bin/python3 bench/oracle_bench.py [--bench build/<dir>/bench/oracle_bench]
-      [--threads 2] [--budget 600] [--seqlens 1024,2048,...]
+      [--threads 2] [--budget 600] [--seqlens 1024,2048,...] [--only S,D,full|causal]
 
 FLOPs follow the issue's convention: 14 S^2 D per head for forward + backward (4 forward:
-Q K^T and P V; 10 backward: S recomputed, dP, dV, dQ, dK), halved for causal. Every cell
+Q K^T and P V; 10 backward: S recomputed, dP, dV, dQ, dK), halved for causal, also now that
+the oracle keeps the forward's scores and computes 12 S^2 D (docs/bench-oracle.md). Every cell
 runs in its own process; peak memory is that process's ru_maxrss (getrusage), so it
 includes the inputs and the interpreter or program itself.
 
@@ -148,11 +149,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seqlens", default="1024,2048,4096,8192")
     ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--only", metavar="S,D,MASK",
+                    help="run one cell, e.g. 4096,128,full (MASK: full/none or causal); "
+                         "overrides --seqlens and --head-dims")
     ap.add_argument("--budget", type=float, default=600.0,
                     help="seconds; cells predicted to end past it are skipped")
     ap.add_argument("--numpy-max-gib", type=float, default=12.0,
                     help="skip NumPy cells whose score matrices need more than this")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench-oracle.md"))
+    ap.add_argument("--out", help="also write the table (with its header lines) to this file; "
+                                   "docs/bench-oracle.md quotes it by hand")
     ap.add_argument("--numpy-child", nargs=3, metavar=("S", "D", "CAUSAL"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -175,6 +180,16 @@ def main():
     # Cells in order of size, so that a budget cut drops the largest ones; S=4096 D=128
     # (the acceptance cell) comes before any S=8192 cell.
     cells = [(s, d, c) for s in seqlens for d in head_dims for c in (False, True)]
+    if args.only:
+        try:
+            s, d, mask = args.only.split(",")
+            if mask not in ("full", "none", "causal"):
+                raise ValueError(mask)
+            cells = [(int(s), int(d), mask == "causal")]
+        except ValueError:
+            print(f"oracle_bench.py: --only wants S,D,full|causal, got '{args.only}'",
+                  file=sys.stderr)
+            return 2
     rows, skipped, numpy_info = [], [], None
     oracle_rate = numpy_rate = None  # observed GFLOP/s, to predict whether a cell fits
     for s, d, causal in cells:
@@ -259,9 +274,10 @@ def main():
                  "the cores and the rates above are low by about that factor).")
     text = "\n".join(lines) + "\n"
     print(text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        fh.write(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as fh:
+            fh.write(text)
     return 0
 
 

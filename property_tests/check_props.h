@@ -7,18 +7,21 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "property_tests/rc_gen.h"
 #include "verify/suite.h"
 
 namespace attest {
 
-// Draws a cpu/ model and a case inside its capabilities, runs `check`, and fails the
+// Draws a model of `models` and a case inside its capabilities, runs `check`, and fails the
 // property with the check's message and the case file when the check fails.
-inline void CheckHoldsOnCpuModels(std::string_view check_name, const DrawLimits& limits = {}) {
+inline void CheckHoldsOnModels(std::string_view check_name, const std::vector<std::string>& models,
+                               const DrawLimits& limits = {}) {
   const CheckInfo* check = FindCheck(check_name);
   RC_ASSERT(check != nullptr);
-  const std::string name = *rc::gen::elementOf(CpuModelNames());
+  RC_ASSERT(!models.empty());
+  const std::string name = *rc::gen::elementOf(models);
   auto kernel = Kernels().Create(name);
   RC_ASSERT(kernel.ok());
   const Case c = *GenCase((*kernel)->capabilities(), limits);
@@ -29,6 +32,11 @@ inline void CheckHoldsOnCpuModels(std::string_view check_name, const DrawLimits&
     RC_FAIL(fmt::format("{} fails {} on {}: {}\n{}", name, check_name, DescribeProblem(c.problem),
                         outcome->failing.front().message, CaseToText(c)));
   }
+}
+
+// The same over every cpu/ model.
+inline void CheckHoldsOnCpuModels(std::string_view check_name, const DrawLimits& limits = {}) {
+  CheckHoldsOnModels(check_name, CpuModelNames(), limits);
 }
 
 }  // namespace attest

@@ -79,6 +79,18 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   }
   Tensor ref[5];
   std::optional<GradientTermScales> terms;
+  // The profile's rounding points (tolerance.h Policy::rounding_floor); a file carries no
+  // kernel, so dP is taken as fp32 (FlashAttention's).
+  std::optional<RoundingPoints> points;
+  std::optional<RoundingFloors> floors;
+  if (profile->needs_rounding_floor()) {
+    const Recipe* recipe = FindRecipe(profile->rounding_recipe);
+    if (recipe == nullptr) {
+      return Error{fmt::format("profile {}: no rounding recipe '{}'", profile->name,
+                               profile->rounding_recipe)};
+    }
+    points = RoundingPointsOf(*recipe, p.dtype);
+  }
   auto start = Clock::now();
   try {
     if (any_grad) {
@@ -92,14 +104,26 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
       // dq / dk floors on the terms' magnitude (tolerance.h FloorScale::kTerms).
       if (profile->needs_term_scale()) {
         auto t = ComputeGradientTermScales(p, inputs->q, inputs->k, inputs->v, inputs->dout,
-                                           b.lse, b.delta);
+                                           b.lse);
         if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
         terms = std::move(t).value();
+      }
+      if (points) {
+        auto f = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v,
+                                       inputs->dout, b.lse, b.o, b.delta);
+        if (!f.ok()) return Error{fmt::format("rounding floors: {}", f.error().message)};
+        floors = std::move(f).value();
       }
     } else {
       ForwardOut f = Forward<double>(p, inputs->q, inputs->k, inputs->v, options.oracle);
       ref[0] = f.o;
       ref[1] = f.lse;
+      if (points) {
+        auto r = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v, Tensor(),
+                                       f.lse, Tensor(), Tensor());
+        if (!r.ok()) return Error{fmt::format("rounding floors: {}", r.error().message)};
+        floors = std::move(r).value();
+      }
     }
   } catch (const std::exception& e) {
     return Error{fmt::format("oracle: {}", e.what())};
@@ -139,6 +163,12 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     if (terms && (k == 2 || k == 3)) {
       if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
         return st.error();
+      }
+    }
+    if (floors) {
+      const Tensor* fl[5] = {&floors->o, nullptr, &floors->dq, &floors->dk, &floors->dv};
+      if (fl[k] != nullptr && fl[k]->defined()) {
+        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) return st.error();
       }
     }
     const TensorMetrics* bm = nullptr;

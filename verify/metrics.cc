@@ -401,4 +401,15 @@ Status SetRowTermScales(TensorMetrics& m, const Tensor& terms) {
   return Status::Ok();
 }
 
+Status SetRoundingFloor(TensorMetrics& m, const Tensor& floor) {
+  if (!floor.defined() || floor.numel() != m.elements) {
+    return Error{fmt::format("{}: {} rounding floors for {} elements", m.tensor,
+                             floor.defined() ? floor.numel() : 0, m.elements)};
+  }
+  Tensor t = ToF64(floor);
+  if (!t.contiguous()) t = t.Clone();
+  m.rounding_floor = t;
+  return Status::Ok();
+}
+
 }  // namespace attest

@@ -148,12 +148,18 @@ struct TensorMetrics {
   std::vector<int64_t> row_begin;  // flat index of each row's first element
   // Whether SetRowTermScales filled rows[].term_scale.
   bool has_term_scale = false;
+  // Per-element rounding floors (verify/term_scale.h ComputeRoundingFloors; f64, contiguous,
+  // `elements` values in flat order), undefined unless SetRoundingFloor filled them.
+  Tensor rounding_floor;
 };
 
 // Fills rows[r].term_scale from `terms` (verify/term_scale.h GradientTermScales::dq or ::dk):
 // one value per row of a tensor whose last axis is the row (d) axis, row r taking
 // terms[row_begin[r] / row length]. Errors name the tensor when the counts do not match.
 Status SetRowTermScales(TensorMetrics& m, const Tensor& terms);
+// Sets m.rounding_floor from `floor` (any float dtype, m's element count, flat order);
+// errors name the tensor when the counts differ.
+Status SetRoundingFloor(TensorMetrics& m, const Tensor& floor);
 
 // Compares two tensors of equal shape (any float dtype, any strides; widened exactly).
 // Errors name the tensor when the shapes differ or the layout does not fit the shape.

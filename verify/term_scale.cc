@@ -1,5 +1,6 @@
-// Gradient term magnitudes (see term_scale.h; issue 8; DESIGN.md "Semantics" for P and the
-// mask). Loop order per (batch, kv head, query head in the group, query tile, key tile):
+// Gradient term magnitudes and rounding floors (see term_scale.h; issues 6 and 8; DESIGN.md
+// "Semantics" for P and the mask). Both tile the same way, per (batch, kv head, query head in
+// the group, query tile, key tile). Term magnitudes:
 // S = scale Q_t K_t^T, P = exp(transform(S) - lse) on visible entries, dP = dO_t V_t^T,
 // A = P (|dO||V|^T + Dabs) with Dabs_i = sum_j P_ij (|dO||V|^T)_ij, then dq_acc += A |K_t|
 // and dk_acc += A^T |Q_t| (dgemm each); the result is multiplied by Dv (see below).
@@ -64,8 +65,7 @@ int64_t LseIndex(const Problem& p, int64_t b, int64_t h, const Sequence& seq, in
 
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
-                                                       const Tensor& dout, const Tensor& lse,
-                                                       const Tensor& delta) {
+                                                       const Tensor& dout, const Tensor& lse) {
   if (Status st = Validate(p); !st.ok()) return st.error();
   auto qt = F64Input(q, "q", p.QShape());
   if (!qt.ok()) return qt.error();
@@ -77,23 +77,15 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   if (!dot.ok()) return dot.error();
   auto lt = F64Input(lse, "lse", p.LseShape());
   if (!lt.ok()) return lt.error();
-  auto dt = F64Input(delta, "delta", p.LseShape());
-  if (!dt.ok()) return dt.error();
 
   const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
   const double* Q = qt->data<double>();
   const double* K = kt->data<double>();
-  const double* V = vt->data<double>();
-  const double* DO = dot->data<double>();
   const double* LSE = lt->data<double>();
-  const double* DELTA = dt->data<double>();
   const std::vector<double> abs_q = Abs(*qt);
   const std::vector<double> abs_k = Abs(*kt);
   const std::vector<double> abs_v = Abs(*vt);
   const std::vector<double> abs_do = Abs(*dot);
-  (void)V;
-  (void)DO;
-  (void)DELTA;
   const double scale = p.EffectiveScale();
   const double abs_scale = std::fabs(scale);
   // dS = P (dP - D) cancels two fp32 dot products of length Dv; Higham's gamma_n bound for
@@ -189,6 +181,286 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
         const double* row = dk_acc.data() + j * d;
         const double mx = d > 0 ? *std::max_element(row, row + d) : 0.0;
         dk_terms[(seq.k_begin + j) * hkv + g] = n_dot * abs_scale * mx;
+      }
+    }
+  }
+  return out;
+}
+
+// ---- Rounding floors ----
+
+namespace {
+
+// Rounding error bound of one rounding point: |rnd(x) - x| <= u |x| + eta / 2, in the scaled
+// domain of a pre-scaled operand (x -> rnd(x s) / s: the absolute part shrinks by s).
+struct ErrorBound {
+  double u = 0, half_eta = 0;
+  double operator()(double x) const { return u * std::fabs(x) + half_eta; }
+};
+
+ErrorBound BoundOf(const std::optional<RoundingPoint>& r) {
+  if (!r) return {};
+  const FormatSpec& spec = Spec(r->format);
+  return {std::ldexp(1.0, -(spec.mantissa_bits + 1)),
+          0.5 * std::ldexp(1.0, spec.min_normal_exponent() - spec.mantissa_bits) / r->pre_scale};
+}
+
+// An elementwise rounding to a format narrower than fp32; nullopt otherwise (kNone, fp32 or
+// wider, block schemes: see term_scale.h).
+std::optional<RoundingPoint> PointOf(const OperandScheme& s) {
+  if (s.kind != OperandKind::kElement) return std::nullopt;
+  if (s.element == Format::kF32 || s.element == Format::kF64) return std::nullopt;
+  return RoundingPoint{s.element, s.pre_scale};
+}
+
+std::optional<RoundingPoint> PointOf(std::optional<Format> f) {
+  if (!f || *f == Format::kF32 || *f == Format::kF64) return std::nullopt;
+  return RoundingPoint{*f, 1.0};
+}
+
+// min(sum, sigmas sqrt(sum2)) elementwise into out.
+void Combine(const std::vector<double>& sum, const std::vector<double>& sum2, double* out) {
+  for (size_t e = 0; e < sum.size(); ++e) {
+    out[e] = std::min(sum[e], kRoundingSigmas * std::sqrt(sum2[e]));
+  }
+}
+
+std::vector<double> Squares(const Tensor& t) {
+  std::vector<double> out(t.span<const double>().begin(), t.span<const double>().end());
+  for (double& x : out) x *= x;
+  return out;
+}
+
+}  // namespace
+
+RoundingPoints RoundingPointsOf(const Recipe& recipe, DType dtype, std::optional<Format> dp) {
+  RoundingPoints r;
+  r.p_pv = PointOf(recipe.pv.a.scheme);
+  r.p_pdo = PointOf(recipe.pdo.a.scheme);
+  r.ds_dq = PointOf(recipe.dsk.a.scheme);
+  r.ds_dk = PointOf(recipe.dsq.a.scheme);
+  r.dp = PointOf(dp ? dp : recipe.dp);
+  if (recipe.delta == DeltaSource::kRoundedO) {
+    const std::optional<Format> out = recipe.output ? recipe.output : FormatOf(dtype);
+    if (PointOf(out)) r.delta_o = out;
+  }
+  return r;
+}
+
+Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingPoints& points,
+                                               const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& dout, const Tensor& lse,
+                                               const Tensor& o, const Tensor& delta) {
+  if (Status st = Validate(p); !st.ok()) return st.error();
+  const bool backward = dout.defined();
+  auto qt = F64Input(q, "q", p.QShape());
+  if (!qt.ok()) return qt.error();
+  auto kt = F64Input(k, "k", p.KShape());
+  if (!kt.ok()) return kt.error();
+  auto vt = F64Input(v, "v", p.VShape());
+  if (!vt.ok()) return vt.error();
+  auto lt = F64Input(lse, "lse", p.LseShape());
+  if (!lt.ok()) return lt.error();
+  Tensor dot_t, ot, dt;
+  if (backward) {
+    auto x = F64Input(dout, "do", p.OShape());
+    if (!x.ok()) return x.error();
+    auto y = F64Input(o, "o", p.OShape());
+    if (!y.ok()) return y.error();
+    auto z = F64Input(delta, "delta", p.LseShape());
+    if (!z.ok()) return z.error();
+    dot_t = *x;
+    ot = *y;
+    dt = *z;
+  }
+
+  const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
+  const double* Q = qt->data<double>();
+  const double* K = kt->data<double>();
+  const double* V = vt->data<double>();
+  const double* LSE = lt->data<double>();
+  const double* DO = backward ? dot_t.data<double>() : nullptr;
+  const double* O = backward ? ot.data<double>() : nullptr;
+  const double* DELTA = backward ? dt.data<double>() : nullptr;
+  const std::vector<double> abs_q = Abs(*qt), sq_q = Squares(*qt);
+  const std::vector<double> abs_k = Abs(*kt), sq_k = Squares(*kt);
+  const std::vector<double> abs_v = Abs(*vt), sq_v = Squares(*vt);
+  const std::vector<double> abs_do = backward ? Abs(dot_t) : std::vector<double>();
+  const std::vector<double> sq_do = backward ? Squares(dot_t) : std::vector<double>();
+  const double scale = p.EffectiveScale();
+  const double abs_scale = std::fabs(scale);
+  const ErrorBound e_pv = BoundOf(points.p_pv), e_pdo = BoundOf(points.p_pdo);
+  const ErrorBound e_ds_dq = BoundOf(points.ds_dq), e_ds_dk = BoundOf(points.ds_dk);
+  const ErrorBound e_dp = BoundOf(points.dp);
+  const ErrorBound e_o = BoundOf(PointOf(points.delta_o));
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+  RoundingFloors out;
+  out.o = Tensor::Zeros(DType::kF64, p.OShape());
+  if (backward) {
+    out.dq = Tensor::Zeros(DType::kF64, p.QShape());
+    out.dk = Tensor::Zeros(DType::kF64, p.KShape());
+    out.dv = Tensor::Zeros(DType::kF64, p.VShape());
+  }
+  if (!points.any()) return out;
+
+  const int64_t ldq = hq * d, ldk = hkv * d, ldv = hkv * dv, ldo = hq * dv;
+  const size_t area = static_cast<size_t>(kTileQ * kTileK);
+  std::vector<double> s(area), dp(area), e1(area), e2(area), e3(area), e4(area), e5(area);
+  std::vector<double> o1(static_cast<size_t>(kTileQ * dv)), o2(o1.size());
+  std::vector<double> q1(static_cast<size_t>(kTileQ * d)), q2(q1.size()), qc(q1.size());
+  std::vector<double> dd(static_cast<size_t>(kTileQ));
+  std::vector<double> k1, k2, v1, v2;
+  // Squares of the weights, for the sqrt(sum b^2) part.
+  const auto square = [](const std::vector<double>& a, std::vector<double>& b, size_t n) {
+    for (size_t e = 0; e < n; ++e) b[e] = a[e] * a[e];
+  };
+  std::vector<double> sq(area);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const MaskView mask(p, b);
+    const Sequence& seq = mask.sequence();
+    if (seq.q_len == 0 || seq.k_len == 0) continue;
+    for (int64_t g = 0; g < hkv; ++g) {
+      if (backward) {
+        k1.assign(static_cast<size_t>(seq.k_len * d), 0.0);
+        k2.assign(k1.size(), 0.0);
+        v1.assign(static_cast<size_t>(seq.k_len * dv), 0.0);
+        v2.assign(v1.size(), 0.0);
+      }
+      for (int64_t h = g * p.gqa_ratio(); h < (g + 1) * p.gqa_ratio(); ++h) {
+        const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
+        for (int64_t i0 = 0; i0 < seq.q_len; i0 += kTileQ) {
+          const int64_t tq = std::min(kTileQ, seq.q_len - i0);
+          const int64_t qrow0 = seq.q_begin + i0;
+          std::fill(o1.begin(), o1.end(), 0.0);
+          std::fill(o2.begin(), o2.end(), 0.0);
+          std::fill(q1.begin(), q1.end(), 0.0);
+          std::fill(q2.begin(), q2.end(), 0.0);
+          std::fill(qc.begin(), qc.end(), 0.0);
+          // dD_i: the error of D_i = sum_d dO_id o_id when o is rounded to its output format.
+          for (int64_t r = 0; r < tq; ++r) {
+            double a1 = 0, a2 = 0;
+            if (backward && points.delta_o) {
+              for (int64_t c = 0; c < dv; ++c) {
+                const int64_t at = ((qrow0 + r) * hq + h) * dv + c;
+                const double a = e_o(O[at]) * std::fabs(DO[at]);
+                a1 += a;
+                a2 += a * a;
+              }
+            }
+            dd[static_cast<size_t>(r)] = std::min(a1, kRoundingSigmas * std::sqrt(a2));
+          }
+          for (int64_t j0 = 0; j0 < seq.k_len; j0 += kTileK) {
+            const int64_t tk = std::min(kTileK, seq.k_len - j0);
+            const int64_t krow0 = seq.k_begin + j0;
+            bool any = false;
+            for (int64_t r = 0; r < tq && !any; ++r) {
+              const auto [lo, hi] = mask.KeyBounds(i0 + r);
+              any = std::max(lo, j0) < std::min(hi, j0 + tk);
+            }
+            if (!any) continue;
+            const size_t n = static_cast<size_t>(tq * tk);
+            Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
+                 K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
+            if (backward) {
+              Gemm(false, true, tq, tk, dv, 1.0, DO + (qrow0 * hq + h) * dv, ldo,
+                   V + (krow0 * hkv + g) * dv, ldv, 0.0, dp.data(), tk);
+            }
+            // e5: o's weights; e4: dv's; e1: dq's independent, e2: dq's shared (x dD_i), e3:
+            // dk's. All 0 where masked.
+            for (int64_t r = 0; r < tq; ++r) {
+              const int64_t i = i0 + r;
+              const int64_t li = LseIndex(p, b, h, seq, i);
+              const double row_lse = LSE[li];
+              const double row_d = backward ? DELTA[li] : 0.0;
+              const double row_dd = dd[static_cast<size_t>(r)];
+              const auto [lo, hi] = mask.KeyBounds(i);
+              for (int64_t c = 0; c < tk; ++c) {
+                const size_t at = static_cast<size_t>(r * tk + c);
+                const int64_t j = j0 + c;
+                const bool visible = row_lse != kNegInf && j >= lo && j < hi &&
+                                     (mask.interval_only() || mask.Visible(i, j));
+                if (!visible) {
+                  e1[at] = e2[at] = e3[at] = e4[at] = e5[at] = 0;
+                  continue;
+                }
+                const double raw = s[at];
+                const double sc = TransformScore(raw, p.softcap, slope, mask.AlibiDistance(i, j));
+                double tprime = 1;
+                if (p.softcap > 0) {
+                  const double t = std::tanh(raw / p.softcap);
+                  tprime = 1 - t * t;
+                }
+                const double prob = std::exp(sc - row_lse);
+                e5[at] = e_pv(prob);
+                if (!backward) continue;
+                const double dpv = dp[at];
+                const double ds = prob * (dpv - row_d) * tprime;
+                const double pt = prob * tprime;
+                e4[at] = e_pdo(prob);
+                e1[at] = abs_scale * (e_ds_dq(ds) + pt * e_dp(dpv));
+                e2[at] = abs_scale * pt;
+                e3[at] = abs_scale * (e_ds_dk(ds) + pt * (e_dp(dpv) + row_dd));
+              }
+            }
+            const double* av = abs_v.data() + (krow0 * hkv + g) * dv;
+            const double* sv = sq_v.data() + (krow0 * hkv + g) * dv;
+            Gemm(false, false, tq, dv, tk, 1.0, e5.data(), tk, av, ldv, 1.0, o1.data(), dv);
+            square(e5, sq, n);
+            Gemm(false, false, tq, dv, tk, 1.0, sq.data(), tk, sv, ldv, 1.0, o2.data(), dv);
+            if (!backward) continue;
+            const double* ak = abs_k.data() + (krow0 * hkv + g) * d;
+            const double* sk = sq_k.data() + (krow0 * hkv + g) * d;
+            Gemm(false, false, tq, d, tk, 1.0, e1.data(), tk, ak, ldk, 1.0, q1.data(), d);
+            square(e1, sq, n);
+            Gemm(false, false, tq, d, tk, 1.0, sq.data(), tk, sk, ldk, 1.0, q2.data(), d);
+            Gemm(false, false, tq, d, tk, 1.0, e2.data(), tk, ak, ldk, 1.0, qc.data(), d);
+            const double* aq = abs_q.data() + (qrow0 * hq + h) * d;
+            const double* sqq = sq_q.data() + (qrow0 * hq + h) * d;
+            Gemm(true, false, tk, d, tq, 1.0, e3.data(), tk, aq, ldq, 1.0, k1.data() + j0 * d, d);
+            square(e3, sq, n);
+            Gemm(true, false, tk, d, tq, 1.0, sq.data(), tk, sqq, ldq, 1.0, k2.data() + j0 * d, d);
+            const double* ado = abs_do.data() + (qrow0 * hq + h) * dv;
+            const double* sdo = sq_do.data() + (qrow0 * hq + h) * dv;
+            Gemm(true, false, tk, dv, tq, 1.0, e4.data(), tk, ado, ldo, 1.0, v1.data() + j0 * dv,
+                 dv);
+            square(e4, sq, n);
+            Gemm(true, false, tk, dv, tq, 1.0, sq.data(), tk, sdo, ldo, 1.0, v2.data() + j0 * dv,
+                 dv);
+          }
+          double* of = out.o.data<double>();
+          for (int64_t r = 0; r < tq; ++r) {
+            for (int64_t c = 0; c < dv; ++c) {
+              const size_t at = static_cast<size_t>(r * dv + c);
+              of[((qrow0 + r) * hq + h) * dv + c] =
+                  std::min(o1[at], kRoundingSigmas * std::sqrt(o2[at]));
+            }
+          }
+          if (!backward) continue;
+          double* qf = out.dq.data<double>();
+          for (int64_t r = 0; r < tq; ++r) {
+            for (int64_t c = 0; c < d; ++c) {
+              const size_t at = static_cast<size_t>(r * d + c);
+              qf[((qrow0 + r) * hq + h) * d + c] =
+                  std::min(q1[at], kRoundingSigmas * std::sqrt(q2[at])) +
+                  dd[static_cast<size_t>(r)] * qc[at];
+            }
+          }
+        }
+      }
+      if (!backward) continue;
+      std::vector<double> kf(k1.size()), vf(v1.size());
+      Combine(k1, k2, kf.data());
+      Combine(v1, v2, vf.data());
+      double* dkf = out.dk.data<double>();
+      double* dvf = out.dv.data<double>();
+      for (int64_t j = 0; j < seq.k_len; ++j) {
+        for (int64_t c = 0; c < d; ++c) {
+          dkf[((seq.k_begin + j) * hkv + g) * d + c] = kf[static_cast<size_t>(j * d + c)];
+        }
+        for (int64_t c = 0; c < dv; ++c) {
+          dvf[((seq.k_begin + j) * hkv + g) * dv + c] = vf[static_cast<size_t>(j * dv + c)];
+        }
       }
     }
   }

@@ -13,9 +13,36 @@
 // H200 2026-12-02: with |dP| and |D| in place of W and Dabs (cancelled values) PyTorch's
 // flash/efficient/cudnn backward noise reached 21-42 fp32 ULPs of that smaller magnitude.
 // (|1 - tanh^2| <= 1, so softcap keeps these upper bounds of |dS| |k| and |dS| |q|).
+//
+// The rounding floors (issue 6, "no false positives on tiny cases"): a FlashAttention-2 style
+// kernel rounds P and dS to its input format before their GEMMs, and D = rowsum(dO o) reads
+// the rounded O; the "pt" baseline of the bf16 / f16 profiles (SDPA math: fp32 inside, each
+// output rounded once) rounds none of them. With few terms the pt error is one unlucky sample
+// and k x pt falls far below what those declared rounding points legitimately cost (the
+// baseline-ratio bound collapsing, REFERENCES.md "Their pass rules"). Each rounding point
+// adds, to first order, sum_j delta_j t_j to an output element, |delta_j| <= e(x_j) = u |x_j| +
+// eta / 2 (u the unit roundoff, eta the smallest subnormal spacing, in the scaled domain of a
+// pre-scaled operand), t_j the term's other factor. ComputeRoundingFloors bounds it per
+// element by min(sum_j b_j, kRoundingSigmas sqrt(sum_j b_j^2)), b_j = e(x_j) |t_j|: the
+// worst case while a row has at most kRoundingSigmas^2 terms, and for longer rows a bound that
+// holds with overwhelming probability for independent rounding errors (their standard
+// deviation is at most sqrt(sum b_j^2)), so it does not grow like n the way the worst case
+// does. Per element:
+//   o_id   = sum_j rnd(P_ij) v_jd / l_i           b_j = e_pv(P_ij) |v_jd|
+//   dv_jd  = sum_i rnd(P_ij) dO_id                b_i = e_pdo(P_ij) |dO_id|
+//   dq_id  = scale sum_j rnd(dS_ij) k_jd          b_j = |scale| (e_dsk(dS_ij) + P_ij t'_ij e_dp(dP_ij)) |k_jd|
+//            + |scale| dD_i sum_j P_ij t'_ij |k_jd|  (D's rounding is shared by the row: worst case)
+//   dk_jd  = scale sum_{h, i} rnd(dS_ij) q_id     b_i = |scale| (e_dsq(dS_ij) + P_ij t'_ij (e_dp(dP_ij) + dD_i)) |q_id|
+// with dS = P (dP - D) t' (t' = 1 - tanh^2 under softcap, else 1) from the oracle's P, dP and
+// D, and dD_i = min(sum_d a_d, kRoundingSigmas sqrt(sum_d a_d^2)), a_d = e_out(o_id) |dO_id|,
+// the error of D when it reads O rounded to the output format.
 #pragma once
 
+#include <optional>
+
+#include "reference/formats/format.h"
 #include "reference/problem/problem.h"
+#include "reference/recipes/recipe.h"
 #include "reference/status.h"
 #include "reference/tensor.h"
 
@@ -29,15 +56,61 @@ struct GradientTermScales {
   Tensor dk;
 };
 
-// q, k, v, dout: f64 inputs of the problem's shapes; lse and delta: the oracle's forward lse
-// and D = rowsum(dO o) (reference/oracle/oracle.h BackwardOut), lse's shape (-inf lse marks
-// an empty row). P = exp(s - lse) with s the oracle's score (mask.h TransformScore, MaskView).
+// q, k, v, dout: f64 inputs of the problem's shapes; lse: the oracle's forward lse
+// (reference/oracle/oracle.h BackwardOut), lse's shape (-inf lse marks an empty row). P = exp(s - lse) with s the oracle's score (mask.h TransformScore, MaskView).
 // Tiled over query blocks and key blocks with cblas_dgemm: memory beyond the inputs is one
 // tile plus one [k_len, D] accumulator per kv head. Errors name the tensor whose shape or
 // dtype is wrong.
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
-                                                       const Tensor& dout, const Tensor& lse,
-                                                       const Tensor& delta);
+                                                       const Tensor& dout, const Tensor& lse);
+
+// ---- Rounding floors ----
+
+// Sigmas of the high-probability part of the rounding floor (see the top of this file):
+// exact worst case for rows of up to 16 terms.
+inline constexpr double kRoundingSigmas = 4;
+
+// Values rounded elementwise to `format` after multiplying by `pre_scale` (a power of two).
+struct RoundingPoint {
+  Format format = Format::kF32;
+  double pre_scale = 1;
+};
+
+// The elementwise rounding points of a kernel (recipe.h's names); nullopt where the value
+// stays in fp32 (or wider) or is block-scaled (a block scheme's error is not relative to the
+// element; the profiles of such recipes judge against the recipe reference, which carries
+// those roundings itself).
+struct RoundingPoints {
+  std::optional<RoundingPoint> p_pv;   // P before P.V
+  std::optional<RoundingPoint> p_pdo;  // P before P^T.dO
+  std::optional<RoundingPoint> ds_dq;  // dS before dS.K
+  std::optional<RoundingPoint> ds_dk;  // dS before dS^T.Q
+  std::optional<RoundingPoint> dp;     // dP before dP - D
+  std::optional<Format> delta_o;       // O's format when D = rowsum(dO o) reads the rounded O
+  bool any() const { return p_pv || p_pdo || ds_dq || ds_dk || dp || delta_o; }
+};
+
+// The rounding points `recipe` declares for problems of `dtype`; `dp` overrides recipe.dp (a
+// kernel's BackwardDpFormat).
+RoundingPoints RoundingPointsOf(const Recipe& recipe, DType dtype,
+                                std::optional<Format> dp = std::nullopt);
+
+// Per-element floors, f64, contiguous, the shapes of o, dq, dk, dv (the gradients undefined
+// when dout is undefined). Exactly 0 where no rounding point acts (masked rows, keys no query
+// sees, a recipe that rounds nothing).
+struct RoundingFloors {
+  Tensor o, dq, dk, dv;
+};
+
+// q, k, v, dout (undefined: forward only): f64 inputs of the problem's shapes (the operands
+// the kernel multiplies: quantised ones for a recipe gradient); lse, o, delta: the oracle's
+// outputs on those inputs (delta and o only read with dout). Tiled like
+// ComputeGradientTermScales, cblas_dgemm for every sum over keys or queries. Errors name the
+// tensor whose shape or dtype is wrong.
+Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingPoints& points,
+                                               const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& dout, const Tensor& lse,
+                                               const Tensor& o, const Tensor& delta);
 
 }  // namespace attest

@@ -1,7 +1,10 @@
 // Tests of verify/term_scale.h (issue 8): the tiled dgemm computation against a naive loop
 // over every mask / score feature, the Sk = 1 case whose exact dq, dk vanish while the terms
 // do not, and the FloorScale::kTerms floor end to end (rounding-sized noise on a cancelled
-// row passes, a mutant-sized error still fails).
+// row passes, a mutant-sized error still fails); the rounding floors (issue 6): the tiled
+// computation against their definition on the same features, FlashAttention-2's recipe
+// reference bounded by them on tiny cases (and reaching most of them), the profile wiring and
+// Evaluate's max(k x pt, R_e).
 #include "verify/term_scale.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +19,8 @@
 #include "reference/oracle/oracle.h"
 #include "reference/problem/inputs.h"
 #include "reference/problem/mask.h"
+#include "reference/recipes/recipe.h"
+#include "verify/baseline.h"
 #include "verify/compare.h"
 #include "verify/metrics.h"
 #include "verify/tolerance.h"
@@ -118,16 +123,146 @@ Computed RunCase(const Problem& p, uint64_t seed = 7) {
   auto in = MakeCaseInputs(MakeCase(p, seed));
   EXPECT_TRUE(in.ok()) << in.error().message;
   Computed c{*in, Backward<double>(p, in->q, in->k, in->v, in->dout), {}};
-  auto t = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse,
-                                     c.ref.delta);
+  auto t = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse);
   EXPECT_TRUE(t.ok()) << t.error().message;
   c.terms = *t;
   return c;
 }
 
+// The rounding floors by their definition (term_scale.h), one element at a time, for the
+// bf16 recipe's points plus an f16 dP (every kind of rounding point acts).
+RoundingPoints TestPoints() {
+  RoundingPoints pts = RoundingPointsOf(*FindRecipe("bf16"), DType::kBF16, Format::kF16);
+  EXPECT_TRUE(pts.p_pv && pts.p_pdo && pts.ds_dq && pts.ds_dk && pts.dp && pts.delta_o);
+  return pts;
+}
+
+double ErrBound(const std::optional<RoundingPoint>& r, double x) {
+  if (!r) return 0;
+  const FormatSpec& spec = Spec(r->format);
+  return std::ldexp(1.0, -(spec.mantissa_bits + 1)) * std::fabs(x) +
+         0.5 * std::ldexp(1.0, spec.min_normal_exponent() - spec.mantissa_bits) / r->pre_scale;
+}
+
+RoundingFloors NaiveFloors(const Problem& p, const RoundingPoints& pts, const CaseInputs& in,
+                           const BackwardOut& ref) {
+  const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
+  const double* Q = in.q.data<double>();
+  const double* K = in.k.data<double>();
+  const double* V = in.v.data<double>();
+  const double* DO = in.dout.data<double>();
+  const double* O = ref.o.data<double>();
+  const double scale = p.EffectiveScale();
+  const double sig = kRoundingSigmas;
+  std::vector<double> o1(static_cast<size_t>(p.TotalQ() * hq * dv), 0), o2(o1.size(), 0);
+  std::vector<double> q1(static_cast<size_t>(p.TotalQ() * hq * d), 0), q2(q1.size(), 0),
+      qc(q1.size(), 0), qdd(q1.size(), 0);
+  std::vector<double> k1(static_cast<size_t>(p.TotalK() * hkv * d), 0), k2(k1.size(), 0);
+  std::vector<double> v1(static_cast<size_t>(p.TotalK() * hkv * dv), 0), v2(v1.size(), 0);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const MaskView mask(p, b);
+    const Sequence seq = SequenceOf(p, b);
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t g = p.KvHead(h);
+      const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
+      for (int64_t i = 0; i < seq.q_len; ++i) {
+        const int64_t lse_at = p.varlen() ? h * p.TotalQ() + seq.q_begin + i
+                                          : (b * hq + h) * p.seqlen_q + i;
+        const double lse = ref.lse.data<double>()[lse_at];
+        if (lse == kNegInf) continue;
+        const double delta = ref.delta.data<double>()[lse_at];
+        const int64_t qi = (seq.q_begin + i) * hq + h;
+        double a1 = 0, a2 = 0;
+        for (int64_t c = 0; c < dv; ++c) {
+          const double a = ErrBound(RoundingPoint{*pts.delta_o, 1.0}, O[qi * dv + c]) *
+                           std::fabs(DO[qi * dv + c]);
+          a1 += a;
+          a2 += a * a;
+        }
+        const double dd = std::min(a1, sig * std::sqrt(a2));
+        for (int64_t j = 0; j < seq.k_len; ++j) {
+          if (!mask.Visible(i, j)) continue;
+          const int64_t kj = (seq.k_begin + j) * hkv + g;
+          double dot = 0, dp = 0;
+          for (int64_t c = 0; c < d; ++c) dot += Q[qi * d + c] * K[kj * d + c];
+          for (int64_t c = 0; c < dv; ++c) dp += DO[qi * dv + c] * V[kj * dv + c];
+          const double raw = scale * dot;
+          const double sc = TransformScore(raw, p.softcap, slope, mask.AlibiDistance(i, j));
+          const double tp = p.softcap > 0 ? 1 - std::pow(std::tanh(raw / p.softcap), 2) : 1.0;
+          const double prob = std::exp(sc - lse);
+          const double ds = prob * (dp - delta) * tp;
+          for (int64_t c = 0; c < dv; ++c) {
+            const double bo = ErrBound(pts.p_pv, prob) * std::fabs(V[kj * dv + c]);
+            o1[static_cast<size_t>(qi * dv + c)] += bo;
+            o2[static_cast<size_t>(qi * dv + c)] += bo * bo;
+            const double bv = ErrBound(pts.p_pdo, prob) * std::fabs(DO[qi * dv + c]);
+            v1[static_cast<size_t>(kj * dv + c)] += bv;
+            v2[static_cast<size_t>(kj * dv + c)] += bv * bv;
+          }
+          for (int64_t c = 0; c < d; ++c) {
+            const double bq = std::fabs(scale) *
+                              (ErrBound(pts.ds_dq, ds) + prob * tp * ErrBound(pts.dp, dp)) *
+                              std::fabs(K[kj * d + c]);
+            q1[static_cast<size_t>(qi * d + c)] += bq;
+            q2[static_cast<size_t>(qi * d + c)] += bq * bq;
+            qc[static_cast<size_t>(qi * d + c)] +=
+                std::fabs(scale) * prob * tp * std::fabs(K[kj * d + c]) * dd;
+            const double bk = std::fabs(scale) *
+                              (ErrBound(pts.ds_dk, ds) + prob * tp * (ErrBound(pts.dp, dp) + dd)) *
+                              std::fabs(Q[qi * d + c]);
+            k1[static_cast<size_t>(kj * d + c)] += bk;
+            k2[static_cast<size_t>(kj * d + c)] += bk * bk;
+          }
+        }
+      }
+    }
+  }
+  const auto combine = [&](const std::vector<double>& a, const std::vector<double>& a2,
+                           const std::vector<double>* extra, const Shape& shape) {
+    Tensor t = Tensor::Zeros(DType::kF64, shape);
+    for (size_t e = 0; e < a.size(); ++e) {
+      t.data<double>()[e] = std::min(a[e], sig * std::sqrt(a2[e])) + (extra ? (*extra)[e] : 0);
+    }
+    return t;
+  };
+  return {combine(o1, o2, nullptr, p.OShape()), combine(q1, q2, &qc, p.QShape()),
+          combine(k1, k2, nullptr, p.KShape()), combine(v1, v2, nullptr, p.VShape())};
+}
+
+void ExpectFloorsMatchNaive(const Problem& p, const Computed& c) {
+  const RoundingPoints pts = TestPoints();
+  auto got = ComputeRoundingFloors(p, pts, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse,
+                                   c.ref.o, c.ref.delta);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  const RoundingFloors want = NaiveFloors(p, pts, c.in, c.ref);
+  for (const auto& [g_t, w_t, name] :
+       {std::tuple{&got->o, &want.o, "o"}, std::tuple{&got->dq, &want.dq, "dq"},
+        std::tuple{&got->dk, &want.dk, "dk"}, std::tuple{&got->dv, &want.dv, "dv"}}) {
+    ASSERT_EQ(g_t->shape(), w_t->shape()) << name;
+    const auto g = g_t->span<const double>();
+    const auto w = w_t->span<const double>();
+    int64_t nonzero = 0;
+    for (size_t e = 0; e < g.size(); ++e) {
+      EXPECT_NEAR(g[e], w[e], 1e-10 * std::fabs(w[e]) + 1e-300) << "floor " << name << " " << e;
+      if (w[e] == 0) EXPECT_EQ(g[e], 0.0) << "floor " << name << " " << e << " sees nothing";
+      nonzero += w[e] != 0;
+    }
+    EXPECT_GT(nonzero, 0) << "floor " << name;
+  }
+  // Forward only: the same o floor.
+  auto fwd = ComputeRoundingFloors(p, pts, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse,
+                                   Tensor(), Tensor());
+  ASSERT_TRUE(fwd.ok()) << fwd.error().message;
+  EXPECT_FALSE(fwd->dq.defined());
+  const auto fo = fwd->o.span<const double>();
+  const auto go = got->o.span<const double>();
+  for (size_t e = 0; e < fo.size(); ++e) ASSERT_EQ(fo[e], go[e]) << "forward-only o " << e;
+}
+
 void ExpectMatchesNaive(const Problem& p, const char* what) {
   SCOPED_TRACE(what);
   const Computed c = RunCase(p);
+  ExpectFloorsMatchNaive(p, c);
   const GradientTermScales naive = Naive(p, c.in, c.ref);
   for (const auto& [got, want, name] :
        {std::tuple{&c.terms.dq, &naive.dq, "dq"}, std::tuple{&c.terms.dk, &naive.dk, "dk"}}) {
@@ -253,12 +388,10 @@ TEST(GradientTermScales, SingleKeyCancelsExactlyButTermsDoNot) {
 TEST(GradientTermScales, ErrorsNameTheTensor) {
   Problem p = Base();
   const Computed c = RunCase(p);
-  auto bad = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse,
-                                       c.ref.dq);
+  auto bad = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.dq);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("delta"), std::string::npos) << bad.error().message;
-  auto no_do = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse,
-                                         c.ref.delta);
+  EXPECT_NE(bad.error().message.find("lse"), std::string::npos) << bad.error().message;
+  auto no_do = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse);
   ASSERT_FALSE(no_do.ok());
   EXPECT_NE(no_do.error().message.find("do"), std::string::npos) << no_do.error().message;
 }
@@ -428,7 +561,9 @@ TEST(TermsFloor, CompareOutputsFillsTermsForDq) {
   for (int64_t e = 0; e < noisy.numel(); ++e) {
     n[e] = (e % 3 ? 1 : -1) * std::ldexp(k.terms.dq.data<double>()[e / p.head_dim], -24);
   }
-  // The bf16 profile (dq floors on terms) passes; the same profile with the row floor fails.
+  // The bf16 profile (dq floors on terms) passes; the same profile with the row floor alone
+  // (no terms, no rounding floor: with one key D's rounding from the bf16 O is a legitimate
+  // error of this size, term_scale.h) fails.
   auto with_terms = CompareWithDq(c, noisy, nullptr);
   ASSERT_TRUE(with_terms.ok()) << with_terms.error().message;
   const Verdict* v = Find(with_terms->report, "dq");
@@ -436,7 +571,10 @@ TEST(TermsFloor, CompareOutputsFillsTermsForDq) {
   EXPECT_TRUE(v->pass) << v->message;
   Profile row_only = *FindProfile("bf16");
   for (TensorPolicies& t : row_only.tensors) {
-    for (Policy& pol : t.policies) pol.floor_scale = FloorScale::kRow;
+    for (Policy& pol : t.policies) {
+      pol.floor_scale = FloorScale::kRow;
+      pol.rounding_floor = false;
+    }
   }
   auto with_row = CompareWithDq(c, noisy, &row_only);
   ASSERT_TRUE(with_row.ok());
@@ -457,6 +595,124 @@ TEST(TermsFloor, CompareOutputsFillsTermsForDq) {
   ASSERT_NE(b, nullptr);
   EXPECT_FALSE(b->pass) << b->message;
   std::printf("dq x 1.05: margin %.3g (%s)\n", b->margin, b->message.c_str());
+}
+
+// The floor bounds what it claims to bound: FlashAttention-2's recipe reference
+// (baseline.h RecipeReferenceBackward: P and dS rounded to the input dtype, D from the rounded
+// O, everything else float64, outputs rounded once) differs from the oracle by at most the
+// rounding floor plus its own output rounding, on the tiny cases where the SDPA-math "pt"
+// collapses (Sq, Sk <= 6: every row within the floor's exact worst-case range of 16 terms).
+// And the floor is not vacuous: the largest ratio is reported and must exceed 0.2.
+TEST(RoundingFloors, BoundFlashAttention2RoundingOnTinyCases) {
+  double worst = 0;
+  int64_t cases = 0;
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const Recipe& recipe = *FindRecipe(dtype == DType::kBF16 ? "bf16" : "f16");
+    const Format f = *FormatOf(dtype);
+    const RoundingPoints pts = RoundingPointsOf(recipe, dtype);
+    for (uint64_t seed = 1; seed <= 60; ++seed) {
+      Problem p;
+      p.batch = 1;
+      p.heads_q = 2;
+      p.heads_kv = seed % 2 ? 1 : 2;
+      p.seqlen_q = 1 + static_cast<int64_t>(seed % 3) * 2;
+      p.seqlen_k = 1 + static_cast<int64_t>(seed % 6);
+      p.head_dim = 16;
+      p.head_dim_v = seed % 4 ? 16 : 32;
+      p.causal = seed % 5 == 0;
+      p.softcap = seed % 7 == 0 ? 1.0 : 0.0;
+      p.dtype = dtype;
+      Case c;
+      c.problem = p;
+      c.generator = seed % 2 ? GeneratorSpec{"outlier-channels", seed,
+                                             nlohmann::json{{"count", 1}, {"scale", 8.0}}}
+                             : GeneratorSpec{"gaussian", seed, nlohmann::json{{"std", 3.0}}};
+      auto in = MakeCaseInputs(c);
+      ASSERT_TRUE(in.ok()) << in.error().message;
+      const BackwardOut ref = Backward<double>(p, in->q, in->k, in->v, in->dout);
+      auto rr = RecipeReferenceBackward(p, recipe, in->q, in->k, in->v, in->dout);
+      ASSERT_TRUE(rr.ok()) << rr.error().message;
+      auto fl = ComputeRoundingFloors(p, pts, in->q, in->k, in->v, in->dout, ref.lse, ref.o,
+                                      ref.delta);
+      ASSERT_TRUE(fl.ok()) << fl.error().message;
+      ++cases;
+      for (const auto& [got_t, ref_t, fl_t, name] :
+           {std::tuple{&rr->o, &ref.o, &fl->o, "o"}, std::tuple{&rr->dq, &ref.dq, &fl->dq, "dq"},
+            std::tuple{&rr->dk, &ref.dk, &fl->dk, "dk"},
+            std::tuple{&rr->dv, &ref.dv, &fl->dv, "dv"}}) {
+        const auto g = got_t->span<const double>();
+        const auto r = ref_t->span<const double>();
+        const auto b = fl_t->span<const double>();
+        for (size_t e = 0; e < g.size(); ++e) {
+          // The reference's own output rounding (<= 1/2 ulp at the rounded value; one ulp
+          // at the exact one covers a binade change), plus second-order terms (u^2).
+          const double out_round = Quantum(std::max(std::fabs(r[e]), std::fabs(g[e])), f);
+          const double err = std::fabs(g[e] - r[e]);
+          EXPECT_LE(err, 1.01 * b[e] + out_round)
+              << Name(dtype) << " seed " << seed << " " << name << "[" << e << "]";
+          if (b[e] > out_round) worst = std::max(worst, (err - 0.5 * out_round) / b[e]);
+        }
+      }
+    }
+  }
+  std::printf("recipe reference vs oracle: largest (err - ulp/2) / floor over %lld cases: %.3g\n",
+              static_cast<long long>(cases), worst);
+  EXPECT_GT(worst, 0.2) << "a floor this far above the rounding it bounds proves nothing";
+}
+
+TEST(RoundingFloors, OnlyTheBf16AndF16ProfilesUseThem) {
+  for (const Profile& pr : AllProfiles()) {
+    const bool want = pr.name == "bf16" || pr.name == "f16";
+    EXPECT_EQ(pr.needs_rounding_floor(), want) << pr.name;
+    if (want) {
+      EXPECT_EQ(pr.rounding_recipe, pr.name);
+      for (const char* t : {"o", "dq", "dk", "dv"}) {
+        EXPECT_TRUE(pr.For(t)->front().rounding_floor) << pr.name << " " << t;
+      }
+      EXPECT_FALSE(pr.For("lse")->front().rounding_floor) << pr.name;
+    }
+  }
+  // Recipe rounding points: block-scaled and fp32 operands have none.
+  const RoundingPoints mx = RoundingPointsOf(*FindRecipe("mxfp8-cudnn"), DType::kBF16);
+  EXPECT_FALSE(mx.ds_dq || mx.ds_dk);
+  EXPECT_TRUE(mx.p_pv && mx.p_pv->format == Format::kE4M3FN && mx.p_pv->pre_scale == 16);
+}
+
+// max(k B, R): the floor replaces k x pt only where it is larger; elsewhere the bound is the
+// old one to the bit.
+TEST(RoundingFloors, EvaluateTakesTheLargerOfRatioAndFloor) {
+  Tensor obs = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
+  Tensor ref = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
+  Tensor base = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
+  for (int e = 0; e < 4; ++e) {
+    ref.data<double>()[e] = 1.0;
+    base.data<double>()[e] = 1.0;
+    obs.data<double>()[e] = 1.0 + 0.01 * (e + 1);
+  }
+  base.data<double>()[0] = 1.0 + 1e-3;
+  Problem p;
+  p.batch = p.heads_q = p.heads_kv = p.seqlen_q = 1;
+  p.seqlen_k = 1;
+  p.head_dim = p.head_dim_v = 4;
+  auto m = Compare("o", obs, ref, Format::kBF16, LayoutOf(p, "o"));
+  auto bm = Compare("o", base, ref, Format::kBF16, LayoutOf(p, "o"));
+  ASSERT_TRUE(m.ok() && bm.ok());
+  Policy pol = BaselineRatio(2, 0, FloorScale::kRow, Format::kBF16);
+  pol.rounding_floor = true;
+  const Verdict without = Evaluate(pol, *m, &*bm);  // no floors set: 2 x 1e-3
+  EXPECT_NEAR(without.allowed, 2e-3, 1e-12);
+  Tensor fl = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
+  for (int e = 0; e < 4; ++e) fl.data<double>()[e] = e < 2 ? 1e-4 : 0.05;
+  ASSERT_TRUE(SetRoundingFloor(*m, fl).ok());
+  const Verdict with = Evaluate(pol, *m, &*bm);
+  // Elements 0, 1: 2e-3 (floor smaller) -> margins 5, 10; elements 2, 3: 0.05 -> 0.6, 0.8.
+  EXPECT_FALSE(with.pass);
+  EXPECT_NEAR(with.allowed, 2e-3, 1e-12);
+  EXPECT_NEAR(with.margin, 10, 1e-9);
+  EXPECT_EQ(with.worst.flat, 1);
+  pol.rounding_floor = false;  // the policy decides, not the metrics
+  EXPECT_NEAR(Evaluate(pol, *m, &*bm).allowed, 2e-3, 1e-12);
+  EXPECT_FALSE(SetRoundingFloor(*m, Tensor::Zeros(DType::kF64, {3})).ok());
 }
 
 }  // namespace

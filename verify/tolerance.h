@@ -62,6 +62,13 @@ struct Policy {
   double ratio = 0;       // kBaselineRatio: k
   double floor_ulps = 0;  // kBaselineRatio: n
   double term_ulps = 0;   // kBaselineRatio with kTerms: m fp32 ULPs of the row's terms
+  // kBaselineRatio: the ratio term becomes max(ratio * B, R_e), R_e the element's rounding
+  // floor (TensorMetrics::rounding_floor; verify/term_scale.h): the first-order error of the
+  // rounding points the profile admits (FlashAttention-2's P and dS in the input format, D
+  // from the rounded O) that the "pt" baseline does not have. Where k x pt already exceeds it
+  // the bound is unchanged; it matters where the baseline collapses (few terms). Metrics
+  // without floors: R_e = 0.
+  bool rounding_floor = false;
   FloorScale floor_scale = FloorScale::kRow;
   double atol = 0, rtol = 0;  // kAbsRel
   bool atol_relative_to_max = false;
@@ -99,6 +106,10 @@ struct Profile {
   // (verify/baseline.h kSdpaMath), or a recipe of reference/recipes whose reference
   // implementation (baseline.h RecipeReferenceForward/Backward) is the baseline.
   std::string baseline_recipe;
+  // The recipe whose elementwise rounding points (term_scale.h RoundingPointsOf) give the
+  // rounding floor of the policies that ask for one: "bf16" / "f16" (FlashAttention-2: P and
+  // dS rounded to the input dtype) for those dtypes' rows; empty: no rounding floor.
+  std::string rounding_recipe;
 
   // The policies for `tensor`, or nullptr when the profile does not judge it.
   const std::vector<Policy>* For(std::string_view tensor) const;
@@ -106,6 +117,9 @@ struct Profile {
   // Whether a policy floors on the gradients' term magnitudes (FloorScale::kTerms): then the
   // caller fills TensorMetrics rows with verify/term_scale.h before Evaluate.
   bool needs_term_scale() const;
+  // Whether a policy asks for rounding floors and the profile names rounding points: then the
+  // caller fills TensorMetrics::rounding_floor (SetRoundingFloor) before Evaluate.
+  bool needs_rounding_floor() const;
 };
 
 // The profile table, built once: rows f32 bf16 f16 fp8 mxfp8 nvfp4, then one per recipe

@@ -995,15 +995,11 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
       {&plan.do_pdo, &raw_do, &recipe.pdo.b}, {&plan.k_dsk, &raw_k, &recipe.dsk.b},
       {&plan.q_dsq, &raw_q, &recipe.dsq.b},
   };
-  // Fault bwd_requant_k_other_axis: the backward's copy of K for Q·Kᵀ is quantised with its
-  // blocks along the other axis than the forward's (Attn-QAT, arXiv 2603.00040: transposed
-  // operands blocked along another axis make backward differentiate another forward).
-  OperandQuant k_qk_other = recipe.qk.b;
-  if (options.faults.bwd_requant_k_other_axis) {
-    k_qk_other.axis =
-        k_qk_other.axis == QuantAxis::kHeadDim ? QuantAxis::kSequence : QuantAxis::kHeadDim;
-    roles[1].quant = &k_qk_other;
-  }
+  // Fault bwd_unquantized_k: the backward recomputes S = Q·Kᵀ from K as stored, not from the
+  // forward's quantised copy (Attn-QAT, arXiv 2603.00040: a low-precision forward with a
+  // high-precision backward differentiates another forward).
+  const OperandQuant k_as_stored{};
+  if (options.faults.bwd_unquantized_k) roles[1].quant = &k_as_stored;
   for (const Role& role : roles) {
     Expected<Operand> prepared = Prepare(p, *role.raw, *role.quant, options.faults);
     if (!prepared.ok()) return prepared.error();

@@ -35,73 +35,39 @@ OperandQuant Scaled(Format f, double pre_scale) {
   return q;
 }
 
-// Copies of the low-precision rows (reference/recipes/recipe.cc gets them from their own
-// issue; these follow the same description so that the catalogue does not depend on when
-// they land). Both start from the bf16 FlashAttention-2 row: bf16 inputs, fp32 accumulation,
-// D from the stored O, bf16 gradients.
-//
-// mxfp8-pvbf16: MXFP8 only in the products that contract over the head dim (Q·Kᵀ and dO·Vᵀ,
-// blocks along D); P·V and every sequence-contracting backward product stay in bf16.
-Recipe LocalMxfp8PvBf16() {
-  Recipe r = *FindRecipe("bf16");
-  r.name = "mxfp8-pvbf16";
-  r.description = "MXFP8 Q.K^T and dO.V^T (blocks along D), bf16 elsewhere (leak-free)";
-  r.qk = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kHeadDim)};
-  r.dov = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kHeadDim)};
-  r.output = r.gradients = Format::kBF16;
-  return r;
+// FP8 E4M3 with a current-scaling fp32 scale (448 / amax, TransformerEngine
+// Float8CurrentScaling) over the whole operand: the amax spans every position.
+OperandQuant Fp8TensorCurrent() {
+  OperandQuant q;
+  q.scheme.kind = OperandKind::kBlock;
+  q.scheme.block = "fp8-tensor-e4m3";
+  q.scheme.block_options.pow2_scale = false;
+  q.axis = QuantAxis::kSequence;
+  return q;
 }
 
-// mxfp8-cudnn (cudnn-frontend mxfp8_ref.py): Q, K along D; V along S_kv; P ×16 → E4M3 for P·V;
-// backward: dO along D for dO·Vᵀ (V's one copy stays along S_kv); P ×256 → E4M3 and dO
-// along S_q for dV; dS along S_kv with K along S_kv for dQ; dS along S_q with Q along S_q for
-// dK; bf16 outputs.
-Recipe LocalMxfp8Cudnn() {
-  Recipe r = *FindRecipe("bf16");
-  r.name = "mxfp8-cudnn";
-  r.description = "cuDNN MXFP8 SDPA reference recipe";
-  r.qk = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kHeadDim)};
-  r.pv = {Scaled(Format::kE4M3FN, 16.0), Mx(QuantAxis::kSequence)};
-  r.dov = {Mx(QuantAxis::kHeadDim), Mx(QuantAxis::kSequence)};  // V: one copy, along S_kv
-  r.pdo = {Scaled(Format::kE4M3FN, 256.0), Mx(QuantAxis::kSequence)};
-  r.dsk = {Mx(QuantAxis::kSequence), Mx(QuantAxis::kSequence)};
-  r.dsq = {Mx(QuantAxis::kSequence), Mx(QuantAxis::kSequence)};
-  r.output = r.gradients = Format::kBF16;
-  return r;
+// FP8 E4M3 with a current-scaling fp32 scale per (batch, head): a 2-D block of the fp8-block
+// scheme spanning the whole sequence (row_axis 1 of [B, S, H, D]) and the whole head dim.
+// FlashAttention-3's descale shape (hopper/flash_api.cpp CHECK_SHAPE(k_descale, batch_size,
+// num_heads_k)), filled from the data instead of a calibration.
+OperandQuant Fp8PerBatchHeadCurrent() {
+  constexpr int64_t kWhole = int64_t{1} << 40;
+  OperandQuant q;
+  q.scheme.kind = OperandKind::kBlock;
+  q.scheme.block = "fp8-block-e4m3";
+  q.scheme.block_options.row_axis = 1;
+  q.scheme.block_options.block_rows = kWhole;
+  q.scheme.block_options.block_size = kWhole;
+  q.scheme.block_options.pow2_scale = false;
+  q.axis = QuantAxis::kHeadDim;
+  return q;
 }
 
-// nvfp4-mixed: NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 tensor scale; TE arithmetic);
-// V FP8 E4M3 with one per-tensor current scale; P ×16 → E4M3; backward at the forward's
-// quantised operands, dS in bf16, dO as stored.
-Recipe LocalNvfp4Mixed() {
-  OperandQuant nvfp4;
-  nvfp4.scheme.kind = OperandKind::kBlock;
-  nvfp4.scheme.block = "nvfp4";
-  nvfp4.axis = QuantAxis::kHeadDim;
-  OperandQuant fp8_tensor;
-  fp8_tensor.scheme.kind = OperandKind::kBlock;
-  fp8_tensor.scheme.block = "fp8-tensor-e4m3";
-  fp8_tensor.scheme.block_options.pow2_scale = false;
-  fp8_tensor.axis = QuantAxis::kSequence;
-  Recipe r = *FindRecipe("bf16");
-  r.name = "nvfp4-mixed";
-  r.description = "NVFP4 Q, K along D; per-tensor FP8 V; P x16 -> E4M3";
-  r.qk = {nvfp4, nvfp4};
-  r.pv = {Scaled(Format::kE4M3FN, 16.0), fp8_tensor};
-  r.dov = {OperandQuant{}, fp8_tensor};
-  r.pdo = {Scaled(Format::kE4M3FN, 16.0), OperandQuant{}};
-  r.dsk.b = nvfp4;
-  r.dsq.b = nvfp4;
-  r.output = r.gradients = Format::kBF16;
-  return r;
-}
-
+// The parent's recipe row (reference/recipes/recipe.cc; mutants_test checks every parent
+// names one).
 Recipe ParentRecipeRow(std::string_view name) {
   if (const Recipe* r = FindRecipe(name)) return *r;
-  if (name == "mxfp8-pvbf16") return LocalMxfp8PvBf16();
-  if (name == "mxfp8-cudnn") return LocalMxfp8Cudnn();
-  if (name == "nvfp4-mixed") return LocalNvfp4Mixed();
-  return *FindRecipe("bf16");  // unreachable for catalogue rows (mutants_test checks names)
+  return *FindRecipe("bf16");
 }
 
 // ---- Documented cases ------------------------------------------------------------------------
@@ -170,21 +136,60 @@ std::vector<MutantSpec> BuildCatalogue() {
                        }),
        .generator = Gaussian(102),
        .differs = {"dq"}});
-  // NVFP4, not MXFP8: an E4M3 element is a float, so re-blocking an MXFP8 operand changes
-  // its values only where the scale pushes elements into E4M3's subnormals (never, for
-  // Gaussian data); E2M1's 2-bit exponent makes the blocking visible at once.
-  add({.name = "bwd-requant-k-other-axis",
+  // Per-tensor current scaling leaks as block scales do (REFERENCES.md "Which products can
+  // leak"): cpu/nvfp4-mixed scales V per token; TransformerEngine's Float8CurrentScaling
+  // takes one amax over the whole tensor.
+  add({.name = "v-tensor-current-scale",
        .parent = "cpu/nvfp4-mixed",
        .parent_recipe = "nvfp4-mixed",
-       .bug = "backward re-quantises K for the recomputed Q·Kᵀ with blocks along another axis "
-              "than forward, so backward differentiates another forward (Attn-QAT, arXiv "
-              "2603.00040: FP4 forward, transposed operands blocked along another axis)",
-       .change = "fault bwd_requant_k_other_axis (K's NVFP4 blocks along the sequence)",
+       .bug = "V quantised to FP8 with one current-scaling amax over the whole tensor "
+              "(TransformerEngine Float8CurrentScaling): a future key's value moves the scale "
+              "of every visible one (REFERENCES.md: per-tensor current scaling leaks; "
+              "TransformerEngine #3248)",
+       .change = "recipe: P·V's and dO·Vᵀ's V operand FP8 per-tensor current scale instead of "
+                 "per token",
+       .bug_class = "non-interference",
+       .edit_recipe =
+           [](Recipe& r) {
+             r.pv.b = Fp8TensorCurrent();
+             r.dov.b = Fp8TensorCurrent();
+           },
+       .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(123),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "fp8-current-descale",
+       .parent = "cpu/fp8-e4m3-tensor",
+       .parent_recipe = "fp8-e4m3-tensor",
+       .bug = "FP8 descales computed from the current (batch, head) slice's amax instead of "
+              "a calibration: the amax spans the sequence, so future keys and queries move how "
+              "visible ones are quantised (FlashAttention-3 takes static descales; vLLM's "
+              "on-the-fly calculate_kv_scales has this form)",
+       .change = "recipe: Q, K, V FP8 with a per-(batch, head) current scale instead of the "
+                 "static descale",
+       .bug_class = "non-interference",
+       .edit_recipe =
+           [](Recipe& r) {
+             r.qk = {Fp8PerBatchHeadCurrent(), Fp8PerBatchHeadCurrent()};
+             r.pv.b = Fp8PerBatchHeadCurrent();
+           },
+       .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(124),
+       .differs = {"o", "lse"}});
+
+  // -- Forward/backward mismatch --
+  add({.name = "bwd-dp-from-unquantized-v",
+       .parent = "cpu/nvfp4-mixed",
+       .parent_recipe = "nvfp4-mixed",
+       .bug = "backward forms dP = dO·Vᵀ from the bf16 V instead of the forward's FP8 V, while "
+              "D = rowsum(dO∘O) comes from the O that the FP8 V produced: D ≠ rowsum(P∘dP), so "
+              "Σ_j dS_ij ≠ 0 and the backward differentiates a forward that never ran "
+              "(Attn-QAT, arXiv 2603.00040)",
+       .change = "recipe: dO·Vᵀ's V operand used as stored instead of FP8 per token",
        .bug_class = "consistency",
-       .faults = Faults([](EngineFaults& f) { f.bwd_requant_k_other_axis = true; }),
+       .edit_recipe = [](Recipe& r) { r.dov.b = OperandQuant{}; },
        .problem = Case(64, 64),
        .generator = Gaussian(103),
-       .differs = {"dq", "dk", "dv"}});
+       .differs = {"dq", "dk"}});
   // On the leak-free MXFP8 parent: a mutant is one bug on a parent that passes the gate, so
   // that its first failing check is its own (cpu/mxfp8-cudnn leaks by design, and the fault
   // does not depend on the recipe).

@@ -71,9 +71,7 @@ const MutantSpec* FindMutant(std::string_view name);  // "empty-row-nan" or "mut
 // The rows whose bug_class is `check`, in catalogue order.
 std::vector<const MutantSpec*> MutantsByClass(std::string_view check);
 
-// The parent's recipe: the row of AllRecipes() named spec.parent_recipe when it exists, else
-// this file's copy of it (the low-precision rows are added by their own issue; the copy
-// follows the same sources). The mutant's recipe is that recipe after spec.edit_recipe; it
+// The parent's recipe: the row of AllRecipes() named spec.parent_recipe. The mutant's recipe is that recipe after spec.edit_recipe; it
 // keeps the parent's name, because the buggy kernel claims the parent's recipe.
 const Recipe& ParentRecipe(const MutantSpec& spec);
 const Recipe& MutantRecipe(const MutantSpec& spec);

@@ -2,7 +2,7 @@
 // reference/problem/problem.h and mask.h (DESIGN.md "Semantics" and "Oracle"), in float64
 // (oracle_double.cc: tiled over keys, OpenBLAS dgemm inside tiles, std::threads over batch x
 // head x query tile in the forward and batch x head in the backward, compensated sums,
-// O(tile) memory per thread, results bitwise independent of the thread count) and in
+// O(tile_q x Sk) memory per thread, results bitwise independent of the thread count) and in
 // boost::multiprecision (oracle_generic.h: MPFR at 128 and 257 bits) to certify the float64
 // path and to produce golden files.
 //
@@ -39,14 +39,21 @@ struct OracleOptions {
   // (AutoTiles below).
   int64_t tile_q = 0;
   int64_t tile_k = 0;
+  // Backward of the float64 path: each worker keeps one query tile's transformed scores
+  // (tile_q x Sk doubles, twice that with softcap) from that tile's forward and reuses them
+  // instead of recomputing Q K^T (6 dgemms per tile pair instead of 7), when they fit in
+  // this many bytes; above it the scores are recomputed per tile, so memory stays
+  // O(tile_q x Sk) per worker, never O(Sq x Sk). Results are bitwise the same either way
+  // (the same dgemm on the same operands; oracle_test checks it). 0: always recompute.
+  int64_t score_cache_bytes = int64_t{64} << 20;
 };
 
-// The float64 path's tiles for `p` when OracleOptions leaves them 0: 128 x 512 when every
+// The float64 path's tiles for `p` when OracleOptions leaves them 0: 256 x 512 when every
 // query may see every key, 256 x 256 when a causal or sliding-window mask restricts the keys
-// (fewer partly masked tiles). The fastest of the sizes tried (32..256 x 128..1024, S = 2048
+// (fewer partly masked tiles). The fastest of the sizes tried (32..512 x 128..1024, S = 2048
 // at D = 64 and 128, S = 4096 at D = 128; docs/bench-oracle.md): fewer, larger dgemm calls
-// amortise OpenBLAS's packing of both operands, and a worker's working set (the S and dP
-// tiles, the tile_k x D partials of dK and dV) stays near one core's 2 MiB L2.
+// amortise OpenBLAS's packing of both operands, and taller query tiles halve the backward's
+// passes over the dK/dV accumulators (it runs query-tile-major to reuse the forward's scores).
 struct OracleTiles {
   int64_t q = 0, k = 0;
 };

@@ -14,17 +14,28 @@
 // two passes: one Q K^T instead of two, and the rescalings add at most u (|dm| + 1) each,
 // which ErrorBound accounts for. Memory per worker: a tile_q x tile_k tile and O.
 //
-// Backward, work items (batch, query head) (FA2 Alg. 2 loop order): the forward above
-// first (its o, lse, never a kernel's), delta = rowsum(dO o) by compensated dot products;
-// then for each key tile in ascending order and each query tile that may see it, in
+// Backward, work items (batch, query head): for each query tile in ascending order, the
+// forward above for that tile (its o, lse, never a kernel's), delta = rowsum(dO o) of its
+// rows by compensated dot products; then for each key tile that the tile's rows may see, in
 // ascending order: S, P = exp(s - lse), dP = dO V^T, dS = P (dP - delta) [(1 - tanh^2) with
-// softcap], dV_tile += P^T dO, dK_tile += dS^T Q, dQ_rows += dS K_tile (dgemm each). dq rows
-// belong to one item, so they accumulate in place over key tiles in a fixed order; dk/dv of a
-// kv head shared by several query heads (GQA) go to per-query-head partials that are summed
-// in ascending head order at the end. Nothing depends on which thread ran what: results are
-// bitwise independent of the thread count. Flops: 4 + 10 = 14 Sq Sk D (D = Dv); extra
-// memory: one [Hq, total_k, D + Dv] partial when Hq > Hkv, and head-major copies of the
-// inputs (below).
+// softcap], dV_rows += P^T dO, dK_rows += dS^T Q, dQ_rows += dS K_tile (dgemm each). S is
+// the forward's: the tile's transformed scores (tile_q x Sk) are kept from its forward when
+// they fit in OracleOptions::score_cache_bytes, else recomputed by the same dgemm on the same
+// operands; either way the same bits, and 6 dgemms per tile pair instead of 7 when kept.
+// dq rows accumulate over key tiles in ascending order (in a contiguous tile_q x D buffer);
+// dk/dv rows over query tiles in ascending order (the same sums in the same order as FA2
+// Alg. 2's key-tile-major loop, which this code computed until 2026-12: bitwise the same
+// results), into the worker's contiguous [Sk, D + Dv] accumulators (MHA; copied to the
+// outputs, whose rows are H D apart, at the end), or for a kv head shared by several query
+// heads (GQA) into per-query-head partials that are summed in ascending head order at the
+// end. Nothing depends on which thread ran what: results are bitwise independent of the
+// thread count. Flops: 4 + 10 = 14 Sq Sk D (D = Dv; 12 when the scores are kept); extra
+// memory per worker: tile_q x Sk scores and [Sk, D + Dv] accumulators; one
+// [Hq, total_k, D + Dv] partial when Hq > Hkv, and head-major copies of the inputs (below).
+// Keeping the scores trades the recomputed Q K^T (1/7 of the flops) for writing and reading
+// 8 bytes per score outside L2: ~6 % net on the 2-core VM of docs/bench-oracle.md. With
+// fewer (batch, head) items than threads, the forward runs first on its own (parallel over
+// query tiles as well) and the backward recomputes the scores: the same bits, more threads.
 //
 // Speed (docs/bench-oracle.md has the profile): the dgemm calls are ~60 % of the time, so
 // what is around them is kept small. Tiles default to AutoTiles (oracle.h): few, large
@@ -41,8 +52,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "reference/oracle/oracle.h"
@@ -103,6 +118,38 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
               c, static_cast<int>(ldc));
 }
 
+// An uninitialised array of doubles for the multi-MiB buffers (head-major input copies, score
+// strips, dk/dv accumulators): a vector would zero what is about to be overwritten.
+// (Transparent huge pages for them, via madvise, were tried: on this VM the cost of faulting
+// in fresh 2 MiB pages exceeded the TLB savings; docs/bench-oracle.md.)
+class BigArray {
+ public:
+  size_t size() const { return size_; }
+  double* data() { return data_.get(); }
+  const double* data() const { return data_.get(); }
+  double& operator[](size_t e) { return data_[e]; }
+  // At least n elements; contents undefined after a reallocation.
+  void Reserve(size_t n) {
+    if (n <= size_) return;
+    const size_t bytes = (n * sizeof(double) + 63) / 64 * 64;
+    data_.reset(static_cast<double*>(std::aligned_alloc(64, bytes)));
+    if (!data_) throw std::bad_alloc();
+    size_ = n;
+  }
+  // At least n elements, the first n of them 0.
+  void AssignZeros(size_t n) {
+    Reserve(n);
+    if (n > 0) std::memset(data_.get(), 0, n * sizeof(double));
+  }
+
+ private:
+  struct Free {
+    void operator()(double* p) const { std::free(p); }
+  };
+  std::unique_ptr<double[], Free> data_;
+  size_t size_ = 0;
+};
+
 struct Tile {
   int64_t b = 0, h = 0, g = 0;
   int64_t i0 = 0, tq = 0;  // query rows [i0, i0 + tq) of the sequence
@@ -149,8 +196,18 @@ class DoubleOracle {
 
  private:
   struct Scratch {
-    std::vector<double> s, dp, th, acc_k, acc_v, m, l, comp, knorm;
-    std::vector<int64_t> tiles, keys, rlo, rhi;
+    // s: P of one tile (tq x tk); dp: dP, then dS; acc_v: the forward's O rows; m, l, comp:
+    // online-softmax row state; knorm: ||k_j|| of one key tile.
+    std::vector<double> s, dp, acc_v, m, l, comp, knorm;
+    // The transformed scores (and with softcap tanh(s / cap)) of one query tile: every key
+    // tile's block (tq x tk at offset tq j0) when the backward reuses them, else one tile.
+    BigArray strip, strip_th;
+    // Backward accumulators, contiguous (the outputs' rows are H D apart): dQ of one query
+    // tile (tq x D); with MHA, dK and dV of the item's head ([Sk, D], [Sk, Dv]).
+    std::vector<double> acc_q;
+    BigArray acc_k, acc_kv;
+    std::vector<uint8_t> visible;  // [row r][key tile]: row r sees some key of the tile
+    std::vector<int64_t> tiles, keys, rlo, rhi, chain, chain_tq;
   };
 
   // An input as the dgemm calls read it: row `row` of head `h` at base + h head_stride +
@@ -164,7 +221,7 @@ class DoubleOracle {
   struct Operand {
     const double* base = nullptr;
     int64_t head_stride = 0, ld = 0;
-    std::vector<double> copy;
+    BigArray copy;
     const double* Row(int64_t row, int64_t h) const { return base + h * head_stride + row * ld; }
   };
   static Operand HeadMajor(const double* x, int64_t rows, int64_t heads, int64_t width) {
@@ -177,7 +234,7 @@ class DoubleOracle {
       op.ld = heads * width;
       return op;
     }
-    op.copy.resize(static_cast<size_t>(rows * heads * width));
+    op.copy.Reserve(static_cast<size_t>(rows * heads * width));
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t row = 0; row < rows; ++row) {
         const double* src = x + RowOffset(row, heads, h, width);
@@ -226,11 +283,21 @@ class DoubleOracle {
     return false;
   }
 
-  // S = scale Q_tile K_tile^T into sc.s (tq x tk, leading dimension tk).
-  void Scores(const Tile& t, const Sequence& seq, Scratch& sc) const {
+  // S = scale Q_tile K_tile^T into s (tq x tk, leading dimension tk).
+  void Scores(const Tile& t, const Sequence& seq, double* s) const {
     Gemm(false, true, t.tq, t.tk, p_.head_dim, stats_.scale, QRow(seq.q_begin + t.i0, t.h), q_.ld,
-         KRow(seq.k_begin + t.j0, t.g), k_.ld, 0.0,
-         sc.s.data(), t.tk);
+         KRow(seq.k_begin + t.j0, t.g), k_.ld, 0.0, s, t.tk);
+  }
+  int64_t KeyTiles(const Sequence& seq) const { return (seq.k_len + tile_k_ - 1) / tile_k_; }
+  // Whether the backward of a query tile of `seq` reuses the scores of its forward.
+  bool KeepScores(const Sequence& seq) const {
+    const int64_t per_score = static_cast<int64_t>(sizeof(double)) * (p_.softcap > 0 ? 2 : 1);
+    return options_.score_cache_bytes > 0 &&
+           seq.k_len <= options_.score_cache_bytes / per_score / tile_q_;
+  }
+  // The block of a query tile's score strip that holds key tile t (see Scratch::strip).
+  static double* StripBlock(BigArray& strip, const Tile& t, bool keep) {
+    return strip.data() + (keep ? t.tq * t.j0 : 0);
   }
 
   // Row r of the score tile: score transform (mask.h TransformScore: softcap, then ALiBi) on
@@ -282,9 +349,27 @@ class DoubleOracle {
     return mx;
   }
 
-  void ForwardItem(const Tile& item, Scratch& sc, OracleStats& st, double* o);
-  void BackwardItem(int64_t b, int64_t h, Scratch& sc, OracleStats& st, double* dq, double* dk,
-                    double* dv, double* mass, int64_t* seen);
+  // The forward of query tile `item` (keys: all its rows may see): o rows, lse_rows_, and
+  // sc.visible; the transformed scores stay in sc.strip if `keep` (KeepScores). Needs
+  // AllRowBounds of the item's sequence in sc.
+  void ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, double* o, bool keep);
+  // Forward and backward of every query tile of (b, h), in ascending order; with
+  // `forward_done` only the backward (o, lse_rows_ and delta_rows_ given; scores recomputed).
+  void BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch& sc, OracleStats& st,
+                    double* o, double* dq, double* dk, double* dv, double* mass, int64_t* seen);
+  // delta_i = dO_i . o_i by Dot2 (Ogita-Rump-Oishi: exact products via FMA, compensated
+  // sum); 0 on empty rows (o = 0 there).
+  double Delta(const double* dorow, const double* orow) const {
+    double sum = 0, comp = 0;
+    for (int64_t d = 0; d < p_.head_dim_v; ++d) {
+      const double prod = dorow[d] * orow[d];
+      TwoSumAdd(sum, comp, prod);
+      comp += std::fma(dorow[d], orow[d], -prod);
+    }
+    return sum + comp;
+  }
+  // lse_rows_ (or delta_rows_) into a tensor of the problem's lse shape.
+  Tensor RowsToLse(const std::vector<double>& rows) const;
 
   const Problem& p_;
   Inputs in_;
@@ -297,11 +382,11 @@ class DoubleOracle {
   std::vector<double> lse_rows_, delta_rows_;  // [rows, Hq]
 };
 
-void DoubleOracle::ForwardItem(const Tile& item, Scratch& sc, OracleStats& st, double* o) {
+void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, double* o,
+                               bool keep) {
   const MaskView& mask = masks_[static_cast<size_t>(item.b)];
   const Sequence& seq = mask.sequence();
-  const int64_t tq = item.tq, dv = p_.head_dim_v;
-  AllRowBounds(mask, sc);
+  const int64_t tq = item.tq, dv = p_.head_dim_v, key_tiles = KeyTiles(seq);
   int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
   for (int64_t i = item.i0; i < item.i0 + tq; ++i) {
     const int64_t lo = sc.rlo[static_cast<size_t>(i)], hi = sc.rhi[static_cast<size_t>(i)];
@@ -314,27 +399,33 @@ void DoubleOracle::ForwardItem(const Tile& item, Scratch& sc, OracleStats& st, d
   sc.tiles.assign(static_cast<size_t>(tq), 0);
   sc.keys.assign(static_cast<size_t>(tq), 0);
   sc.s.resize(static_cast<size_t>(tq * tile_k_));
-  if (p_.softcap > 0) sc.th.resize(static_cast<size_t>(tq * tile_k_));
+  const size_t strip = static_cast<size_t>(tq * (keep ? seq.k_len : tile_k_));
+  sc.strip.Reserve(strip);
+  if (p_.softcap > 0) sc.strip_th.Reserve(strip);
+  sc.visible.assign(static_cast<size_t>(tq * key_tiles), 0);
   int64_t max_tk = 0;
   for (int64_t kt = klo / tile_k_; klo < khi && kt * tile_k_ < khi; ++kt) {
     Tile t = item;
     t.j0 = kt * tile_k_;
     t.tk = std::min(tile_k_, seq.k_len - t.j0);
     if (!Overlaps(sc, t.i0, tq, t.j0, t.tk)) continue;
-    Scores(t, seq, sc);
+    double* sblock = StripBlock(sc.strip, t, keep);
+    double* thblock = p_.softcap > 0 ? StripBlock(sc.strip_th, t, keep) : nullptr;
+    Scores(t, seq, sblock);
     GatherKeyNorms(t, seq, sc);
     bool any = false;
     for (int64_t r = 0; r < tq; ++r) {
       const size_t ur = static_cast<size_t>(r);
-      double* srow = &sc.s[static_cast<size_t>(r * t.tk)];
+      double* srow = sblock + r * t.tk;
+      double* prow = &sc.s[static_cast<size_t>(r * t.tk)];
       int64_t count = 0;
-      const double mx = TransformRow(
-          t, mask, sc, r, srow, p_.softcap > 0 ? &sc.th[static_cast<size_t>(r * t.tk)] : nullptr,
-          &count, st);
+      const double mx = TransformRow(t, mask, sc, r, srow, thblock ? thblock + r * t.tk : nullptr,
+                                     &count, st);
       if (count == 0) {
-        std::fill(srow, srow + t.tk, 0.0);
+        std::fill(prow, prow + t.tk, 0.0);
         continue;
       }
+      sc.visible[static_cast<size_t>(r * key_tiles + kt)] = 1;
       any = true;
       ++sc.tiles[ur];
       sc.keys[ur] += count;
@@ -351,7 +442,7 @@ void DoubleOracle::ForwardItem(const Tile& item, Scratch& sc, OracleStats& st, d
       }
       // P = exp(s - m) (-inf: 0) and l += rowsum(P), compensated: the tile's lane sum,
       // then its addition to l with the error kept.
-      const CompensatedSum tile_sum = ExpShiftSum(srow, t.tk, sc.m[ur]);
+      const CompensatedSum tile_sum = ExpShiftSum(srow, prow, t.tk, sc.m[ur]);
       double sum = sc.l[ur], comp = sc.comp[ur] + tile_sum.comp;
       TwoSumAdd(sum, comp, tile_sum.sum);
       sc.l[ur] = sum;
@@ -402,150 +493,194 @@ ForwardOut DoubleOracle::RunForward() {
   std::vector<OracleStats> partial(static_cast<size_t>(threads));
   double* o = out.o.data<double>();
   ParallelFor(static_cast<int64_t>(items.size()), threads, [&](int64_t n, int w) {
-    ForwardItem(items[static_cast<size_t>(n)], scratch[static_cast<size_t>(w)],
-                partial[static_cast<size_t>(w)], o);
+    const Tile& item = items[static_cast<size_t>(n)];
+    Scratch& sc = scratch[static_cast<size_t>(w)];
+    AllRowBounds(masks_[static_cast<size_t>(item.b)], sc);
+    ForwardTile(item, sc, partial[static_cast<size_t>(w)], o, /*keep=*/false);
   });
   for (const auto& st : partial) MergeStats(stats_, st);
-  out.lse = Tensor::Zeros(DType::kF64, p_.LseShape());
-  double* lse = out.lse.data<double>();
-  for (int64_t b = 0; b < p_.batch; ++b) {
-    const Sequence seq = SequenceOf(p_, b);
-    for (int64_t h = 0; h < p_.heads_q; ++h) {
-      for (int64_t i = 0; i < seq.q_len; ++i) {
-        lse[LseOffset(p_, b, h, seq, i)] = lse_rows_[RowIndex(seq.q_begin + i, h)];
-      }
-    }
-  }
+  out.lse = RowsToLse(lse_rows_);
   out.stats = stats_;
   return out;
 }
 
-void DoubleOracle::BackwardItem(int64_t b, int64_t h, Scratch& sc, OracleStats& st, double* dq,
-                                double* dk, double* dv, double* mass, int64_t* seen) {
+Tensor DoubleOracle::RowsToLse(const std::vector<double>& rows) const {
+  Tensor t = Tensor::Zeros(DType::kF64, p_.LseShape());
+  double* x = t.data<double>();
+  for (int64_t b = 0; b < p_.batch; ++b) {
+    const Sequence seq = SequenceOf(p_, b);
+    for (int64_t h = 0; h < p_.heads_q; ++h) {
+      for (int64_t i = 0; i < seq.q_len; ++i) {
+        x[LseOffset(p_, b, h, seq, i)] = rows[RowIndex(seq.q_begin + i, h)];
+      }
+    }
+  }
+  return t;
+}
+
+void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch& sc,
+                                OracleStats& st, double* o, double* dq, double* dk, double* dv,
+                                double* mass, int64_t* seen) {
   const MaskView& mask = masks_[static_cast<size_t>(b)];
   const Sequence& seq = mask.sequence();
   const int64_t g = p_.KvHead(h), dd = p_.head_dim, ddv = p_.head_dim_v;
-  // dk/dv rows of this item: the output itself when the kv head has one query head, else
-  // this query head's partial ([Hq, total_k, D] laid out by the caller).
+  const int64_t key_tiles = KeyTiles(seq);
+  // dk/dv rows of this item's sequence, [k_len, D] and [k_len, Dv], zero: the worker's
+  // accumulators when the kv head has one query head (copied to the outputs at the end),
+  // else this query head's partial ([Hq, total_k, D] laid out and zeroed by the caller).
   const bool direct = p_.gqa_ratio() == 1;
-  const int64_t k_heads = direct ? p_.heads_kv : 1;
-  const int64_t k_head = direct ? g : 0;
-  AllRowBounds(mask, sc);
-  sc.s.resize(static_cast<size_t>(tile_q_ * tile_k_));
-  sc.dp.resize(static_cast<size_t>(tile_q_ * tile_k_));
-  if (p_.softcap > 0) sc.th.resize(static_cast<size_t>(tile_q_ * tile_k_));
+  if (direct) {
+    sc.acc_k.AssignZeros(static_cast<size_t>(seq.k_len * dd));
+    sc.acc_kv.AssignZeros(static_cast<size_t>(seq.k_len * ddv));
+  }
+  double* dk_seq = direct ? sc.acc_k.data() : dk + seq.k_begin * dd;
+  double* dv_seq = direct ? sc.acc_kv.data() : dv + seq.k_begin * ddv;
+  const bool keep = !forward_done && KeepScores(seq);
   const double cap = p_.softcap;
-  for (int64_t j0 = 0; j0 < seq.k_len; j0 += tile_k_) {
-    const int64_t tk = std::min(tile_k_, seq.k_len - j0);
-    int64_t qlo = std::numeric_limits<int64_t>::max(), qhi = 0;
-    for (int64_t j = j0; j < j0 + tk; ++j) {
-      const auto [lo, hi] = mask.QueryBounds(j);
-      if (lo < hi) qlo = std::min(qlo, lo), qhi = std::max(qhi, hi);
+  AllRowBounds(mask, sc);
+  sc.dp.resize(static_cast<size_t>(tile_q_ * tile_k_));
+  // Per key tile: how many query tiles added to its dk/dv rows, and the largest of them
+  // (OracleStats::sum_len_q).
+  sc.chain.assign(static_cast<size_t>(key_tiles), 0);
+  sc.chain_tq.assign(static_cast<size_t>(key_tiles), 0);
+  for (int64_t i0 = 0; i0 < seq.q_len; i0 += tile_q_) {
+    const Tile item{b, h, g, i0, std::min(tile_q_, seq.q_len - i0), 0, 0};
+    const int64_t tq = item.tq, row0 = seq.q_begin + i0;
+    sc.acc_q.assign(static_cast<size_t>(tq * dd), 0.0);
+    if (forward_done) {
+      sc.s.resize(static_cast<size_t>(tq * tile_k_));
+      sc.strip.Reserve(static_cast<size_t>(tq * tile_k_));
+      if (cap > 0) sc.strip_th.Reserve(static_cast<size_t>(tq * tile_k_));
+      sc.visible.assign(static_cast<size_t>(tq * key_tiles), 0);
+    } else {
+      ForwardTile(item, sc, st, o, keep);
+      for (int64_t r = 0; r < tq; ++r) {
+        delta_rows_[RowIndex(row0 + r, h)] =
+            Delta(DoRow(row0 + r, h), o + RowOffset(row0 + r, p_.heads_q, h, ddv));
+      }
     }
-    sc.acc_k.assign(static_cast<size_t>(tk * dd), 0.0);
-    sc.acc_v.assign(static_cast<size_t>(tk * ddv), 0.0);
-    int64_t chain = 0, max_tq = 0;
-    GatherKeyNorms(Tile{b, h, g, 0, 0, j0, tk}, seq, sc);
-    for (int64_t i0 = qlo < qhi ? qlo / tile_q_ * tile_q_ : qhi; i0 < qhi; i0 += tile_q_) {
-      Tile t{b, h, g, i0, std::min(tile_q_, seq.q_len - i0), j0, tk};
-      if (!Overlaps(sc, t.i0, t.tq, t.j0, t.tk)) continue;
-      Scores(t, seq, sc);
-      const int64_t row0 = seq.q_begin + t.i0;
-      // dP = dO_tile V_tile^T.
-      Gemm(false, true, t.tq, tk, ddv, 1.0, DoRow(row0, h), do_.ld, VRow(seq.k_begin + j0, g),
-           v_.ld, 0.0, sc.dp.data(), tk);
+    for (int64_t kt = 0; kt < key_tiles; ++kt) {
+      Tile t = item;
+      t.j0 = kt * tile_k_;
+      t.tk = std::min(tile_k_, seq.k_len - t.j0);
+      const int64_t tk = t.tk;
+      if (!Overlaps(sc, t.i0, tq, t.j0, tk)) continue;
+      double* sblock = StripBlock(sc.strip, t, keep);
+      double* thblock = cap > 0 ? StripBlock(sc.strip_th, t, keep) : nullptr;
+      if (!keep) {
+        // The forward's scores again: the same dgemm on the same operands, the same
+        // transform (its statistics are the forward's, recorded again).
+        Scores(t, seq, sblock);
+        GatherKeyNorms(t, seq, sc);
+        for (int64_t r = 0; r < tq; ++r) {
+          int64_t count = 0;
+          TransformRow(t, mask, sc, r, sblock + r * tk, thblock ? thblock + r * tk : nullptr,
+                       &count, st);
+          sc.visible[static_cast<size_t>(r * key_tiles + kt)] = count > 0 ? 1 : 0;
+        }
+      }
       bool any = false;
-      for (int64_t r = 0; r < t.tq; ++r) {
-        double* srow = &sc.s[static_cast<size_t>(r * tk)];
+      for (int64_t r = 0; r < tq && !any; ++r) {
+        any = sc.visible[static_cast<size_t>(r * key_tiles + kt)] != 0;
+      }
+      if (!any) continue;
+      // dP = dO_tile V_tile^T.
+      Gemm(false, true, tq, tk, ddv, 1.0, DoRow(row0, h), do_.ld, VRow(seq.k_begin + t.j0, g),
+           v_.ld, 0.0, sc.dp.data(), tk);
+      for (int64_t r = 0; r < tq; ++r) {
+        double* prow = &sc.s[static_cast<size_t>(r * tk)];
         double* dprow = &sc.dp[static_cast<size_t>(r * tk)];
-        double* throw_ = cap > 0 ? &sc.th[static_cast<size_t>(r * tk)] : nullptr;
-        int64_t count = 0;
-        TransformRow(t, mask, sc, r, srow, throw_, &count, st);
-        if (count == 0) {
-          std::fill(srow, srow + tk, 0.0);
+        if (!sc.visible[static_cast<size_t>(r * key_tiles + kt)]) {
+          std::fill(prow, prow + tk, 0.0);
           std::fill(dprow, dprow + tk, 0.0);
           continue;
         }
-        any = true;
         // P = exp(s - lse) (masked: -inf, exp gives 0), dS = P (dP - delta), the column
         // mass, and the visible count (visible entries are exactly the finite ones before
         // the exp, which can underflow).
-        BackwardRow(srow, dprow, tk, lse_rows_[RowIndex(row0 + r, h)],
-                    delta_rows_[RowIndex(row0 + r, h)], mass + (seq.k_begin + j0),
-                    seen + (seq.k_begin + j0));
+        BackwardRow(sblock + r * tk, prow, dprow, tk, lse_rows_[RowIndex(row0 + r, h)],
+                    delta_rows_[RowIndex(row0 + r, h)], mass + (seq.k_begin + t.j0),
+                    seen + (seq.k_begin + t.j0));
         if (cap > 0) {
           // d/dx [cap tanh(x / cap)] = 1 - tanh^2(x / cap); ALiBi is a constant bias.
+          const double* throw_ = thblock + r * tk;
           for (int64_t c = 0; c < tk; ++c) {
-            if (srow[c] != 0.0) dprow[c] *= 1.0 - throw_[c] * throw_[c];
+            if (prow[c] != 0.0) dprow[c] *= 1.0 - throw_[c] * throw_[c];
           }
         }
       }
-      if (!any) continue;
-      ++chain;
-      max_tq = std::max(max_tq, t.tq);
-      // dV += P^T dO, dK += dS^T Q, dQ += dS K.
-      Gemm(true, false, tk, ddv, t.tq, 1.0, sc.s.data(), tk, DoRow(row0, h), do_.ld, 1.0,
-           sc.acc_v.data(), ddv);
-      Gemm(true, false, tk, dd, t.tq, 1.0, sc.dp.data(), tk, QRow(row0, h), q_.ld, 1.0,
-           sc.acc_k.data(), dd);
-      Gemm(false, false, t.tq, dd, tk, 1.0, sc.dp.data(), tk, KRow(seq.k_begin + j0, g), k_.ld,
-           1.0, dq + RowOffset(row0, p_.heads_q, h, dd), p_.heads_q * dd);
+      ++sc.chain[static_cast<size_t>(kt)];
+      sc.chain_tq[static_cast<size_t>(kt)] = std::max(sc.chain_tq[static_cast<size_t>(kt)], tq);
+      // dV += P^T dO, dK += dS^T Q (unscaled), dQ += dS K (unscaled).
+      Gemm(true, false, tk, ddv, tq, 1.0, sc.s.data(), tk, DoRow(row0, h), do_.ld, 1.0,
+           dv_seq + t.j0 * ddv, ddv);
+      Gemm(true, false, tk, dd, tq, 1.0, sc.dp.data(), tk, QRow(row0, h), q_.ld, 1.0,
+           dk_seq + t.j0 * dd, dd);
+      Gemm(false, false, tq, dd, tk, 1.0, sc.dp.data(), tk, KRow(seq.k_begin + t.j0, g), k_.ld,
+           1.0, sc.acc_q.data(), dd);
     }
-    st.sum_len_q = std::max(st.sum_len_q, max_tq + chain + p_.gqa_ratio());
-    for (int64_t c = 0; c < tk; ++c) {
-      const int64_t row = seq.k_begin + j0 + c;
-      double* dkrow = dk + RowOffset(row, k_heads, k_head, dd);
-      double* dvrow = dv + RowOffset(row, k_heads, k_head, ddv);
-      const double* acc_k = &sc.acc_k[static_cast<size_t>(c * dd)];
-      const double* acc_v = &sc.acc_v[static_cast<size_t>(c * ddv)];
-      // MHA: final values (dk = scale dS^T Q); GQA: unscaled partials, summed later.
-      const double f = direct ? stats_.scale : 1.0;
-      for (int64_t d = 0; d < dd; ++d) dkrow[d] = f * acc_k[d];
-      for (int64_t d = 0; d < ddv; ++d) dvrow[d] = acc_v[d];
+    for (int64_t r = 0; r < tq; ++r) {
+      double* dqrow = dq + RowOffset(row0 + r, p_.heads_q, h, dd);
+      const double* acc = &sc.acc_q[static_cast<size_t>(r * dd)];
+      for (int64_t d = 0; d < dd; ++d) dqrow[d] = stats_.scale * acc[d];
     }
   }
-  for (int64_t i = 0; i < seq.q_len; ++i) {
-    double* dqrow = dq + RowOffset(seq.q_begin + i, p_.heads_q, h, dd);
-    for (int64_t d = 0; d < dd; ++d) dqrow[d] *= stats_.scale;
+  for (int64_t kt = 0; kt < key_tiles; ++kt) {
+    st.sum_len_q =
+        std::max(st.sum_len_q, sc.chain_tq[static_cast<size_t>(kt)] +
+                                   sc.chain[static_cast<size_t>(kt)] + p_.gqa_ratio());
+  }
+  if (direct) {  // MHA: final values, dk = scale dS^T Q; GQA: unscaled partials, summed later.
+    for (int64_t j = 0; j < seq.k_len; ++j) {
+      double* dkrow = dk + RowOffset(seq.k_begin + j, p_.heads_kv, g, dd);
+      double* dvrow = dv + RowOffset(seq.k_begin + j, p_.heads_kv, g, ddv);
+      const double* acc_k = &sc.acc_k[static_cast<size_t>(j * dd)];
+      const double* acc_v = &sc.acc_kv[static_cast<size_t>(j * ddv)];
+      for (int64_t d = 0; d < dd; ++d) dkrow[d] = stats_.scale * acc_k[d];
+      std::copy(acc_v, acc_v + ddv, dvrow);
+    }
   }
 }
 
 BackwardOut DoubleOracle::RunBackward() {
-  ForwardOut fwd = RunForward();
   BlasSingleThreadScope blas_scope;
   const int64_t dv = p_.head_dim_v, dd = p_.head_dim;
-  // 0. delta_i = dO_i . o_i by Dot2 (Ogita-Rump-Oishi: exact products via FMA, compensated
-  //    sum), 0 on empty rows (o = 0 there).
-  const double* o = fwd.o.data<double>();
-  delta_rows_.assign(static_cast<size_t>(p_.TotalQ() * p_.heads_q), 0.0);
-  for (int64_t row = 0; row < p_.TotalQ(); ++row) {
-    for (int64_t h = 0; h < p_.heads_q; ++h) {
-      const double* orow = o + RowOffset(row, p_.heads_q, h, dv);
-      const double* dorow = DoRow(row, h);
-      double sum = 0, comp = 0;
-      for (int64_t d = 0; d < dv; ++d) {
-        const double prod = dorow[d] * orow[d];
-        TwoSumAdd(sum, comp, prod);
-        comp += std::fma(dorow[d], orow[d], -prod);
-      }
-      delta_rows_[RowIndex(row, h)] = sum + comp;
-    }
-  }
-
+  const int64_t items = p_.batch * p_.heads_q;
+  // Fewer (batch, head) items than threads and several query tiles per item: the forward
+  // runs first on its own, parallel over query tiles too, and the backward recomputes the
+  // scores (the same bits as keeping them, on more threads).
+  bool forward_first = items < ThreadCount(options_, std::numeric_limits<int64_t>::max());
+  bool several_tiles = false;
+  for (int64_t b = 0; b < p_.batch; ++b) several_tiles |= SequenceOf(p_, b).q_len > tile_q_;
+  forward_first = forward_first && several_tiles;
   BackwardOut out;
+  delta_rows_.assign(static_cast<size_t>(p_.TotalQ() * p_.heads_q), 0.0);
+  if (forward_first) {
+    ForwardOut fwd = RunForward();  // o, lse_rows_, and the forward's statistics in stats_
+    out.o = std::move(fwd.o);
+    const double* o = out.o.data<double>();
+    for (int64_t row = 0; row < p_.TotalQ(); ++row) {
+      for (int64_t h = 0; h < p_.heads_q; ++h) {
+        delta_rows_[RowIndex(row, h)] =
+            Delta(DoRow(row, h), o + RowOffset(row, p_.heads_q, h, dv));
+      }
+    }
+  } else {
+    out.o = Tensor::Zeros(DType::kF64, p_.OShape());
+    lse_rows_.assign(static_cast<size_t>(p_.TotalQ() * p_.heads_q), kNegInf);
+  }
   out.dq = Tensor::Zeros(DType::kF64, p_.QShape());
   out.dk = Tensor::Zeros(DType::kF64, p_.KShape());
   out.dv = Tensor::Zeros(DType::kF64, p_.VShape());
   const int64_t ratio = p_.gqa_ratio(), total_k = p_.TotalK();
   // GQA: per-query-head partials of dk/dv; MHA writes the outputs directly.
-  std::vector<double> part_k, part_v;
+  BigArray part_k, part_v;
   if (ratio > 1) {
-    part_k.assign(static_cast<size_t>(p_.heads_q * total_k * dd), 0.0);
-    part_v.assign(static_cast<size_t>(p_.heads_q * total_k * dv), 0.0);
+    part_k.AssignZeros(static_cast<size_t>(p_.heads_q * total_k * dd));
+    part_v.AssignZeros(static_cast<size_t>(p_.heads_q * total_k * dv));
   }
   std::vector<double> mass(static_cast<size_t>(p_.heads_q * total_k), 0.0);
   std::vector<int64_t> seen(static_cast<size_t>(p_.heads_q * total_k), 0);
-  const int64_t items = p_.batch * p_.heads_q;
   const int threads = ThreadCount(options_, items);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   std::vector<OracleStats> partial(static_cast<size_t>(threads));
@@ -553,10 +688,12 @@ BackwardOut DoubleOracle::RunBackward() {
     const int64_t b = n / p_.heads_q, h = n % p_.heads_q;
     double* dk = ratio > 1 ? part_k.data() + h * total_k * dd : out.dk.data<double>();
     double* dvp = ratio > 1 ? part_v.data() + h * total_k * dv : out.dv.data<double>();
-    BackwardItem(b, h, scratch[static_cast<size_t>(w)], partial[static_cast<size_t>(w)],
-                 out.dq.data<double>(), dk, dvp, mass.data() + h * total_k,
-                 seen.data() + h * total_k);
+    BackwardItem(b, h, forward_first, scratch[static_cast<size_t>(w)],
+                 partial[static_cast<size_t>(w)],
+                 out.o.data<double>(), out.dq.data<double>(), dk, dvp,
+                 mass.data() + h * total_k, seen.data() + h * total_k);
   });
+  scratch.clear();
   if (ratio > 1) {
     // dk = scale * sum over the group's query heads, ascending.
     double* dk = out.dk.data<double>();
@@ -575,8 +712,10 @@ BackwardOut DoubleOracle::RunBackward() {
       }
     }
   }
-  OracleStats merged;
-  for (const auto& st : partial) MergeStats(merged, st);
+  // Forward and backward statistics of the workers (the column statistics below are 0 in
+  // them; after forward_first, the forward's are already in stats_ and the workers' forward
+  // fields are 0 or repeat them).
+  for (const auto& st : partial) MergeStats(stats_, st);
   // Column statistics per (kv head, key): summed over the group's query heads.
   for (int64_t g = 0; g < p_.heads_kv; ++g) {
     for (int64_t row = 0; row < total_k; ++row) {
@@ -591,23 +730,11 @@ BackwardOut DoubleOracle::RunBackward() {
       if (n == 0) ++stats_.unseen_keys;
     }
   }
-  stats_.sum_len_q = merged.sum_len_q;
   stats_.q_abs_max = norms_.q_abs;
   stats_.do_abs_max = norms_.do_abs;
   stats_.do_norm_max = norms_.do_norm;
-
-  out.delta = Tensor::Zeros(DType::kF64, p_.LseShape());
-  double* delta = out.delta.data<double>();
-  for (int64_t b = 0; b < p_.batch; ++b) {
-    const Sequence seq = SequenceOf(p_, b);
-    for (int64_t h = 0; h < p_.heads_q; ++h) {
-      for (int64_t i = 0; i < seq.q_len; ++i) {
-        delta[LseOffset(p_, b, h, seq, i)] = delta_rows_[RowIndex(seq.q_begin + i, h)];
-      }
-    }
-  }
-  out.o = std::move(fwd.o);
-  out.lse = std::move(fwd.lse);
+  out.lse = RowsToLse(lse_rows_);
+  out.delta = RowsToLse(delta_rows_);
   out.stats = stats_;
   return out;
 }
@@ -616,7 +743,7 @@ BackwardOut DoubleOracle::RunBackward() {
 
 OracleTiles AutoTiles(const Problem& p) {
   const bool restricted = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return restricted ? OracleTiles{256, 256} : OracleTiles{128, 512};
+  return restricted ? OracleTiles{256, 256} : OracleTiles{256, 512};
 }
 
 template <>

@@ -1,8 +1,9 @@
 // Tests of the float64 oracle's row kernels (oracle_exp.h; DESIGN.md "Oracle"): the exp
 // against MPFR over millions of arguments and every range-reduction and scaling boundary,
-// and the fused forward/backward row passes and row statistics against plain loops that
-// call ExpInPlace (the kernel tested above): bitwise where the operations are the same,
-// within Sum2's bound for the lane-compensated sums.
+// its short in-range path bitwise against the full one, and the fused forward/backward row
+// passes and row statistics against plain loops that call ExpInPlace (the kernel tested
+// above): bitwise where the operations are the same, within Sum2's bound for the
+// lane-compensated sums.
 #include "reference/oracle/oracle_exp.h"
 
 #include <gtest/gtest.h>
@@ -134,6 +135,33 @@ TEST(OracleKernelsTest, ExpIsWithinOneUlpOverMillionsOfArgumentsAndEveryBoundary
 #endif
 }
 
+// The kernels take blocks of eight arguments that all lie in [-708, 709] through a shorter
+// path (no range handling) and everything else through the full one: both must give the
+// same bits, which the full path alone (a block of one) shows. Blocks mix in-range
+// arguments with every out-of-range kind (-inf, NaN, underflow, overflow, the edges).
+TEST(OracleKernelsTest, InRangeBlocksGiveTheBitsOfTheFullPath) {
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> in_range(-708.0, 709.0), softmax(-40.0, 0.0);
+  const double specials[] = {-kInf, std::nan(""), -745.0, -708.5, 709.5, 710.0, -708.0, 709.0,
+                             std::nextafter(-708.0, -kInf), std::nextafter(709.0, kInf)};
+  std::vector<double> x;
+  for (int n = 0; n < (1 << 18); ++n) {
+    x.push_back(n % 2 == 0 ? in_range(rng) : softmax(rng));
+    if (rng() % 64 == 0) x.push_back(specials[rng() % std::size(specials)]);
+  }
+  std::vector<double> blocked = x;
+  ExpInPlace(blocked.data(), static_cast<int64_t>(blocked.size()));
+  for (size_t e = 0; e < x.size(); ++e) {
+    double one = x[e];
+    ExpInPlace(&one, 1);
+    if (std::isnan(one)) {
+      ASSERT_TRUE(std::isnan(blocked[e])) << x[e];
+    } else {
+      ASSERT_EQ(blocked[e], one) << "exp(" << x[e] << ")";
+    }
+  }
+}
+
 // Forward row kernel: the same values as subtracting the shift and calling ExpInPlace, and
 // a sum within Sum2's bound of the exact sum, for every length across the lane structure.
 TEST(OracleKernelsTest, ExpShiftSumMatchesExpInPlaceAndSumsWithinSum2Bound) {
@@ -148,11 +176,14 @@ TEST(OracleKernelsTest, ExpShiftSumMatchesExpInPlaceAndSumsWithinSum2Bound) {
       std::vector<double> want = x;
       for (double& v : want) v -= m;
       ExpInPlace(want.data(), n);
-      std::vector<double> got = x;
-      const CompensatedSum s = ExpShiftSum(got.data(), n, m);
+      std::vector<double> src = x, got(x.size(), -1.0);
+      const CompensatedSum s = ExpShiftSum(src.data(), got.data(), n, m);
       for (int64_t e = 0; e < n; ++e) {
         ASSERT_EQ(got[static_cast<size_t>(e)], want[static_cast<size_t>(e)]) << n << " " << e;
       }
+      ASSERT_TRUE(std::equal(src.begin(), src.end(), x.begin(), [](double a, double b) {
+        return a == b || (std::isnan(a) && std::isnan(b));
+      })) << "the scores are kept for the backward";
       Mp256 exact = 0;
       double abs_sum = 0;
       for (double v : want) exact += Mp256(v), abs_sum += v;
@@ -166,8 +197,9 @@ TEST(OracleKernelsTest, ExpShiftSumMatchesExpInPlaceAndSumsWithinSum2Bound) {
   // summation loses (1 + many terms below half an ulp of 1).
   std::vector<double> x(1001, std::log(0x1p-60));
   x[0] = 0.0;
-  const CompensatedSum s = ExpShiftSum(x.data(), 1001, 0.0);
-  const Mp256 exact = Mp256(1) + 1000 * Mp256(x[1]);
+  std::vector<double> p(x.size());
+  const CompensatedSum s = ExpShiftSum(x.data(), p.data(), 1001, 0.0);
+  const Mp256 exact = Mp256(1) + 1000 * Mp256(p[1]);
   EXPECT_LE(std::abs(static_cast<double>(Mp256(s.sum) + Mp256(s.comp) - exact)), 2 * kU);
   EXPECT_GT(s.comp, 0.0);  // plain summation would have returned exactly 1
 }
@@ -197,9 +229,12 @@ TEST(OracleKernelsTest, BackwardRowMatchesPlainLoops) {
       wdp[e] = ws[e] * (wdp[e] - delta);
       wmass[e] += ws[e];
     }
-    BackwardRow(s.data(), dp.data(), n, lse, delta, mass.data(), seen.data());
+    const std::vector<double> s_in = s;
+    std::vector<double> p(s.size(), -1.0);
+    BackwardRow(s.data(), p.data(), dp.data(), n, lse, delta, mass.data(), seen.data());
+    ASSERT_TRUE(s == s_in) << "the scores are kept";
     for (size_t e = 0; e < s.size(); ++e) {
-      ASSERT_EQ(s[e], ws[e]) << n << " " << e;
+      ASSERT_EQ(p[e], ws[e]) << n << " " << e;
       ASSERT_EQ(dp[e], wdp[e]) << n << " " << e;
       ASSERT_EQ(mass[e], wmass[e]) << n << " " << e;
       ASSERT_EQ(seen[e], wseen[e]) << n << " " << e;

@@ -1,6 +1,7 @@
 // Tests of the float64 oracle (oracle.h) against known answers and invariants: uniform and
 // one-hot attention, constant V, Sk = 1, empty rows, keys seen by no query, bitwise
-// determinism across thread counts and tile-independent semantics, GQA = repeated MHA,
+// determinism across thread counts and tile-independent semantics, kept scores = recomputed
+// scores bitwise, GQA = repeated MHA,
 // strided inputs, input errors, precision names. Certification against MP is in
 // oracle_cert_test.cc.
 #include "reference/oracle/oracle.h"
@@ -232,6 +233,61 @@ TEST(OracleTest, ResultsAreBitwiseIndependentOfThreadCount) {
   EXPECT_TRUE(b.dk.BitwiseEqual(ref.dk));
   EXPECT_TRUE(b.dv.BitwiseEqual(ref.dv));
   EXPECT_TRUE(b.o.BitwiseEqual(ref.o));
+}
+
+// The backward reuses a query tile's scores from its forward when they fit in
+// score_cache_bytes and recomputes them otherwise: the same dgemm on the same operands, so the
+// results and the statistics must be the same bits either way, also when some sequences of a
+// varlen batch fit and others do not.
+TEST(OracleTest, KeptScoresGiveTheBitsOfRecomputedOnes) {
+  auto expect_same = [](const BackwardOut& a, const BackwardOut& b) {
+    EXPECT_TRUE(a.o.BitwiseEqual(b.o));
+    EXPECT_TRUE(a.lse.BitwiseEqual(b.lse));
+    EXPECT_TRUE(a.dq.BitwiseEqual(b.dq));
+    EXPECT_TRUE(a.dk.BitwiseEqual(b.dk));
+    EXPECT_TRUE(a.dv.BitwiseEqual(b.dv));
+    EXPECT_TRUE(a.delta.BitwiseEqual(b.delta));
+    EXPECT_EQ(a.stats.score_abs_max, b.stats.score_abs_max);
+    EXPECT_EQ(a.stats.col_mass_max, b.stats.col_mass_max);
+    EXPECT_EQ(a.stats.sum_len_k, b.stats.sum_len_k);
+    EXPECT_EQ(a.stats.sum_len_q, b.stats.sum_len_q);
+    EXPECT_EQ(a.stats.max_queries, b.stats.max_queries);
+    EXPECT_EQ(a.stats.unseen_keys, b.stats.unseen_keys);
+  };
+  uint64_t seed = 90;
+  for (const auto& np : FeatureProblems()) {
+    SCOPED_TRACE(np.name);
+    const auto in = RandomInputs(np.p, ++seed, np.q_sigma);
+    for (const auto& [tq, tk] : {std::pair<int64_t, int64_t>{4, 5}, {3, 2}, {0, 0}}) {
+      OracleOptions keep = Tiles(tq, tk), recompute = Tiles(tq, tk);
+      recompute.score_cache_bytes = 0;
+      expect_same(Backward<double>(np.p, in.q, in.k, in.v, in.dout, keep),
+                  Backward<double>(np.p, in.q, in.k, in.v, in.dout, recompute));
+    }
+  }
+  // BLAS-sized tiles, softcap + ALiBi + GQA + causal.
+  Problem p = Base(1, 4, 2, 300, 333, 64, 48);
+  p.causal = true;
+  p.softcap = 5.0;
+  p.alibi_slopes = std::vector<double>{0.25, 0.125, 0.0625, 0.03125};
+  const auto in = RandomInputs(p, 78, 2.0);
+  OracleOptions recompute = Tiles(64, 128);
+  recompute.score_cache_bytes = 0;
+  expect_same(Backward<double>(p, in.q, in.k, in.v, in.dout, Tiles(64, 128)),
+              Backward<double>(p, in.q, in.k, in.v, in.dout, recompute));
+  // Varlen: with 8 x 7 x 16 bytes (softcap: two strips) only the sequences of <= 7 keys keep
+  // their scores.
+  Problem v = Base(4, 2, 1, 9, 12, 8, 8);
+  v.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 14, 17};
+  v.cu_seqlens_k = std::vector<int32_t>{0, 7, 7, 19, 19};
+  v.softcap = 3.0;
+  const auto vin = RandomInputs(v, 79);
+  OracleOptions mixed = Tiles(8, 4);
+  mixed.score_cache_bytes = 8 * 7 * 16;
+  recompute = Tiles(8, 4);
+  recompute.score_cache_bytes = 0;
+  expect_same(Backward<double>(v, vin.q, vin.k, vin.v, vin.dout, mixed),
+              Backward<double>(v, vin.q, vin.k, vin.v, vin.dout, recompute));
 }
 
 TEST(OracleTest, TileSizesChangeOnlyRounding) {

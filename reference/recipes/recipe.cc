@@ -4,6 +4,7 @@
 // converted before their GEMMs, fp32 accumulators, dot_do_o on the stored O).
 #include "reference/recipes/recipe.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -51,31 +52,40 @@ OperandQuant Nvfp4HeadDim() {
   return q;
 }
 
-// FP8 E4M3 with one current-scaling fp32 scale (448 / amax) over the whole tensor.
-OperandQuant Fp8PerTensor() {
+// NVFP4 as above, but with the fp32 second-level scale per token and head (448·6 / amax of
+// that row's D values) instead of per tensor: the same two-level arithmetic, and no scale
+// spans two positions.
+OperandQuant Nvfp4HeadDimPerToken() {
+  OperandQuant q = Nvfp4HeadDim();
+  q.scheme.per_vector_tensor_scale = true;
+  return q;
+}
+
+// FP8 E4M3 with a current-scaling fp32 scale (448 / amax, TransformerEngine
+// Float8CurrentScaling arithmetic) per token and head: the layout of a per-token-head FP8 KV
+// cache, dequantised before its product. Leak-free: the amax covers one position only.
+OperandQuant Fp8PerToken() {
   OperandQuant q;
   q.scheme.kind = OperandKind::kBlock;
   q.scheme.block = "fp8-tensor-e4m3";
   q.scheme.block_options.pow2_scale = false;
-  q.axis = QuantAxis::kSequence;  // the one amax spans every position
+  q.scheme.per_vector_tensor_scale = true;
+  q.axis = QuantAxis::kHeadDim;
   return q;
 }
 
-// FP8 E4M3 with one current-scaling fp32 scale per (batch, head): a 2-D block of the
-// fp8-block scheme spanning the whole sequence axis (row_axis 1 of [B, S, H, D]) and the
-// whole head dim (the blocked axis, from QuantAxis::kHeadDim). kWhole exceeds any extent, so
-// each block is the full (S, D) slice. FlashAttention-3 takes exactly these descales for K and
-// V (hopper/flash_api.cpp: CHECK_SHAPE(k_descale, batch_size, num_heads_k)).
-OperandQuant Fp8PerBatchHead() {
-  constexpr int64_t kWhole = int64_t{1} << 40;
+// FP8 E4M3 with a static (calibrated) descale: the data never sets the scale. FlashAttention-3
+// takes q/k/v descales from the caller (hopper/flash_attn_interface.py q_descale, k_descale,
+// v_descale); vLLM passes its calibrated KV-cache scales, and 1.0 when none were calibrated
+// (docs/features/quantization/quantized_kvcache.md, "No calibration (default scales)"). Here
+// that default: tensor_amax = 448 gives scale 448 / 448 = 1, a saturating E4M3 cast.
+OperandQuant Fp8Static() {
   OperandQuant q;
   q.scheme.kind = OperandKind::kBlock;
-  q.scheme.block = "fp8-block-e4m3";
-  q.scheme.block_options.row_axis = 1;
-  q.scheme.block_options.block_rows = kWhole;
-  q.scheme.block_options.block_size = kWhole;
+  q.scheme.block = "fp8-tensor-e4m3";
   q.scheme.block_options.pow2_scale = false;
-  q.axis = QuantAxis::kHeadDim;
+  q.scheme.block_options.tensor_amax = 448.0f;
+  q.axis = QuantAxis::kSequence;  // one scale for the tensor; static, so nothing leaks
   return q;
 }
 
@@ -144,26 +154,28 @@ Recipe Mxfp8PvBf16Recipe() {
 }
 
 // NVFP4 Q and K with FP8 V and P (attest's own mixed recipe; docs/kernels.md says why each
-// choice). V: FP8 E4M3 with one current-scaling fp32 scale over the whole tensor (the form of
-// TransformerEngine's Float8CurrentScaling), chosen over MX-along-S because it is what an
-// "FP8 V" next to NVFP4 Q/K usually is; like any per-tensor amax it leaks. P: ×16 → E4M3
-// as cuDNN's. Backward (straight-through, Attn-QAT arXiv 2603.00040 §3: differentiate at the
-// forward's quantised operands): dP = dO·V_qᵀ, dV = P_qᵀ·dO with the forward's P rounding,
-// dQ = bf16(dS)·K_q, dK = bf16(dS)ᵀ·Q_q; dO stays bf16.
+// choice), leak-free by construction: every scale covers one position. Q, K: NVFP4 along D
+// (E2M1, E4M3 scale per 16) with a per-token fp32 second-level scale; V: FP8 E4M3 with a
+// per-token-head current scale (an FP8 KV cache's layout); P: ×16 → E4M3 as cuDNN's.
+// TransformerEngine's tensor-wide amaxes would span the sequence and leak (REFERENCES.md;
+// mutant/v-tensor-current-scale keeps that form). Backward (straight-through, Attn-QAT arXiv
+// 2603.00040 §3: differentiate at the forward's quantised operands): dP = dO·V_qᵀ,
+// dV = P_qᵀ·dO with the forward's P rounding, dQ = bf16(dS)·K_q, dK = bf16(dS)ᵀ·Q_q; dO
+// stays bf16.
 Recipe Nvfp4MixedRecipe() {
   Recipe r;
   r.name = "nvfp4-mixed";
   r.description =
-      "NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 tensor scale), FP8 E4M3 V with one "
-      "per-tensor current scale, P x16 -> E4M3; backward at the forward's quantised operands "
-      "(dO bf16, dS bf16, P as forward); bf16 outputs. The tensor-wide amaxes of Q, K and V "
-      "span the sequence, so it leaks across causal/document boundaries";
-  r.qk = {Nvfp4HeadDim(), Nvfp4HeadDim()};
-  r.pv = {Scaled(Format::kE4M3FN, 16), Fp8PerTensor()};
-  r.dov = {AsIs(), Fp8PerTensor()};
+      "NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 scale per token), FP8 E4M3 V with a "
+      "per-token-head current scale, P x16 -> E4M3; backward at the forward's quantised "
+      "operands (dO bf16, dS bf16, P as forward); bf16 outputs. No scale spans two positions, "
+      "so nothing leaks across causal/document boundaries";
+  r.qk = {Nvfp4HeadDimPerToken(), Nvfp4HeadDimPerToken()};
+  r.pv = {Scaled(Format::kE4M3FN, 16), Fp8PerToken()};
+  r.dov = {AsIs(), Fp8PerToken()};
   r.pdo = {Scaled(Format::kE4M3FN, 16), AsIs()};
-  r.dsk = {Rounded(Format::kBF16), Nvfp4HeadDim()};
-  r.dsq = {Rounded(Format::kBF16), Nvfp4HeadDim()};
+  r.dsk = {Rounded(Format::kBF16), Nvfp4HeadDimPerToken()};
+  r.dsq = {Rounded(Format::kBF16), Nvfp4HeadDimPerToken()};
   r.delta = DeltaSource::kRoundedO;
   r.output = Format::kBF16;
   r.gradients = Format::kBF16;
@@ -171,21 +183,24 @@ Recipe Nvfp4MixedRecipe() {
   return r;
 }
 
-// FlashAttention-3's FP8 forward (hopper/): Q, K, V in E4M3 with fp32 descales of shape
-// (batch, num_heads_k) (flash_api.cpp CHECK_SHAPE(q_descale, batch_size, num_heads_k);
-// flash_attn_interface.py q_descale/k_descale/v_descale), here current-scaled (448 / amax of
-// each (batch, head) slice); P scaled by 2^8 before its E4M3 conversion (softmax.h
-// Max_offset = 8 for FP8, "the value after exp2 is in the range of [0, 256]"); bf16 output.
-// Forward only: FA3 has no FP8 backward, and the backward GEMMs here are unset.
+// FlashAttention-3's FP8 forward (hopper/) as vLLM runs it: Q, K, V in E4M3 with static fp32
+// descales from the caller (flash_attn_interface.py q_descale/k_descale/v_descale, shape
+// (batch, num_heads_k): flash_api.cpp CHECK_SHAPE), here vLLM's uncalibrated default 1.0 for
+// every (batch, head); P scaled by 2^8 before its E4M3 conversion (softmax.h Max_offset = 8
+// for FP8, "the value after exp2 is in the range of [0, 256]"); bf16 output. Forward only:
+// FA3 has no FP8 backward, and the backward GEMMs here are unset. Current scaling (a
+// descale from the amax of the (batch, head) slice) would span the sequence and leak:
+// mutant/fp8-current-descale keeps that form.
 Recipe Fp8E4m3TensorRecipe() {
   Recipe r;
   r.name = "fp8-e4m3-tensor";
   r.description =
-      "FlashAttention-3 FP8 forward: Q, K, V E4M3 with one current-scaled fp32 descale per "
-      "(batch, head), P x256 -> E4M3 (Max_offset 8), bf16 output; forward only (no FP8 "
-      "backward). The per-(batch, head) amax spans the sequence, so it leaks";
-  r.qk = {Fp8PerBatchHead(), Fp8PerBatchHead()};
-  r.pv = {Scaled(Format::kE4M3FN, 256), Fp8PerBatchHead()};
+      "FlashAttention-3 FP8 forward: Q, K, V E4M3 with static fp32 descales (vLLM's "
+      "uncalibrated default 1.0: a saturating cast), P x256 -> E4M3 (Max_offset 8), bf16 "
+      "output; forward only (no FP8 backward). Static scales do not depend on the data, so "
+      "nothing leaks";
+  r.qk = {Fp8Static(), Fp8Static()};
+  r.pv = {Scaled(Format::kE4M3FN, 256), Fp8Static()};
   r.delta = DeltaSource::kRoundedO;
   r.output = Format::kBF16;
   r.gradients = Format::kBF16;
@@ -271,6 +286,43 @@ Status ValidateRecipe(const Recipe& r) {
   return Status::Ok();
 }
 
+namespace {
+
+bool OperandSharesScales(const OperandQuant& q) {
+  if (q.scheme.kind != OperandKind::kBlock) return false;  // elementwise: one value, one scale
+  const Scheme* scheme = FindScheme(q.scheme.block);
+  if (scheme == nullptr) return true;  // unknown: assume the worst (ValidateRecipe names it)
+  const bool static_scale = q.scheme.block_options.tensor_amax.has_value();
+  switch (scheme->kind) {
+    case SchemeKind::kMx:
+      // E8M0 blocks: along the head dim they stay inside one position.
+      return q.axis == QuantAxis::kSequence;
+    case SchemeKind::kNvfp4:
+      // E4M3 blocks as MX, plus the fp32 second-level scale from the tensor's amax.
+      return q.axis == QuantAxis::kSequence ||
+             !(static_scale || q.scheme.per_vector_tensor_scale);
+    case SchemeKind::kFp8Tensor:
+      // One scale: static, per vector along the head dim, or spanning every position.
+      return !(static_scale ||
+               (q.scheme.per_vector_tensor_scale && q.axis == QuantAxis::kHeadDim));
+    case SchemeKind::kFp8Block: {
+      // 2-D blocks: rows along row_axis (the sequence for the engine's operands).
+      const int64_t rows = q.scheme.block_options.block_rows.value_or(scheme->block_rows);
+      return q.axis == QuantAxis::kSequence || rows > 1;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool SharesScalesAcrossPositions(const Recipe& r) {
+  for (const GemmQuant* g : {&r.qk, &r.pv, &r.dov, &r.pdo, &r.dsk, &r.dsq}) {
+    if (OperandSharesScales(g->a) || OperandSharesScales(g->b)) return true;
+  }
+  return false;
+}
+
 bool ElementOnly(const Recipe& r) {
   for (const GemmQuant* g : {&r.qk, &r.pv, &r.dov, &r.pdo, &r.dsk, &r.dsq}) {
     if (g->a.scheme.kind == OperandKind::kBlock || g->b.scheme.kind == OperandKind::kBlock) {
@@ -327,12 +379,36 @@ Expected<std::vector<float>> QuantizeOperand(std::span<const float> values, cons
     case OperandKind::kBlock:
       break;
   }
+  SchemeOptions options = scheme.block_options;
+  options.scheme = std::string(scheme.block);
+  if (scheme.per_vector_tensor_scale) {
+    // One Quantize() per innermost vector: each gets its own tensor amax (and so its own
+    // NVFP4 fp32 scale or FP8 current scale); blocks along that axis stay inside the vector.
+    if (shape.empty() || axis != static_cast<int64_t>(shape.size()) - 1) {
+      return Error{"block scheme " + std::string(scheme.block) +
+                   ": a per-vector tensor scale needs the blocked axis innermost (axis " +
+                   std::to_string(axis) + " of a rank-" + std::to_string(shape.size()) +
+                   " operand)"};
+    }
+    const int64_t n = shape.back();
+    options.axis = 1;
+    std::vector<double> vec(static_cast<size_t>(n));
+    for (size_t start = 0; n > 0 && start < out.size(); start += static_cast<size_t>(n)) {
+      std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(start), n, vec.begin());
+      Expected<QuantizedTensor> q = Quantize(Tensor::FromF64({1, n}, vec), options);
+      if (!q.ok()) {
+        return Error{"block scheme " + std::string(scheme.block) + ": " + q.error().message};
+      }
+      const Tensor dequant = q->dequant.contiguous() ? q->dequant : q->dequant.Clone();
+      std::span<const double> d = dequant.span<const double>();
+      for (int64_t i = 0; i < n; ++i) out[start + static_cast<size_t>(i)] = static_cast<float>(d[i]);
+    }
+    return out;
+  }
   // Block schemes: the whole operand at once, so that blocks along the sequence cover the
   // same positions as in a kernel that quantises the operand up front.
   std::vector<double> wide(values.begin(), values.end());
   const Tensor input = Tensor::FromF64(shape, std::move(wide));
-  SchemeOptions options = scheme.block_options;
-  options.scheme = std::string(scheme.block);
   options.axis = axis;
   Expected<QuantizedTensor> q = Quantize(input, options);
   if (!q.ok()) {

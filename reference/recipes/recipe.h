@@ -44,6 +44,13 @@ struct OperandScheme {
   // engine from `block` and the operand's QuantAxis).
   std::string_view block;
   SchemeOptions block_options;
+  // kBlock schemes with a tensor-level scale (NVFP4's fp32 second-level scale, fp8-tensor's
+  // current scale): computed per vector along the blocked axis (one per token and head)
+  // instead of once over the whole operand. A tensor-wide amax spans every position, so a
+  // future key or another document's token moves it (REFERENCES.md "Which products can
+  // leak": per-tensor current scaling leaks); a per-vector amax never spans two positions.
+  // Requires the blocked axis to be the innermost (the head dim of [B, S, H, D] / [T, H, D]).
+  bool per_vector_tensor_scale = false;
 };
 
 struct OperandQuant {
@@ -98,6 +105,13 @@ const Recipe* FindRecipe(std::string_view name);
 Status ValidateRecipe(const Recipe& recipe);
 // True when no operand uses a block scheme (the engine then needs no Quantize() call).
 bool ElementOnly(const Recipe& recipe);
+// True when some operand's scale is computed from values at more than one position: a block
+// scheme blocked along the sequence, or a tensor-level scale (NVFP4's fp32 scale, FP8
+// current scaling, an FP8 2-D block spanning rows) that is neither per vector nor static
+// (a given tensor_amax). Such a recipe leaks across causal / document boundaries by
+// construction (REFERENCES.md "Which products can leak"); a recipe for which this is false
+// never does, so non-interference must hold bitwise on it.
+bool SharesScalesAcrossPositions(const Recipe& recipe);
 
 // The hook every operand goes through. `values` is a row-major tensor of `shape`; `axis` is
 // the dimension the scheme's blocks run along (the operand's QuantAxis already resolved to

@@ -122,5 +122,77 @@ TEST(QuantizeOperand, BlockSchemeAlongTheSequenceSharesScalesAcrossPositions) {
   EXPECT_NE((*a)[33 * 2], (*b)[33 * 2]);
 }
 
+TEST(QuantizeOperand, PerVectorTensorScaleIsEachVectorQuantisedAlone) {
+  // [S = 6, D = 32] under NVFP4 and FP8 current scaling: with per_vector_tensor_scale each
+  // row equals that row quantised as its own tensor, and a huge value in row 4 leaves every
+  // other row bitwise unchanged; with one tensor-wide amax the same bump moves row 0.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> base(6 * 32);
+  for (float& x : base) x = normal(rng);
+  std::vector<float> bumped = base;
+  bumped[4 * 32 + 3] = 3000.0f;
+  for (const char* block : {"nvfp4", "fp8-tensor-e4m3"}) {
+    OperandScheme s;
+    s.kind = OperandKind::kBlock;
+    s.block = block;
+    s.per_vector_tensor_scale = true;
+    auto a = QuantizeOperand(base, {6, 32}, 1, s);
+    auto b = QuantizeOperand(bumped, {6, 32}, 1, s);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    for (int64_t row = 0; row < 6; ++row) {
+      const std::vector<float> alone_in(base.begin() + row * 32, base.begin() + row * 32 + 32);
+      OperandScheme whole = s;  // one tensor-wide scale over a tensor of one row
+      whole.per_vector_tensor_scale = false;
+      auto alone = QuantizeOperand(alone_in, {1, 32}, 1, whole);
+      ASSERT_TRUE(alone.ok()) << alone.error().message;
+      for (int64_t d = 0; d < 32; ++d) {
+        const auto i = static_cast<size_t>(row * 32 + d);
+        EXPECT_TRUE(SameValue((*a)[i], (*alone)[static_cast<size_t>(d)])) << block << " " << i;
+        if (row != 4) EXPECT_TRUE(SameValue((*a)[i], (*b)[i])) << block << " " << i;
+      }
+    }
+    s.per_vector_tensor_scale = false;
+    auto wa = QuantizeOperand(base, {6, 32}, 1, s);
+    auto wb = QuantizeOperand(bumped, {6, 32}, 1, s);
+    ASSERT_TRUE(wa.ok() && wb.ok());
+    bool row0_moved = false;
+    for (size_t i = 0; i < 32; ++i) row0_moved |= !SameValue((*wa)[i], (*wb)[i]);
+    EXPECT_TRUE(row0_moved) << block;
+  }
+  // The blocked axis must be the innermost one.
+  OperandScheme s;
+  s.kind = OperandKind::kBlock;
+  s.block = "nvfp4";
+  s.per_vector_tensor_scale = true;
+  auto bad = QuantizeOperand(base, {6, 32}, 0, s);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("innermost"), std::string::npos) << bad.error().message;
+}
+
+TEST(Recipes, OnlyTheCudnnRowSharesScalesAcrossPositions) {
+  // mxfp8-cudnn blocks V, dO, K, Q and dS along the sequence; every other row scales per
+  // position (MX / NVFP4 along D with per-token second-level scales) or statically.
+  for (const Recipe& r : AllRecipes()) {
+    EXPECT_EQ(SharesScalesAcrossPositions(r), r.name == "mxfp8-cudnn") << r.name;
+  }
+  // Each leaking operand form is recognised on an otherwise leak-free row.
+  const Recipe base = *FindRecipe("mxfp8-pvbf16");
+  Recipe seq = base;
+  seq.pv.b = seq.qk.b;
+  seq.pv.b.axis = QuantAxis::kSequence;  // MX blocks along the keys
+  EXPECT_TRUE(SharesScalesAcrossPositions(seq));
+  Recipe tensor = base;
+  tensor.pv.b.scheme.kind = OperandKind::kBlock;
+  tensor.pv.b.scheme.block = "fp8-tensor-e4m3";  // one current amax over the tensor
+  EXPECT_TRUE(SharesScalesAcrossPositions(tensor));
+  tensor.pv.b.scheme.block_options.tensor_amax = 448.0f;  // static: the data sets nothing
+  EXPECT_FALSE(SharesScalesAcrossPositions(tensor));
+  Recipe nvfp4 = *FindRecipe("nvfp4-mixed");
+  nvfp4.qk.b.scheme.per_vector_tensor_scale = false;  // TransformerEngine's tensor amax
+  EXPECT_TRUE(SharesScalesAcrossPositions(nvfp4));
+}
+
 }  // namespace
 }  // namespace attest

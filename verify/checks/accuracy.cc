@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "reference/formats/format.h"
+#include "reference/recipes/recipe.h"
 #include "verify/baseline.h"
 #include "verify/metrics.h"
 #include "verify/term_scale.h"
@@ -94,12 +95,39 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   if (bwd != nullptr && ctx.profile->needs_term_scale()) {
     const BackwardOut& b = ctx.OracleBackward();
     const CaseInputs& in = ctx.inputs;
-    auto t = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, b.lse, b.delta);
+    auto t = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, b.lse);
     if (!t.ok()) {
       out.push_back(Failure(check, "dq", "gradient term magnitudes", t.error().message));
       return out;
     }
     terms = std::move(t).value();
+  }
+  // The rounding floors of the profile's rounding points (tolerance.h Policy::rounding_floor,
+  // verify/term_scale.h), on the oracle's P, dS and D; dP rounded where the kernel says so.
+  std::optional<RoundingFloors> floors;
+  if (ctx.profile->needs_rounding_floor()) {
+    const Recipe* recipe = FindRecipe(ctx.profile->rounding_recipe);
+    if (recipe == nullptr) {
+      out.push_back(Failure(check, "", "the profile's rounding recipe",
+                            fmt::format("profile {}: no recipe '{}'", ctx.profile->name,
+                                        ctx.profile->rounding_recipe)));
+      return out;
+    }
+    const std::optional<Format> dp =
+        ctx.kernel != nullptr && bwd != nullptr ? ctx.kernel->BackwardDpFormat(p) : std::nullopt;
+    const RoundingPoints points = RoundingPointsOf(*recipe, p.dtype, dp);
+    const CaseInputs& in = ctx.inputs;
+    Expected<RoundingFloors> f =
+        bwd != nullptr
+            ? ComputeRoundingFloors(p, points, in.q, in.k, in.v, in.dout, ctx.OracleBackward().lse,
+                                    ctx.OracleBackward().o, ctx.OracleBackward().delta)
+            : ComputeRoundingFloors(p, points, in.q, in.k, in.v, Tensor(),
+                                    ctx.OracleForward().lse, Tensor(), Tensor());
+    if (!f.ok()) {
+      out.push_back(Failure(check, "", "rounding floors", f.error().message));
+      return out;
+    }
+    floors = std::move(f).value();
   }
 
   // 3. Metrics and verdicts per tensor, ULPs counted in the format the kernel delivered.
@@ -116,6 +144,15 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
       if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
         out.push_back(Failure(check, s.name, "gradient term magnitudes", st.error().message));
         continue;
+      }
+    }
+    if (floors) {
+      const Tensor* fl[5] = {&floors->o, nullptr, &floors->dq, &floors->dk, &floors->dv};
+      if (fl[k] != nullptr && fl[k]->defined()) {
+        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) {
+          out.push_back(Failure(check, s.name, "rounding floors", st.error().message));
+          continue;
+        }
       }
     }
     std::optional<TensorMetrics> bm;

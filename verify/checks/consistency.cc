@@ -38,6 +38,7 @@
 #include "verify/baseline.h"
 #include "verify/checks/check.h"
 #include "verify/metrics.h"
+#include "verify/term_scale.h"
 
 namespace attest {
 namespace {
@@ -63,6 +64,26 @@ double OperandRoundoff(const OperandQuant& q) {
     }
   }
   return 0;
+}
+
+// Half the smallest positive value of an elementwise-rounded operand, in the operand's own
+// (unscaled) units: a value in the subnormal range errs by up to this much absolutely, which
+// the relative roundoff does not cover (f16 dS of tiny scores times a softcap probe's large
+// q). Block schemes and unrounded operands: 0 (see OperandRoundoff).
+double OperandTiny(const OperandQuant& q) {
+  if (q.scheme.kind != OperandKind::kElement) return 0;
+  return Quantum(0.0, q.scheme.element) / 2 / q.scheme.pre_scale;
+}
+
+// A block-scaled operand flushes elements far below its block's amax: their absolute error
+// reaches half the element format's smallest step at the block's scale, and the scale is at
+// most 2 amax / 2^emax (MX RCEIL rounds it up). Returns that error per unit of amax; 0 for
+// element and unrounded operands.
+double BlockTinyPerAmax(const OperandQuant& q) {
+  if (q.scheme.kind != OperandKind::kBlock) return 0;
+  const Scheme* s = FindScheme(q.scheme.block);
+  if (s == nullptr) return 0;
+  return Quantum(0.0, s->element) / std::ldexp(1.0, Spec(s->element).max_exponent());
 }
 
 // Index arithmetic over token-major layouts ([B,S,H,X] and packed [T,H,X] alike).
@@ -216,6 +237,10 @@ struct RoundingModel {
   double u_o = 0, u_g = 0;      // output o / gradients
   double u_pv = 0, u_pdo = 0;   // P before P·V, before Pᵀ·dO
   double u_ds = 0;              // dS before dS·K / dSᵀ·Q (the larger of the two)
+  double tiny_ds = 0, tiny_pdo = 0;  // their absolute (subnormal) error, OperandTiny
+  // Block-scaled dS (dsk along keys for dQ, dsq along queries for dK): absolute error per
+  // unit of the block's amax (BlockTinyPerAmax).
+  double blk_ds_dq = 0, blk_ds_dk = 0;
   // dP = dO·Vᵀ rounded before dP − D (recipe `dp` or the kernel's BackwardDpFormat; 0: fp32),
   // and half the format's smallest positive value (a subnormal dP errs absolutely).
   double u_dp = 0, tiny_dp = 0;
@@ -235,6 +260,10 @@ RoundingModel RoundingOf(const Problem& p, const Recipe& r, std::optional<Format
   x.u_pv = OperandRoundoff(r.pv.a);
   x.u_pdo = OperandRoundoff(r.pdo.a);
   x.u_ds = std::max(OperandRoundoff(r.dsk.a), OperandRoundoff(r.dsq.a));
+  x.tiny_ds = std::max(OperandTiny(r.dsk.a), OperandTiny(r.dsq.a));
+  x.tiny_pdo = OperandTiny(r.pdo.a);
+  x.blk_ds_dq = BlockTinyPerAmax(r.dsk.a);
+  x.blk_ds_dk = BlockTinyPerAmax(r.dsq.a);
   x.delta_rounded = r.delta == DeltaSource::kRoundedO;
   for (const std::optional<Format>& f : {r.dp, kernel_dp}) {
     if (!f) continue;
@@ -344,20 +373,26 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
           // softcap, where r_i is FlashAttention's D-from-rounded-O term.
           const double d_used = rd.delta_rounded ? d_o : d_p;
           double r = 0, abs_ds = 0, dp_round = 0;  // dp_round: Σ_j c P |δdP| (dP's rounding)
+          double abs_pd = 0;                       // Σ_j P |dP - D| (without c)
           for (size_t n = 0; n < w.j.size(); ++n) {
             r += w.c[n] * w.p[n] * (dp[n] - d_used);
             abs_ds += w.c[n] * w.p[n] * std::fabs(dp[n] - d_used);
+            abs_pd += w.p[n] * std::fabs(dp[n] - d_used);
             dp_round += w.c[n] * w.p[n] *
                         (rd.u_dp * (std::fabs(dp[n]) + Gamma(static_cast<double>(Dv)) * adp[n]) +
                          rd.tiny_dp);
           }
           // The kernel's fp32 tanh' carries its score error through t: |δc| ≤ 2|t| c δs/cap.
           const double eps_c = p.softcap > 0 ? w.eps / p.softcap + 4 * kU32 : 0.0;
+          // ... and 1 - t² in fp32 errs absolutely by up to ~6 u32 (t = tanhf to ~2 ulp,
+          // squared, subtracted): where tanh saturates, c ~ 1e-9 while the kernel's c is 0.
           // Σ_j |dS_ij| error sources: weights (eps), softcap factor, dS rounding, fp32 dP and
           // D (γ_Dv on Σ|dO∘v| and Σ|dO∘O|), dP's own rounding, D's own error when read from
           // the fp32 O.
           const double eta = abs_ds * (rd.u_ds + w.eps + eps_c + rd.u_g) +
                              Gamma(static_cast<double>(Dv) + 2) * (b_pb + mass * a_o) + dp_round +
+                             static_cast<double>(w.j.size()) * rd.tiny_ds +
+                             (p.softcap > 0 ? 6 * kU32 * abs_pd : 0.0) +
                              (rd.delta_rounded ? 0.0 : 2 * (rd.u_o * a_o + eps_pv * b_p));
           const double n_acc = Gamma(static_cast<double>(s.q_len * G) + 2);
           for (int64_t d = 0; d < D; ++d) {
@@ -370,7 +405,8 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
             const double gd = dov[g.O(t, h, d)];
             pred_dv[static_cast<size_t>(d)] += mass * gd;
             bound_dv[static_cast<size_t>(d)] +=
-                mass * std::fabs(gd) * (rd.u_pdo + w.eps + rd.u_g + n_acc);
+                mass * std::fabs(gd) * (rd.u_pdo + w.eps + rd.u_g + n_acc) +
+                static_cast<double>(w.j.size()) * rd.tiny_pdo * std::fabs(gd);
           }
         }
       }
@@ -464,6 +500,19 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
   const int64_t D = p.head_dim, Dv = p.head_dim_v, G = p.gqa_ratio();
   Worst w_dq, w_dk;
   RowWeights w;
+  // |dS_ij| of the probe (the kernel's dS up to its rounding), for the amax of the blocks of a
+  // block-scaled dS: a row's keys (dQ) and, per head, a key's queries (dK) bound them.
+  const bool blocked = rd.blk_ds_dq > 0 || rd.blk_ds_dk > 0;
+  const auto probe_ds = [&](const Sequence& s, int64_t h, int64_t i, size_t n) {
+    const int64_t t = s.q_begin + i;
+    const int64_t tk = s.k_begin + w.j[n];
+    double dp = 0, d_o = 0;
+    for (int64_t d = 0; d < Dv; ++d) {
+      dp += dop[g.O(t, h, d)] * vp[g.V(tk, p.KvHead(h), d)];
+      d_o += dout[g.O(t, h, d)] * o[g.O(t, h, d)];
+    }
+    return std::fabs(w.p[n] * w.c[n] * (dp - d_o));
+  };
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView m(p, b);
     const Sequence& s = m.sequence();
@@ -471,6 +520,24 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
     for (int64_t kvh = 0; kvh < p.heads_kv; ++kvh) {
       const size_t nk = static_cast<size_t>(s.k_len * D);
       std::vector<double> pred_dk(nk, 0), bound_dk(nk, 0);
+      // Per (head in group, key): the largest |dS| over the key's queries; per (head, query):
+      // over the row's keys. Twice the probe's value covers the kernel's own rounding.
+      std::vector<double> col_amax(static_cast<size_t>(G * s.k_len), 0.0);
+      std::vector<double> row_amax(static_cast<size_t>(G * s.q_len), 0.0);
+      if (blocked) {
+        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+          for (int64_t i = 0; i < s.q_len; ++i) {
+            if (!RowWeightsOf(p, g, m, q, k, lse, h, i, w)) continue;
+            for (size_t n = 0; n < w.j.size(); ++n) {
+              const double a = 2 * probe_ds(s, h, i, n);
+              double& c = col_amax[static_cast<size_t>((h - kvh * G) * s.k_len + w.j[n])];
+              double& r = row_amax[static_cast<size_t>((h - kvh * G) * s.q_len + i)];
+              c = std::max(c, a);
+              r = std::max(r, a);
+            }
+          }
+        }
+      }
       for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
         for (int64_t i = 0; i < s.q_len; ++i) {
           const int64_t t = s.q_begin + i;
@@ -497,20 +564,28 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
                                  rd.tiny_dp;
               const double rel = rd.u_ds + w.eps;
               const double ds = w.p[n] * w.c[n] * e;
-              const double ds_err = w.p[n] * w.c[n] * (std::fabs(e) * rel + eta * (1 + rel));
+              // c = 1 - t² from the kernel's fp32 t errs absolutely by ~6 u32 (Identities).
+              const double c_abs = p.softcap > 0 ? 6 * kU32 : 0.0;
+              const double ds_err = w.p[n] * w.c[n] * (std::fabs(e) * rel + eta * (1 + rel)) +
+                                    w.p[n] * c_abs * (std::fabs(e) + eta) + rd.tiny_ds;
               for (int64_t d = 0; d < D; ++d) {
                 const double kd = kq[g.K(tk, kvh, d)];
                 const double qd = qk[g.Q(t, h, d)];
                 pred_dq[static_cast<size_t>(d)] += scale * ds * kd;
+                const double blk_dq =
+                    rd.blk_ds_dq * row_amax[static_cast<size_t>((h - kvh * G) * s.q_len + i)];
+                const double blk_dk =
+                    rd.blk_ds_dk *
+                    col_amax[static_cast<size_t>((h - kvh * G) * s.k_len + w.j[n])];
                 bound_dq[static_cast<size_t>(d)] +=
                     scale * std::fabs(kd) *
-                    (ds_err + std::fabs(ds) * Gamma(static_cast<double>(s.k_len) + 2));
+                    (ds_err + blk_dq + std::fabs(ds) * Gamma(static_cast<double>(s.k_len) + 2));
                 const size_t kk = static_cast<size_t>(w.j[n] * D + d);
                 pred_dk[kk] += scale * ds * qd;
                 bound_dk[kk] +=
                     scale * std::fabs(qd) *
-                    (ds_err + std::fabs(ds) * (Gamma(static_cast<double>(s.q_len * G) + 2) +
-                                               rd.u_g));
+                    (ds_err + blk_dk +
+                     std::fabs(ds) * (Gamma(static_cast<double>(s.q_len * G) + 2) + rd.u_g));
               }
             }
           }
@@ -546,8 +621,8 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
 
 // ---- Oracle backward at the recipe's quantised operands, judged by the profile ----
 void RecipeGradient(const Problem& p, const CaseInputs& in, const KernelRun& run,
-                    const Recipe& recipe, const Profile& profile, const std::string& repro,
-                    std::vector<Verdict>& out) {
+                    const Recipe& recipe, const Profile& profile, std::optional<Format> dp,
+                    const std::string& repro, std::vector<Verdict>& out) {
   auto fail = [&](const std::string& msg) {
     Verdict v;
     v.check = std::string(kCheck);
@@ -580,6 +655,33 @@ void RecipeGradient(const Problem& p, const CaseInputs& in, const KernelRun& run
     }
     base = std::move(*b);
   }
+  // The floors accuracy uses (tolerance.h FloorScale::kTerms, Policy::rounding_floor), at the
+  // quantised operands: without them a cancelled row or a few-key row fails here exactly as
+  // it would in accuracy.
+  std::optional<GradientTermScales> terms;
+  if (profile.needs_term_scale()) {
+    Expected<GradientTermScales> t = ComputeGradientTermScales(p, *q, *k, *v, in.dout, ref.lse);
+    if (!t.ok()) {
+      fail("term magnitudes: " + t.error().message);
+      return;
+    }
+    terms = std::move(*t);
+  }
+  std::optional<RoundingFloors> floors;
+  if (profile.needs_rounding_floor()) {
+    const Recipe* rr = FindRecipe(profile.rounding_recipe);
+    if (rr == nullptr) {
+      fail("profile " + profile.name + ": no rounding recipe '" + profile.rounding_recipe + "'");
+      return;
+    }
+    Expected<RoundingFloors> f = ComputeRoundingFloors(p, RoundingPointsOf(*rr, p.dtype, dp), *q,
+                                                       *k, *v, in.dout, ref.lse, ref.o, ref.delta);
+    if (!f.ok()) {
+      fail("rounding floors: " + f.error().message);
+      return;
+    }
+    floors = std::move(*f);
+  }
   const Format grad = recipe.gradients.value_or(FormatOf(p.dtype).value_or(Format::kF32));
   const std::pair<std::string_view, std::pair<const Tensor*, const Tensor*>> items[] = {
       {"dq", {&run.dq, &ref.dq}}, {"dk", {&run.dk, &ref.dk}}, {"dv", {&run.dv, &ref.dv}}};
@@ -588,6 +690,19 @@ void RecipeGradient(const Problem& p, const CaseInputs& in, const KernelRun& run
     if (!m.ok()) {
       fail(m.error().message);
       continue;
+    }
+    if (terms && name != "dv") {
+      if (Status st = SetRowTermScales(*m, name == "dq" ? terms->dq : terms->dk); !st.ok()) {
+        fail(st.error().message);
+        continue;
+      }
+    }
+    if (floors) {
+      const Tensor& fl = name == "dq" ? floors->dq : name == "dk" ? floors->dk : floors->dv;
+      if (Status st = SetRoundingFloor(*m, fl); !st.ok()) {
+        fail(st.error().message);
+        continue;
+      }
     }
     std::optional<TensorMetrics> bm;
     if (base) {
@@ -632,7 +747,17 @@ double SoftcapProbeScale(const Problem& p, const CaseInputs& in) {
   }
   if (n == 0 || sum2 == 0) return 1;
   const double rms = std::sqrt(sum2 / static_cast<double>(n));
-  return std::max(1.0, std::exp2(std::round(std::log2(p.softcap / rms))));
+  double lambda = std::max(1.0, std::exp2(std::round(std::log2(p.softcap / rms))));
+  // Scaling by a power of two is exact only while it stays in range: tiny scores (q of
+  // 1e-5 in f16) asked for 2^29 and overflowed f16 q to inf. Keep max|q| x lambda 2^4 below
+  // the input format's top binade (headroom for dk = scale sum_i dS q_i).
+  double q_max = 0;
+  for (const double x : in.q.span<const double>()) q_max = std::max(q_max, std::fabs(x));
+  if (const std::optional<Format> f = FormatOf(p.dtype); f && q_max > 0) {
+    const double top = std::exp2(Spec(*f).max_exponent() - 4);
+    while (lambda > 1 && q_max * lambda > top) lambda /= 2;
+  }
+  return lambda;
 }
 
 const Recipe* DefaultRecipe(const Problem& p) {
@@ -690,7 +815,8 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
     }
     if (options.recipe_gradient && profile != nullptr) {
       const size_t first = out.size();
-      RecipeGradient(p, x, run, *recipe, *profile, options.repro, out);
+      RecipeGradient(p, x, run, *recipe, *profile, kernel.BackwardDpFormat(p), options.repro,
+                     out);
       for (size_t n = first; n < out.size(); ++n) out[n].message = label + out[n].message;
     }
     return true;

@@ -9,10 +9,16 @@
 #include <limits>
 #include <cstring>
 #include <numeric>
+#include <optional>
+#include <span>
+#include <string>
 
 #include <fmt/format.h>
 
 #include "reference/formats/format.h"
+#include "reference/formats/quantize.h"
+#include "reference/problem/mask.h"
+#include "reference/recipes/recipe.h"
 #include "verify/metrics.h"
 
 namespace attest {
@@ -73,9 +79,10 @@ RunOutputs BaseRun(std::string_view check, CheckContext& ctx, bool with_backward
 // else |got - expected| <= ulps * Quantum(row scale) in got's format, the row scale being
 // max |scale| over the element's row (rows along the last axis; lse element by element).
 // Non-finite values must match: equal infinities, or NaN on both sides (any payload).
+// `extra` (f64, expected's shape) adds a per-element allowance on top of the ulps budget.
 Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
               const Tensor& expected, const Tensor& got, double ulps,
-              const Tensor* scale = nullptr) {
+              const Tensor* scale = nullptr, const Tensor* extra = nullptr) {
   if (got.shape() != expected.shape()) {
     return Failure(check, tensor, "outputs of the relation's shape",
                    fmt::format("{}: shape {} where the relation predicts {}", tensor,
@@ -85,6 +92,9 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
   const Tensor e = ToF64(expected), g = ToF64(got);
   const Tensor s = scale != nullptr ? ToF64(*scale) : e;
   const auto se = e.span<const double>(), sg = g.span<const double>(), ss = s.span<const double>();
+  const Tensor x = extra != nullptr ? ToF64(*extra) : Tensor();
+  const std::span<const double> sx = extra != nullptr ? x.span<const double>()
+                                                      : std::span<const double>();
   const bool per_element = tensor == "lse" || e.rank() == 0;
   const int64_t row = per_element ? 1 : std::max<int64_t>(1, e.shape().back());
   int64_t differing = 0, nonfinite = 0;
@@ -97,9 +107,10 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
         row_scale = std::max(row_scale, std::fabs(ss[static_cast<size_t>(e2)]));
       }
     }
-    const double allowed = ulps == 0 ? 0.0 : ulps * Quantum(row_scale, f);
+    const double row_allowed = ulps == 0 ? 0.0 : ulps * Quantum(row_scale, f);
     for (int64_t e2 = r0; e2 < r0 + row; ++e2) {
       const double a = se[static_cast<size_t>(e2)], b = sg[static_cast<size_t>(e2)];
+      const double allowed = row_allowed + (sx.empty() ? 0.0 : sx[static_cast<size_t>(e2)]);
       if (std::memcmp(&a, &b, sizeof(double)) != 0) ++differing;
       double ratio;
       double err;
@@ -112,8 +123,8 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
         ratio = kInf;
       } else {
         err = std::fabs(a - b);
-        ratio = ulps == 0 ? (std::memcmp(&a, &b, sizeof(double)) != 0 ? kInf : 0.0)
-                          : Margin(err, allowed);
+        ratio = allowed == 0 ? (std::memcmp(&a, &b, sizeof(double)) != 0 ? kInf : 0.0)
+                             : Margin(err, allowed);
       }
       if (ratio > worst) {
         worst = ratio;
@@ -126,8 +137,10 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
   Verdict v;
   v.check = std::string(check);
   v.tensor = std::string(tensor);
-  v.policy = ulps == 0 ? std::string("bitwise equal")
-                       : fmt::format("|diff| <= {} {} ulp(row)", ulps, Name(f));
+  v.policy = ulps == 0 && extra == nullptr ? std::string("bitwise equal")
+             : extra == nullptr
+                 ? fmt::format("|diff| <= {} {} ulp(row)", ulps, Name(f))
+                 : fmt::format("|diff| <= {} {} ulp(row) + dP-rounding bound", ulps, Name(f));
   v.observed = worst_err;
   v.allowed = worst_allowed;
   v.margin = worst < 0 ? 0.0 : worst;
@@ -149,6 +162,133 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
 int64_t HeadAxis(const Problem& p, bool lse) {
   if (lse) return p.varlen() ? 0 : 1;
   return p.varlen() ? 1 : 2;
+}
+
+// Per-element allowance (f64; dq's and dk's shapes) for comparing the backward of two runs
+// that round dP = dO·Vᵀ at different points (Kernel::BackwardDpFormat differs between the GQA
+// problem and its MHA counterpart: a hybrid kernel routes them to different backward kernels,
+// e.g. cpu/feather-fp16's fused fp16-dP path serves dense MHA only). Rounding dP_ij to
+// `dp_format` moves dS_ij = P_ij (dP_ij - D_i) t'_ij (t' = 1 - tanh^2 under softcap, else 1)
+// by at most P_ij t'_ij Quantum(dP_ij)/2 (round to nearest); the two runs then round their
+// dS_ij in the kernel's dS format (taken as the problem's dtype, where FlashAttention-2 class
+// kernels round P and dS), half a quantum each, the rounded run's at its own, possibly larger
+// value (where P (dP - D) cancels, dS is almost all rounding of dP). Summed as a worst case
+// over the terms (it also covers both runs' fp32 accumulation, 2^-24 n << 2^-11):
+//   dq_id: |scale| sum_j w_ij |k_jd|,   dk_jd: |scale| sum_{h in group} sum_i w_ij |q_id|,
+//   w_ij = P_ij t'_ij Quantum(dP_ij, dp_format) / 2 (1 + Quantum(1, dtype))
+//          + Quantum(dS_ij, dtype).
+// The worst case is reached where one key dominates a row (peaked logits, P ~ 1, D ~ dP):
+// cpu/feather-fp16 on an outlier-channels case came to 0.98 of it; the bound is rigorous, not
+// a calibrated factor.
+// P, dP and D come from the GQA run's own lse and o (a magnitude, not a reference), so no
+// oracle is involved.
+struct DpRoundingAllowance {
+  Tensor dq, dk;
+};
+
+DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o,
+                                    const Tensor& lse, Format dp_format) {
+  const Format ds_format = FormatOf(p.dtype).value_or(Format::kF32);
+  const Tensor q = ToF64(in.q).Clone(), k = ToF64(in.k).Clone(), v = ToF64(in.v).Clone();
+  const Tensor dout = ToF64(in.dout).Clone(), of = ToF64(o).Clone(), lf = ToF64(lse).Clone();
+  const auto Q = q.span<const double>(), K = k.span<const double>(), V = v.span<const double>();
+  const auto DO = dout.span<const double>(), O = of.span<const double>();
+  const auto L = lf.span<const double>();
+  DpRoundingAllowance out{Tensor::Zeros(DType::kF64, p.QShape()),
+                          Tensor::Zeros(DType::kF64, p.KShape())};
+  const auto AQ = out.dq.span<double>(), AK = out.dk.span<double>();
+  const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
+  const double scale = p.EffectiveScale(), abs_scale = std::fabs(scale);
+  auto at = [](int64_t row, int64_t heads, int64_t h, int64_t width) {
+    return static_cast<size_t>((row * heads + h) * width);
+  };
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const MaskView mask(p, b);
+    const Sequence& seq = mask.sequence();
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t g = p.KvHead(h);
+      const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
+      for (int64_t i = 0; i < seq.q_len; ++i) {
+        const int64_t qi = seq.q_begin + i;
+        const double lse_i = L[static_cast<size_t>(
+            p.varlen() ? h * p.TotalQ() + qi : (b * hq + h) * p.seqlen_q + i)];
+        if (!std::isfinite(lse_i)) continue;  // empty row (or a non-finite answer: no bound)
+        double delta = 0;  // D_i = rowsum(dO_i ∘ o_i)
+        for (int64_t c = 0; c < dv; ++c) delta += DO[at(qi, hq, h, dv) + c] * O[at(qi, hq, h, dv) + c];
+        const auto [lo, hi] = mask.KeyBounds(i);
+        for (int64_t j = lo; j < hi; ++j) {
+          if (!mask.Visible(i, j)) continue;
+          const int64_t kj = seq.k_begin + j;
+          double dot = 0, dp = 0;
+          for (int64_t c = 0; c < d; ++c) dot += Q[at(qi, hq, h, d) + c] * K[at(kj, hkv, g, d) + c];
+          for (int64_t c = 0; c < dv; ++c) dp += DO[at(qi, hq, h, dv) + c] * V[at(kj, hkv, g, dv) + c];
+          const double sc = TransformScore(scale * dot, p.softcap, slope, mask.AlibiDistance(i, j));
+          const double prob = std::exp(sc - lse_i);
+          double tprime = 1;
+          if (p.softcap > 0) {
+            const double t = std::tanh(scale * dot / p.softcap);
+            tprime = 1 - t * t;
+          }
+          const double ds = prob * (dp - delta) * tprime;
+          // (1 + Quantum(1)): the rounded run's dS may exceed the exact one by the first
+          // term (where P (dP - D) cancels), and its own dS rounding scales with it.
+          const double w = abs_scale * (prob * tprime * Quantum(dp, dp_format) / 2 *
+                                            (1 + Quantum(1.0, ds_format)) +
+                                        Quantum(ds, ds_format));
+          if (!std::isfinite(w)) continue;
+          for (int64_t c = 0; c < d; ++c) {
+            AQ[at(qi, hq, h, d) + c] += w * std::fabs(K[at(kj, hkv, g, d) + c]);
+            AK[at(kj, hkv, g, d) + c] += w * std::fabs(Q[at(qi, hq, h, d) + c]);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The allowance when the kernel declares another dP rounding point for `other` than for the
+// case's problem `p` (nullopt when both agree): what rounding dP to the coarser of the two
+// moves dq and dk, on p's shapes (a missing format is fp32 dP, finer than any declared one).
+// `note` gets the verdict message's addendum.
+std::optional<DpRoundingAllowance> DpAllowance(CheckContext& ctx, const Problem& other,
+                                               const RunOutputs& base, std::string* note) {
+  const Problem& p = ctx.case_.problem;
+  if (!base.bwd) return std::nullopt;
+  const std::optional<Format> a = ctx.kernel->BackwardDpFormat(p);
+  const std::optional<Format> b = ctx.kernel->BackwardDpFormat(other);
+  if (a == b) return std::nullopt;
+  const Format dp = !a ? *b : !b ? *a : Quantum(1.0, *a) >= Quantum(1.0, *b) ? *a : *b;
+  *note = fmt::format("; dP rounded to {} in one run only", Name(dp));
+  return DpRoundingBound(p, ctx.inputs, base.fwd.o, base.fwd.lse, dp);
+}
+
+// The longest block, in positions, of the kernel's recipe operands that are block-scaled along
+// the sequence (recipe.h QuantAxis::kSequence; cpu/mxfp8-cudnn: V, dO, K, Q copies and dS in
+// MXFP8 blocks of 32 positions along the packed token axis), 0 when there are none or the
+// kernel's profile names no recipe. Such a recipe shares one scale among the positions of a
+// block, so a relation that shifts positions by other than whole blocks, or puts new tokens
+// into a real token's block, changes scales legitimately (the same design leak that
+// non-interference reports): the relations below keep the block grid for them instead.
+int64_t SequenceBlock(const CheckContext& ctx) {
+  if (ctx.profile == nullptr) return 0;
+  const Recipe* r = FindRecipe(ctx.profile->name);
+  if (r == nullptr && !ctx.profile->baseline_recipe.empty()) {
+    r = FindRecipe(ctx.profile->baseline_recipe);
+  }
+  if (r == nullptr) return 0;
+  int64_t block = 0;
+  for (const GemmQuant* g : {&r->qk, &r->pv, &r->dov, &r->pdo, &r->dsk, &r->dsq}) {
+    for (const OperandQuant* o : {&g->a, &g->b}) {
+      if (o->axis != QuantAxis::kSequence || o->scheme.kind != OperandKind::kBlock) continue;
+      int64_t n = o->scheme.block_options.block_size.value_or(0);
+      if (n == 0) {
+        if (const Scheme* sc = FindScheme(o->scheme.block)) n = sc->block_cols;
+      }
+      block = std::max(block, n);
+    }
+  }
+  return block;
 }
 
 }  // namespace
@@ -188,8 +328,13 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, base.fwd.o, rel.fwd.o, 2));
   out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+  // A kernel that declares another dP rounding point for the MHA problem runs another
+  // backward there: dq and dk then also differ by what that rounding moves (DpRoundingBound).
+  std::string dp_note;
+  const std::optional<DpRoundingAllowance> dp_allowance = DpAllowance(ctx, mha, base, &dp_note);
   if (bwd) {
-    out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2));
+    out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2, nullptr,
+                        dp_allowance ? &dp_allowance->dq : nullptr));
     // dk, dv of a kv head: the sum over its query heads of the MHA gradients (each rounded to
     // the output dtype; the GQA kernel may round once after summing): r/2 + 1 ULPs at the
     // scale of the largest summand.
@@ -213,10 +358,15 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
         sum.Select(kv_axis, p.KvHead(h)).CopyFrom(dst);
         mag.Select(kv_axis, p.KvHead(h)).CopyFrom(dmag);
       }
-      out.push_back(Agree(kCheck, name, p, sum, gqa_grad, static_cast<double>(r) / 2 + 1, &mag));
+      const Tensor* extra =
+          dp_allowance && std::string_view(name) == "dk" ? &dp_allowance->dk : nullptr;
+      out.push_back(Agree(kCheck, name, p, sum, gqa_grad, static_cast<double>(r) / 2 + 1, &mag,
+                          extra));
     }
   }
-  for (Verdict& v : out) v.message += fmt::format(" (GQA {}:{} vs MHA)", p.heads_q, p.heads_kv);
+  for (Verdict& v : out) {
+    v.message += fmt::format(" (GQA {}:{} vs MHA{})", p.heads_q, p.heads_kv, dp_note);
+  }
   return out;
 }
 
@@ -226,7 +376,10 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   // Batch entries are permuted in both layouts: padded entries along the batch axis, packed
   // sequences by rebuilding cu_seqlens and gathering their token rows (every sequence moves
   // to another offset of the packed axis).
-  const bool permute_batch = p.batch > 1;
+  // A recipe blocked along the packed token axis (SequenceBlock) would see its blocks regrouped
+  // when the sequences move, which changes scales legitimately: there only heads move.
+  const bool seq_blocked_packed = p.varlen() && SequenceBlock(ctx) > 0;
+  const bool permute_batch = p.batch > 1 && !seq_blocked_packed;
   if (!permute_batch && p.heads_q == 1) return {};  // the identity relates nothing
   const CaseInputs& in = ctx.inputs;
   const bool bwd = ctx.WantsBackward();
@@ -300,25 +453,32 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   // or a batch's layout (PyTorch's math backend in f16 on the H200 moved one lse by 1 ulp
   // when packed sequences were reversed). A real permutation bug moves values by far more.
   const double ulps = 2;
+  std::string dp_note;
+  const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
   out.push_back(Agree(kCheck, "lse", p, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
                       rel.fwd.lse, ulps));
   if (bwd) {
-    out.push_back(
-        Agree(kCheck, "dq", p, perm(base.bwd->dq, src_q, ha, src_q_rows, 0), rel.bwd->dq, ulps));
-    out.push_back(
-        Agree(kCheck, "dk", p, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0), rel.bwd->dk, ulps));
+    // The allowance is per element of the case's problem: permuted like its gradients.
+    const Tensor dq_extra = dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor();
+    const Tensor dk_extra = dpa ? perm(dpa->dk, src_kv, ha, src_k_rows, 0) : Tensor();
+    out.push_back(Agree(kCheck, "dq", p, perm(base.bwd->dq, src_q, ha, src_q_rows, 0),
+                        rel.bwd->dq, ulps, nullptr, dpa ? &dq_extra : nullptr));
+    out.push_back(Agree(kCheck, "dk", p, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
+                        rel.bwd->dk, ulps, nullptr, dpa ? &dk_extra : nullptr));
     out.push_back(
         Agree(kCheck, "dv", p, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0), rel.bwd->dv, ulps));
   }
   // Locations are those of the permuted problem; say how to map them back.
   for (Verdict& v : out) {
-    v.message += fmt::format(" ({}, heads reversed{}; coordinates in the permuted run)",
-                             !permute_batch ? "batch kept"
+    v.message += fmt::format(" ({}, heads reversed{}; coordinates in the permuted run{})",
+                             !permute_batch ? (seq_blocked_packed
+                                                   ? "batch kept: sequence-blocked recipe"
+                                                   : "batch kept")
                              : p.varlen()   ? "packed sequences reversed"
                                             : "batch reversed",
-                             r > 1 ? " per kv group" : "");
+                             r > 1 ? " per kv group" : "", dp_note);
   }
   return out;
 }
@@ -334,7 +494,13 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
   RunOutputs base = BaseRun(kCheck, ctx, bwd);
   if (base.stop) return *base.stop;
   // The relations, each a window problem that must equal the case:
-  //   causal:     window (Sk, 0) without causal (the same diagonal, both alignments);
+  //   causal:     window (L, 0) without causal, on the same diagonal (mask.h: a window is
+  //               relative to the causal_align diagonal whether or not causal is set), L the
+  //               smallest left bound that reaches key 0 from every query's diagonal plus
+  //               one: Sk for bottom-right (the last query's diagonal is key Sk - 1; the
+  //               flash-attention idiom window_left = seqlen_k), Sq for top-left (query i's
+  //               diagonal is key i, so (Sk, 0) would hide keys from queries i > Sk once
+  //               Sq > Sk + 1: not the causal mask, a false alarm on correct kernels);
   //   not causal: windows whose bounds reach past every key, (Sq + Sk, -1) and (-1, Sq + Sk):
   //               no window. A kernel that rewrites an unbounded or too large bound (clamps it
   //               to seqlen_k, flash-attention #895) drops keys here once Sq > Sk.
@@ -347,9 +513,11 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
   if (p.causal) {
     Problem w = p;
     w.causal = false;
-    w.window_left = p.seqlen_k;
+    const bool top_left = p.causal_align == CausalAlign::kTopLeft;
+    w.window_left = top_left ? p.seqlen_q : p.seqlen_k;
     w.window_right = 0;
-    relations.push_back({w, "causal vs window (Sk, 0)"});
+    relations.push_back({w, top_left ? "causal (top-left) vs window (Sq, 0)"
+                                     : "causal vs window (Sk, 0)"});
   } else {
     Problem left = p, right = p;
     left.window_left = reach;
@@ -362,16 +530,21 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     RunOutputs rel = RunKernel(kCheck, *ctx.kernel, rel_case.w, in.q, in.k, in.v, in.dout, bwd,
                                rel_case.what);
     if (rel.stop) return *rel.stop;
+    // A hybrid kernel may route the window problem to another backward (DpAllowance).
+    std::string dp_note;
+    const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, rel_case.w, base, &dp_note);
     std::vector<Verdict> part;
     part.push_back(Agree(kCheck, "o", p, base.fwd.o, rel.fwd.o, 2));
     part.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
     if (bwd) {
-      part.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2));
-      part.push_back(Agree(kCheck, "dk", p, base.bwd->dk, rel.bwd->dk, 2));
+      part.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2, nullptr,
+                           dpa ? &dpa->dq : nullptr));
+      part.push_back(Agree(kCheck, "dk", p, base.bwd->dk, rel.bwd->dk, 2, nullptr,
+                           dpa ? &dpa->dk : nullptr));
       part.push_back(Agree(kCheck, "dv", p, base.bwd->dv, rel.bwd->dv, 2));
     }
     for (Verdict& v : part) {
-      v.message += " (" + rel_case.what + ")";
+      v.message += " (" + rel_case.what + dp_note + ")";
       out.push_back(std::move(v));
     }
   }
@@ -390,13 +563,17 @@ Tensor Rows(const Tensor& t, int64_t axis, int64_t begin, int64_t n) {
 // `t` with `before` rows inserted in front of and `after` rows behind its rows along `axis`
 // (padded: every batch entry gets its own, so `axis` is the sequence axis there). Padding
 // rows are copies of the tensor's own rows taken backwards (values of the dtype, and stale
-// data is what padding holds in practice).
-Tensor PadRows(const Tensor& t, int64_t axis, int64_t before, int64_t after) {
+// data is what padding holds in practice). Copies leave a per-tensor amax where it was; with
+// `block` > 0 they are taken from the last `block`-aligned block of real rows only, so that
+// padding appended into that block leaves its amax, and so its scale, where it was too (a
+// recipe blocked along the sequence, SequenceBlock).
+Tensor PadRows(const Tensor& t, int64_t axis, int64_t before, int64_t after, int64_t block = 0) {
   const int64_t n = t.dim(axis);
+  const int64_t m = block > 0 && n > 0 ? n - (n - 1) / block * block : n;
   std::vector<int64_t> src;
-  for (int64_t k = 0; k < before; ++k) src.push_back(n - 1 - (k % n));
+  for (int64_t k = 0; k < before; ++k) src.push_back(n - 1 - (k % m));
   for (int64_t k = 0; k < n; ++k) src.push_back(k);
-  for (int64_t k = 0; k < after; ++k) src.push_back((n - 1 - ((before + k) % n)));
+  for (int64_t k = 0; k < after; ++k) src.push_back((n - 1 - ((before + k) % m)));
   return Gather(t, axis, src);
 }
 
@@ -428,16 +605,43 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   std::string what;
   if (packed) {
     // Odd lengths, so that every real sequence moves by a non-multiple of any tile or block.
-    const int64_t fq = std::min<int64_t>(7, p.seqlen_q), fk = std::min<int64_t>(5, p.seqlen_k);
-    const int64_t bq = std::min<int64_t>(13, p.seqlen_q), bk = std::min<int64_t>(11, p.seqlen_k);
+    // A recipe blocked along the sequence (SequenceBlock, block n) may only be asked what
+    // keeps its block grid: n padding tokens in front, in padding sequences of at most the
+    // longest real length (max_seqlen unchanged; zero-length ones pad the shorter side), so
+    // every real token keeps its block and its block's neighbours; and none behind, where
+    // padding would join the last real block and move its scale by design.
+    const int64_t block = SequenceBlock(ctx);
+    const int64_t fq = block > 0 ? block : std::min<int64_t>(7, p.seqlen_q);
+    const int64_t fk = block > 0 ? block : std::min<int64_t>(5, p.seqlen_k);
+    const int64_t bq = block > 0 ? 0 : std::min<int64_t>(13, p.seqlen_q);
+    const int64_t bk = block > 0 ? 0 : std::min<int64_t>(11, p.seqlen_k);
+    if (block > 0 && (p.seqlen_q == 0 || p.seqlen_k == 0)) return {};
+    // Front padding sequences: lengths of at most seqlen each, as many on both sides.
+    auto split = [](int64_t total, int64_t cap, int64_t count) {
+      std::vector<int32_t> lens;
+      for (int64_t c = 0; c < count; ++c) {
+        const int64_t n = std::min(cap, total);
+        lens.push_back(static_cast<int32_t>(n));
+        total -= n;
+      }
+      return lens;
+    };
+    const int64_t front_count =
+        block > 0 ? std::max((fq + p.seqlen_q - 1) / p.seqlen_q, (fk + p.seqlen_k - 1) / p.seqlen_k)
+                  : 1;
     std::vector<int32_t> cq = {0}, ck = {0};
-    for (size_t b = 0; b < p.cu_seqlens_q->size(); ++b) {
+    for (int32_t n : split(fq, block > 0 ? p.seqlen_q : fq, front_count)) cq.push_back(cq.back() + n);
+    for (int32_t n : split(fk, block > 0 ? p.seqlen_k : fk, front_count)) ck.push_back(ck.back() + n);
+    for (size_t b = 1; b < p.cu_seqlens_q->size(); ++b) {
       cq.push_back(static_cast<int32_t>(fq) + (*p.cu_seqlens_q)[b]);
       ck.push_back(static_cast<int32_t>(fk) + (*p.cu_seqlens_k)[b]);
     }
-    cq.push_back(cq.back() + static_cast<int32_t>(bq));
-    ck.push_back(ck.back() + static_cast<int32_t>(bk));
-    pp.batch = p.batch + 2;
+    const int64_t back_count = block > 0 ? 0 : 1;
+    if (back_count > 0) {
+      cq.push_back(cq.back() + static_cast<int32_t>(bq));
+      ck.push_back(ck.back() + static_cast<int32_t>(bk));
+    }
+    pp.batch = p.batch + front_count + back_count;
     pp.cu_seqlens_q = cq;
     pp.cu_seqlens_k = ck;
     auto pad = [](const Tensor& t, int64_t before, int64_t after) {
@@ -450,12 +654,19 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
     q_off = fq;
     k_off = fk;
     lse_axis = 1;  // [Hq, total_q]
-    what = fmt::format("padding sequences of {}x{} tokens in front and {}x{} behind", fq, fk, bq,
-                       bk);
+    what = block > 0
+               ? fmt::format("{} padding sequence(s) of {}x{} tokens in front, none behind "
+                             "(sequence blocks of {}: the block grid kept)",
+                             front_count, fq, fk, block)
+               : fmt::format("padding sequences of {}x{} tokens in front and {}x{} behind", fq,
+                             fk, bq, bk);
     if (q2.dim(0) == 0 || k2.dim(0) == 0) return {};
   } else {
     const int64_t n = 9;  // padding tokens per batch entry, queries and keys alike
-    int32_t next_id = 0;
+    // Ids no real token has. Without document ids every real token is given id 0 below, so
+    // the first free id is 1 (starting from 0 gave the padding keys the real tokens' id:
+    // every real query saw them).
+    int32_t next_id = 1;
     if (p.document_ids_q) {
       for (const auto& row : *p.document_ids_q) {
         for (int32_t x : row) next_id = std::max(next_id, x + 1);
@@ -482,10 +693,13 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
     pp.seqlen_k = p.seqlen_k + n;
     pp.document_ids_q = dq_ids;
     pp.document_ids_k = dk_ids;
-    q2 = PadRows(in.q, 1, 0, n);
-    k2 = PadRows(in.k, 1, 0, n);
-    v2 = PadRows(in.v, 1, 0, n);
-    if (bwd) do2 = PadRows(in.dout, 1, 0, n);
+    // The padding joins the last block of a sequence-blocked recipe: copies of that block's
+    // own rows keep its scales (PadRows).
+    const int64_t block = SequenceBlock(ctx);
+    q2 = PadRows(in.q, 1, 0, n, block);
+    k2 = PadRows(in.k, 1, 0, n, block);
+    v2 = PadRows(in.v, 1, 0, n, block);
+    if (bwd) do2 = PadRows(in.dout, 1, 0, n, block);
     q_axis = k_axis = 1;
     lse_axis = 2;  // [B, Hq, Sq]
     what = fmt::format("{} padding queries and keys appended to every batch entry, masked by "
@@ -502,7 +716,12 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   // Packed padding leaves every real token's computation as it was: bitwise for a kernel
   // that claims determinism. Padded padding changes Sq and Sk, and with them a kernel's tile
   // count and split points: the window relation's budgets.
-  const bool exact = packed && ctx.kernel->capabilities().deterministic;
+  // A hybrid kernel may route the padded problem (documents, varlen) to another backward:
+  // dq and dk then also get what its other dP rounding moves (DpAllowance), and bitwise
+  // equality is off.
+  std::string dp_note;
+  const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
+  const bool exact = packed && ctx.kernel->capabilities().deterministic && !dpa;
   const double o_ulps = exact ? 0 : 2, lse_ulps = exact ? 0 : 4, g_ulps = exact ? 0 : 2;
   const int64_t nq = packed ? p.TotalQ() : p.seqlen_q, nk = packed ? p.TotalK() : p.seqlen_k;
   std::vector<Verdict> out;
@@ -510,11 +729,13 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
                       lse_ulps));
   if (bwd) {
-    out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, Rows(rel.bwd->dq, q_axis, q_off, nq), g_ulps));
-    out.push_back(Agree(kCheck, "dk", p, base.bwd->dk, Rows(rel.bwd->dk, k_axis, k_off, nk), g_ulps));
+    out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, Rows(rel.bwd->dq, q_axis, q_off, nq),
+                        g_ulps, nullptr, dpa ? &dpa->dq : nullptr));
+    out.push_back(Agree(kCheck, "dk", p, base.bwd->dk, Rows(rel.bwd->dk, k_axis, k_off, nk),
+                        g_ulps, nullptr, dpa ? &dpa->dk : nullptr));
     out.push_back(Agree(kCheck, "dv", p, base.bwd->dv, Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
   }
-  for (Verdict& v : out) v.message += " (" + what + "; real tokens only)";
+  for (Verdict& v : out) v.message += " (" + what + "; real tokens only" + dp_note + ")";
   return out;
 }
 

@@ -57,8 +57,8 @@ std::vector<CheckInfo> BuildChecks() {
       {"gqa-mha", "GQA equals MHA with k/v repeated per group (dk, dv: group sums)",
        RunGqaEquivalence},
       {"window-causal",
-       "window (Sk, 0) without causal equals causal, and a window reaching past every key on "
-       "both sides equals no window",
+       "window (Sk, 0) without causal equals bottom-right causal ((Sq, 0): top-left), and a "
+       "window reaching past every key on both sides equals no window",
        RunWindowCausal},
       {"special-values",
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
@@ -82,8 +82,8 @@ std::vector<CheckInfo> BuildChecks() {
        "the constant-V probe, and the gradient at the recipe's quantised operands",
        RunConsistency},
       {"permutation",
-       "permuting batch entries (padded or packed) and heads permutes the outputs (bitwise "
-       "when deterministic)",
+       "permuting batch entries (padded or packed) and heads permutes the outputs (within 2 "
+       "ulps of the row: group sums and split points may change order)",
        RunPermutation},
       {"padding",
        "padding tokens (a padding sequence before and after a packed batch; padding keys and "
