@@ -56,6 +56,16 @@ std::vector<double> Abs(const Tensor& t) {
 }
 
 // Offset of (b, h, i) in lse / delta: [B, Hq, Sq] or, packed, [Hq, total_q] (oracle.h).
+// Whether some query of rows [i0, i0 + tq) may see some key of [j0, j0 + tk) (the mask's
+// interval bounds): tiles outside the causal / window band are skipped.
+bool AnyQuerySees(const MaskView& mask, int64_t i0, int64_t tq, int64_t j0, int64_t tk) {
+  for (int64_t r = 0; r < tq; ++r) {
+    const auto [lo, hi] = mask.KeyBounds(i0 + r);
+    if (std::max(lo, j0) < std::min(hi, j0 + tk)) return true;
+  }
+  return false;
+}
+
 int64_t LseIndex(const Problem& p, int64_t b, int64_t h, const Sequence& seq, int64_t i) {
   if (p.varlen()) return h * p.TotalQ() + seq.q_begin + i;
   return (b * p.heads_q + h) * p.seqlen_q + i;
@@ -126,13 +136,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
             for (int64_t j0 = 0; j0 < seq.k_len; j0 += kTileK) {
               const int64_t tk = std::min(kTileK, seq.k_len - j0);
               const int64_t krow0 = seq.k_begin + j0;
-              // Skip a tile no query of the block sees (causal / window bands).
-              bool any = false;
-              for (int64_t r = 0; r < tq && !any; ++r) {
-                const auto [lo, hi] = mask.KeyBounds(i0 + r);
-                any = std::max(lo, j0) < std::min(hi, j0 + tk);
-              }
-              if (!any) continue;
+              if (!AnyQuerySees(mask, i0, tq, j0, tk)) continue;
               Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
                    K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
               // |dO| |V|^T: the size of dP's fp32 terms, not the possibly cancelled |dP|.
@@ -353,12 +357,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
           for (int64_t j0 = 0; j0 < seq.k_len; j0 += kTileK) {
             const int64_t tk = std::min(kTileK, seq.k_len - j0);
             const int64_t krow0 = seq.k_begin + j0;
-            bool any = false;
-            for (int64_t r = 0; r < tq && !any; ++r) {
-              const auto [lo, hi] = mask.KeyBounds(i0 + r);
-              any = std::max(lo, j0) < std::min(hi, j0 + tk);
-            }
-            if (!any) continue;
+            if (!AnyQuerySees(mask, i0, tq, j0, tk)) continue;
             const size_t n = static_cast<size_t>(tq * tk);
             Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
                  K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);

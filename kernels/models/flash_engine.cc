@@ -989,17 +989,12 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
     const Operand* raw;
     const OperandQuant* quant;
   };
-  Role roles[] = {
+  const Role roles[] = {
       {&plan.q_qk, &raw_q, &recipe.qk.a},     {&plan.k_qk, &raw_k, &recipe.qk.b},
       {&plan.do_dov, &raw_do, &recipe.dov.a}, {&plan.v_dov, &raw_v, &recipe.dov.b},
       {&plan.do_pdo, &raw_do, &recipe.pdo.b}, {&plan.k_dsk, &raw_k, &recipe.dsk.b},
       {&plan.q_dsq, &raw_q, &recipe.dsq.b},
   };
-  // Fault bwd_unquantized_k: the backward recomputes S = Q·Kᵀ from K as stored, not from the
-  // forward's quantised copy (Attn-QAT, arXiv 2603.00040: a low-precision forward with a
-  // high-precision backward differentiates another forward).
-  const OperandQuant k_as_stored{};
-  if (options.faults.bwd_unquantized_k) roles[1].quant = &k_as_stored;
   for (const Role& role : roles) {
     Expected<Operand> prepared = Prepare(p, *role.raw, *role.quant, options.faults);
     if (!prepared.ok()) return prepared.error();

@@ -64,7 +64,6 @@ struct EngineFaults {
   bool softcap_no_bwd_derivative = false;  // dS not multiplied by 1 − tanh²
   bool bwd_diag_tile_unmasked = false;     // partially masked tiles computed without the mask
   bool masked_ds_nan = false;              // P = exp2(s − lse) everywhere: NaN in empty rows
-  bool bwd_unquantized_k = false;          // the backward's Q·Kᵀ reads K as stored
   std::optional<Format> delta_o_format;    // D from O rounded to this format (saturating)
   uint64_t dq_order_rotation = 0;          // dQ's key tiles walked starting at this tile
   // Block-scaled input operands (forward and backward).
