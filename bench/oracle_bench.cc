@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reference/oracle/oracle.h"
+#include "reference/oracle/oracle_gemm.h"
 #include "reference/problem/problem.h"
 #include "reference/tensor.h"
 
@@ -108,7 +109,8 @@ int RunAttention(int64_t seqlen, int64_t head_dim, bool causal, int threads, int
                         {"gflops_fwd_bwd", flops / t_step * 1e-9},
                         {"cpu_seconds_fwd_bwd", step.cpu},
                         {"gflops_per_cpu_second_fwd_bwd", flops / step.cpu * 1e-9},
-                        {"peak_rss_mib", PeakRssMiB()}};
+                        {"peak_rss_mib", PeakRssMiB()},
+                        {"products", oracle_internal::GemmPanelsIsa()}};
   std::cout << out.dump() << std::endl;
   return 0;
 }

@@ -259,7 +259,9 @@ def main():
             f"| {o['peak_rss_mib']:.0f} | {npcell} |")
     lines.append("")
     if rows:
-        lines.append(f"OpenBLAS (oracle, dgemm): `{rows[0][5]['openblas_config']}`.")
+        lines.append(f"dgemm: `{rows[0][5]['openblas_config']}`. The oracle's own products "
+                     f"(reference/oracle/oracle_gemm.h): the "
+                     f"{rows[0][3].get('products', '?')} version.")
     if numpy_info:
         lines.append(f"NumPy {numpy_info['numpy']}, BLAS: {numpy_info['blas']} "
                      "(OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for NumPy only).")

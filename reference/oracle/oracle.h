@@ -1,7 +1,8 @@
 // The attention oracle: forward and backward of exactly the semantics of
 // reference/problem/problem.h and mask.h (DESIGN.md "Semantics" and "Oracle"), in float64
-// (oracle_double.cc: tiled over keys, OpenBLAS dgemm inside tiles, std::threads over batch x
-// head x query tile in the forward and batch x head in the backward, compensated sums,
+// (oracle_double.cc: tiled over keys, register-blocked FMA products inside tiles
+// (oracle_gemm.h), std::threads over batch x head x query tile in the forward and batch x
+// head in the backward, compensated sums,
 // O(tile_q x Sk) memory per thread, results bitwise independent of the thread count) and in
 // boost::multiprecision (oracle_generic.h: MPFR at 128 and 257 bits) to certify the float64
 // path and to produce golden files.
@@ -34,26 +35,25 @@ namespace attest {
 
 struct OracleOptions {
   int threads = 0;       // worker threads; 0: std::thread::hardware_concurrency()
-  // Tiles of the float64 path: tile_q query rows per work item and per dgemm, tile_k keys per
+  // Tiles of the float64 path: tile_q query rows per work item and per product, tile_k keys per
   // tile (the only score storage is tile_q x tile_k). 0 picks them from the problem
   // (AutoTiles below).
   int64_t tile_q = 0;
   int64_t tile_k = 0;
   // Backward of the float64 path: each worker keeps one query tile's transformed scores
   // (tile_q x Sk doubles, twice that with softcap) from that tile's forward and reuses them
-  // instead of recomputing Q K^T (6 dgemms per tile pair instead of 7), when they fit in
+  // instead of recomputing Q K^T (6 products per tile pair instead of 7), when they fit in
   // this many bytes; above it the scores are recomputed per tile, so memory stays
   // O(tile_q x Sk) per worker, never O(Sq x Sk). Results are bitwise the same either way
-  // (the same dgemm on the same operands; oracle_test checks it). 0: always recompute.
+  // (the same product on the same operands; oracle_test checks it). 0: always recompute.
   int64_t score_cache_bytes = int64_t{64} << 20;
 };
 
-// The float64 path's tiles for `p` when OracleOptions leaves them 0: 256 x 512 when every
-// query may see every key, 256 x 256 when a causal or sliding-window mask restricts the keys
-// (fewer partly masked tiles). The fastest of the sizes tried (32..512 x 128..1024, S = 2048
-// at D = 64 and 128, S = 4096 at D = 128; docs/bench-oracle.md): fewer, larger dgemm calls
-// amortise OpenBLAS's packing of both operands, and taller query tiles halve the backward's
-// passes over the dK/dV accumulators (it runs query-tile-major to reuse the forward's scores).
+// The float64 path's tiles for `p` when OracleOptions leaves them 0: 128 x 128 for every
+// mask. The fastest of the sizes tried with the panel products of oracle_gemm.h (64..256 x
+// 64..512 at S = 4096, D = 64 and 128, causal and not; 128 x 128 also at S = 1024 and 8192;
+// docs/bench-oracle.md): with no per-call packing to amortise, tiles whose P and dS stay in
+// the core's L2 win over the larger tiles OpenBLAS needed (256 x 512 until 2026-12-02).
 struct OracleTiles {
   int64_t q = 0, k = 0;
 };
@@ -112,7 +112,7 @@ template <class T>
 BackwardOut Backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& dout, const OracleOptions& options = {});
 
-// Defined (as explicit specializations) for double (oracle_double.cc: tiled, BLAS, threads)
+// Defined (as explicit specializations) for double (oracle_double.cc: tiled, threads)
 // and for Mp128 / Mp256 (oracle_mp128.cc, oracle_mp256.cc: the generic loop of
 // oracle_generic.h); include oracle_mp.h to call the MP ones by type.
 template <>

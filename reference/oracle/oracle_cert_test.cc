@@ -88,9 +88,10 @@ TEST(OracleCertTest, BoundHoldsForSharpSoftmaxAndLargeLogits) {
 }
 
 TEST(OracleCertTest, BoundHoldsWithBlasSizedTiles) {
-  // 64 x 256 tiles (AutoTiles' 128 x 512 halved in each direction, so that the MP256
-  // reference stays a few seconds) on a problem spanning 2 query tiles and 2 key tiles per head, GQA 2,
-  // causal with softcap and ALiBi: dgemm shapes of the performance path's order.
+  // 64 x 256 tiles (key tiles of two k blocks of the panel products, oracle_gemm.h; small
+  // enough that the MP256 reference stays a few seconds) on a problem spanning 2 query tiles
+  // and 2 key tiles per head, GQA 2,
+  // causal with softcap and ALiBi: product shapes of the performance path's order.
   Problem p = oracle_test::Base(1, 2, 1, 80, 280, 64, 48);
   p.causal = true;
   p.softcap = 6.0;

@@ -3,14 +3,14 @@
 //
 // Tiles: query tiles of tile_q rows and key tiles of tile_k keys, both aligned to multiples
 // of their size from the start of each sequence; a (query tile, key tile) pair is computed
-// only if some row may see some key of it (mask.h KeyBounds), and always by the same dgemm
+// only if some row may see some key of it (mask.h KeyBounds), and always by the same product
 // call on the same operands, so the forward's scores and the backward's are bitwise equal.
 //
 // Forward, work items (batch, query head, query tile): for each key tile in ascending order,
-// S = scale Q K^T (dgemm), then per row the score transform and the mask (-inf), the online
+// S = scale Q K^T, then per row the score transform and the mask (-inf), the online
 // softmax (running max m; when it grows, O and the denominator l are rescaled by
 // exp(m_old - m_new)), P = exp(s - m), l += row sum of P with compensation (Sum2), and
-// O += P V (dgemm). At the end o = O / l and lse = m + log l. An online softmax rather than
+// O += P V. At the end o = O / l and lse = m + log l. An online softmax rather than
 // two passes: one Q K^T instead of two, and the rescalings add at most u (|dm| + 1) each,
 // which ErrorBound accounts for. Memory per worker: a tile_q x tile_k tile and O.
 //
@@ -18,10 +18,10 @@
 // forward above for that tile (its o, lse, never a kernel's), delta = rowsum(dO o) of its
 // rows by compensated dot products; then for each key tile that the tile's rows may see, in
 // ascending order: S, P = exp(s - lse), dP = dO V^T, dS = P (dP - delta) [(1 - tanh^2) with
-// softcap], dV_rows += P^T dO, dK_rows += dS^T Q, dQ_rows += dS K_tile (dgemm each). S is
+// softcap], dV_rows += P^T dO, dK_rows += dS^T Q, dQ_rows += dS K_tile. S is
 // the forward's: the tile's transformed scores (tile_q x Sk) are kept from its forward when
-// they fit in OracleOptions::score_cache_bytes, else recomputed by the same dgemm on the same
-// operands; either way the same bits, and 6 dgemms per tile pair instead of 7 when kept.
+// they fit in OracleOptions::score_cache_bytes, else recomputed by the same product on the same
+// operands; either way the same bits, and 6 products per tile pair instead of 7 when kept.
 // dq rows accumulate over key tiles in ascending order (in a contiguous tile_q x D buffer);
 // dk/dv rows over query tiles in ascending order (the same sums in the same order as FA2
 // Alg. 2's key-tile-major loop, which this code computed until 2026-12: bitwise the same
@@ -31,25 +31,26 @@
 // end. Nothing depends on which thread ran what: results are bitwise independent of the
 // thread count. Flops: 4 + 10 = 14 Sq Sk D (D = Dv; 12 when the scores are kept); extra
 // memory per worker: tile_q x Sk scores and [Sk, D + Dv] accumulators; one
-// [Hq, total_k, D + Dv] partial when Hq > Hkv, and head-major copies of the inputs (below).
+// [Hq, total_k, D + Dv] partial when Hq > Hkv, and the operand panels (below).
 // Keeping the scores trades the recomputed Q K^T (1/7 of the flops) for writing and reading
 // 8 bytes per score outside L2: ~6 % net on the 2-core VM of docs/bench-oracle.md. With
 // fewer (batch, head) items than threads, the forward runs first on its own (parallel over
 // query tiles as well) and the backward recomputes the scores: the same bits, more threads.
 //
-// Speed (docs/bench-oracle.md has the profile): the dgemm calls are ~60 % of the time, so
-// what is around them is kept small. Tiles default to AutoTiles (oracle.h): few, large
-// calls amortise OpenBLAS's packing of both operands on every call. With several heads the
-// inputs are read from head-major copies, so a tile's rows are contiguous for the packing.
-// Elementwise work is one fused pass per row (oracle_exp.h: exp <= 1 ulp instead of glibc's
-// scalar exp, lane-compensated sums, branch-free row statistics), vectorised per ISA.
-//
-// BLAS threading: the workers call single-threaded dgemm. OpenBLAS 0.3.21 (Debian 12) has
-// only the process-wide openblas_set_num_threads (per-thread control arrived in 0.3.27 as
-// openblas_set_num_threads_local), so a scope guard sets 1 for the duration of a call and
-// restores the caller's setting when the last concurrent call ends.
-#include <cblas.h>
-
+// Speed (docs/bench-oracle.md has the profile): the six products are ~70 % of the time, so
+// what is around them is kept small. They are oracle_gemm.h's panel products, not OpenBLAS
+// dgemm (which this file called until 2026-12-02): dgemm packs both operands on every call,
+// and here one of them is P or dS, new in every tile and only 2 D flops per element, so the
+// packing was ~13 % of the time. The B operands (K^T, V^T, K, V, Q, dO) are packed into
+// panels once per worker and (sequence, head) (PackKv, PackQdo: O(S D) per worker), the A
+// operands (Q and dO rows, P, dS and their transposes) are read where they lie. On the
+// acceptance shape (S = 4096, D = 128, 2 threads) that took fwd+bwd from 2.12 s to 1.70 s,
+// and its per-core rate on the tile shapes is above OpenBLAS's (105 vs 74 GFLOP/s for
+// 256 x 128 x 512 with packing). The products' rounding is fixed (oracle_gemm.h) and the
+// same on every ISA, so results are now also independent of the machine's BLAS. Tiles
+// default to AutoTiles (oracle.h). Elementwise work is one fused pass per row (oracle_exp.h:
+// exp <= 1 ulp instead of glibc's scalar exp, lane-compensated sums, branch-free row
+// statistics), vectorised per ISA.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -62,13 +63,8 @@
 
 #include "reference/oracle/oracle.h"
 #include "reference/oracle/oracle_exp.h"
+#include "reference/oracle/oracle_gemm.h"
 #include "reference/oracle/oracle_internal.h"
-
-// Weak so that a non-OpenBLAS cblas still links (the guard then does nothing).
-extern "C" {
-void openblas_set_num_threads(int) __attribute__((weak));
-int openblas_get_num_threads(void) __attribute__((weak));
-}
 
 namespace attest {
 namespace {
@@ -77,49 +73,8 @@ using namespace oracle_internal;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-class BlasSingleThreadScope {
- public:
-  BlasSingleThreadScope() {
-    std::lock_guard<std::mutex> lock(State().mutex);
-    if (State().depth++ == 0 && openblas_get_num_threads && openblas_set_num_threads) {
-      State().saved = openblas_get_num_threads();
-      if (State().saved != 1) openblas_set_num_threads(1);
-    }
-  }
-  ~BlasSingleThreadScope() {
-    std::lock_guard<std::mutex> lock(State().mutex);
-    if (--State().depth == 0 && openblas_set_num_threads && State().saved != 1) {
-      openblas_set_num_threads(State().saved);
-    }
-  }
-  BlasSingleThreadScope(const BlasSingleThreadScope&) = delete;
-  BlasSingleThreadScope& operator=(const BlasSingleThreadScope&) = delete;
-
- private:
-  struct Shared {
-    std::mutex mutex;
-    int depth = 0;
-    int saved = 1;
-  };
-  static Shared& State() {
-    static Shared shared;  // the one piece of process state: mirrors OpenBLAS's own
-    return shared;
-  }
-};
-
-// C = alpha op(A) op(B) + beta C, row-major.
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-          int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
-
-// An uninitialised array of doubles for the multi-MiB buffers (head-major input copies, score
-// strips, dk/dv accumulators): a vector would zero what is about to be overwritten.
+// An uninitialised array of doubles for the multi-MiB buffers (operand panels, score strips,
+// dk/dv accumulators): a vector would zero what is about to be overwritten.
 // (Transparent huge pages for them, via madvise, were tried: on this VM the cost of faulting
 // in fresh 2 MiB pages exceeded the TLB savings; docs/bench-oracle.md.)
 class BigArray {
@@ -172,10 +127,6 @@ class DoubleOracle {
                const Tensor* dout, const OracleOptions& options)
       : p_(p),
         in_(CheckInputs(p, q, k, v, dout)),
-        q_(HeadMajor(in_.Q(), p.TotalQ(), p.heads_q, p.head_dim)),
-        k_(HeadMajor(in_.K(), p.TotalK(), p.heads_kv, p.head_dim)),
-        v_(HeadMajor(in_.V(), p.TotalK(), p.heads_kv, p.head_dim_v)),
-        do_(HeadMajor(dout ? in_.DO() : nullptr, p.TotalQ(), p.heads_q, p.head_dim_v)),
         norms_(ComputeNorms(p, in_)),
         masks_(MaskViews(p)),
         tile_q_(options.tile_q > 0 ? options.tile_q : AutoTiles(p).q),
@@ -207,50 +158,78 @@ class DoubleOracle {
     std::vector<double> acc_q;
     BigArray acc_k, acc_kv;
     std::vector<uint8_t> visible;  // [row r][key tile]: row r sees some key of the tile
+    // Operand panels (PackKv, PackQdo) and which (b * Hkv + g) the kv ones hold.
+    BigArray kt, vt, k_panels, v_panels, q_panels, do_panels;
+    Panels k_rows, v_rows, q_rows, do_rows;
+    int64_t packed_kv = -1;
+    bool packed_kv_backward = false;
     std::vector<int64_t> tiles, keys, rlo, rhi, chain, chain_tq;
   };
 
-  // An input as the dgemm calls read it: row `row` of head `h` at base + h head_stride +
-  // row ld. With several heads the oracle reads a head-major copy ([H, rows, width], ld =
-  // width) rather than the [rows, H, width] input (ld = H width): a tile's rows are then
-  // contiguous, which OpenBLAS packs ~1.1x faster overall (fewer TLB misses, prefetchable)
-  // at the price of one copy of the inputs, made only up to kHeadMajorMaxBytes per input
-  // (the oracle must not double the memory of a huge problem). OpenBLAS packs a tile into the
-  // same buffer layout whatever its leading dimension, so the results are the same (checked
-  // bitwise against strided reads on MHA, GQA, causal and Dv != D problems).
-  struct Operand {
-    const double* base = nullptr;
-    int64_t head_stride = 0, ld = 0;
-    BigArray copy;
-    const double* Row(int64_t row, int64_t h) const { return base + h * head_stride + row * ld; }
-  };
-  static Operand HeadMajor(const double* x, int64_t rows, int64_t heads, int64_t width) {
-    Operand op;
-    constexpr int64_t kHeadMajorMaxBytes = int64_t{512} << 20;
-    if (heads == 1 || x == nullptr ||
-        rows * heads * width > kHeadMajorMaxBytes / static_cast<int64_t>(sizeof(double))) {
-      op.base = x;
-      op.head_stride = width;
-      op.ld = heads * width;
-      return op;
-    }
-    op.copy.Reserve(static_cast<size_t>(rows * heads * width));
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t row = 0; row < rows; ++row) {
-        const double* src = x + RowOffset(row, heads, h, width);
-        std::copy(src, src + width, op.copy.data() + (h * rows + row) * width);
-      }
-    }
-    op.base = op.copy.data();
-    op.head_stride = rows * width;
-    op.ld = width;
-    return op;
+  // Rows of the [rows, H, width] inputs; consecutive rows of a head are ld() apart.
+  const double* QRow(int64_t row, int64_t h) const {
+    return in_.Q() + RowOffset(row, p_.heads_q, h, p_.head_dim);
   }
+  const double* KRow(int64_t row, int64_t g) const {
+    return in_.K() + RowOffset(row, p_.heads_kv, g, p_.head_dim);
+  }
+  const double* VRow(int64_t row, int64_t g) const {
+    return in_.V() + RowOffset(row, p_.heads_kv, g, p_.head_dim_v);
+  }
+  const double* DoRow(int64_t row, int64_t h) const {
+    return in_.DO() + RowOffset(row, p_.heads_q, h, p_.head_dim_v);
+  }
+  int64_t QLd() const { return p_.heads_q * p_.head_dim; }
+  int64_t KLd() const { return p_.heads_kv * p_.head_dim; }
+  int64_t VLd() const { return p_.heads_kv * p_.head_dim_v; }
+  int64_t DoLd() const { return p_.heads_q * p_.head_dim_v; }
 
-  const double* QRow(int64_t row, int64_t h) const { return q_.Row(row, h); }
-  const double* KRow(int64_t row, int64_t g) const { return k_.Row(row, g); }
-  const double* VRow(int64_t row, int64_t g) const { return v_.Row(row, g); }
-  const double* DoRow(int64_t row, int64_t h) const { return do_.Row(row, h); }
+  // The B operands of the tile products as panels (oracle_gemm.h), packed once per worker
+  // and (sequence, head) rather than per tile: K^T and V^T of every key tile (tile-relative
+  // panels: a key tile's columns start a panel), K and V of the sequence (rows = keys), Q
+  // and dO of the sequence (rows = queries). Extra memory per worker: ~6 sequence x head
+  // operands, O(S D), never O(Sq Sk).
+  int64_t KeyTileBlock(int64_t width) const { return PanelCount(tile_k_) * width * kPanelWidth; }
+  Panels KeyTilePanels(const BigArray& tiles, int64_t width, int64_t kt) const {
+    return {tiles.data() + kt * KeyTileBlock(width), width * kPanelWidth};
+  }
+  void PackKeyTiles(const double* x, int64_t ld, int64_t width, const Sequence& seq,
+                    BigArray& out) const {
+    const int64_t key_tiles = KeyTiles(seq);
+    out.Reserve(static_cast<size_t>(std::max<int64_t>(1, key_tiles * KeyTileBlock(width))));
+    for (int64_t kt = 0; kt < key_tiles; ++kt) {
+      const int64_t j0 = kt * tile_k_, tk = std::min(tile_k_, seq.k_len - j0);
+      PackPanels(x + j0 * ld, width, tk, 1, ld, out.data() + kt * KeyTileBlock(width));
+    }
+  }
+  static Panels PackRows(const double* x, int64_t ld, int64_t rows, int64_t width,
+                         BigArray& out) {
+    out.Reserve(static_cast<size_t>(std::max<int64_t>(1, PanelCount(width) * rows * kPanelWidth)));
+    PackPanels(x, rows, width, ld, 1, out.data());
+    return {out.data(), rows * kPanelWidth};
+  }
+  // Packs what the forward of (b, kv head g) needs (K^T tiles, V rows), and with `backward`
+  // also V^T tiles and K rows; kept while the worker stays on the same (b, g).
+  void PackKv(int64_t b, int64_t g, bool backward, Scratch& sc) const {
+    const int64_t key = b * p_.heads_kv + g;
+    if (sc.packed_kv == key && (sc.packed_kv_backward || !backward)) return;
+    const Sequence& seq = masks_[static_cast<size_t>(b)].sequence();
+    PackKeyTiles(KRow(seq.k_begin, g), KLd(), p_.head_dim, seq, sc.kt);
+    sc.v_rows = PackRows(VRow(seq.k_begin, g), VLd(), seq.k_len, p_.head_dim_v, sc.v_panels);
+    if (backward) {
+      PackKeyTiles(VRow(seq.k_begin, g), VLd(), p_.head_dim_v, seq, sc.vt);
+      sc.k_rows = PackRows(KRow(seq.k_begin, g), KLd(), seq.k_len, p_.head_dim, sc.k_panels);
+    }
+    sc.packed_kv = key;
+    sc.packed_kv_backward = backward;
+  }
+  // Q and dO rows of (b, query head h), for dK and dV.
+  void PackQdo(int64_t b, int64_t h, Scratch& sc) const {
+    const Sequence& seq = masks_[static_cast<size_t>(b)].sequence();
+    sc.q_rows = PackRows(QRow(seq.q_begin, h), QLd(), seq.q_len, p_.head_dim, sc.q_panels);
+    sc.do_rows =
+        PackRows(DoRow(seq.q_begin, h), DoLd(), seq.q_len, p_.head_dim_v, sc.do_panels);
+  }
   size_t RowIndex(int64_t row, int64_t h) const {
     return static_cast<size_t>(row * p_.heads_q + h);
   }
@@ -283,10 +262,11 @@ class DoubleOracle {
     return false;
   }
 
-  // S = scale Q_tile K_tile^T into s (tq x tk, leading dimension tk).
-  void Scores(const Tile& t, const Sequence& seq, double* s) const {
-    Gemm(false, true, t.tq, t.tk, p_.head_dim, stats_.scale, QRow(seq.q_begin + t.i0, t.h), q_.ld,
-         KRow(seq.k_begin + t.j0, t.g), k_.ld, 0.0, s, t.tk);
+  // S = scale Q_tile K_tile^T into s (tq x tk, leading dimension tk). Needs PackKv.
+  void Scores(const Tile& t, const Sequence& seq, const Scratch& sc, double* s) const {
+    GemmPanels(t.tq, t.tk, p_.head_dim, QRow(seq.q_begin + t.i0, t.h), QLd(), 1,
+               KeyTilePanels(sc.kt, p_.head_dim, t.j0 / tile_k_), stats_.scale,
+               /*accumulate=*/false, s, t.tk);
   }
   int64_t KeyTiles(const Sequence& seq) const { return (seq.k_len + tile_k_ - 1) / tile_k_; }
   // Whether the backward of a query tile of `seq` reuses the scores of its forward.
@@ -373,7 +353,6 @@ class DoubleOracle {
 
   const Problem& p_;
   Inputs in_;
-  Operand q_, k_, v_, do_;
   Norms norms_;
   std::vector<MaskView> masks_;
   int64_t tile_q_, tile_k_;
@@ -411,7 +390,7 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
     if (!Overlaps(sc, t.i0, tq, t.j0, t.tk)) continue;
     double* sblock = StripBlock(sc.strip, t, keep);
     double* thblock = p_.softcap > 0 ? StripBlock(sc.strip_th, t, keep) : nullptr;
-    Scores(t, seq, sblock);
+    Scores(t, seq, sc, sblock);
     GatherKeyNorms(t, seq, sc);
     bool any = false;
     for (int64_t r = 0; r < tq; ++r) {
@@ -450,8 +429,8 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
     }
     if (!any) continue;
     max_tk = std::max(max_tk, t.tk);
-    Gemm(false, false, tq, dv, t.tk, 1.0, sc.s.data(), t.tk, VRow(seq.k_begin + t.j0, t.g), v_.ld,
-         1.0, sc.acc_v.data(), dv);
+    GemmPanels(tq, dv, t.tk, sc.s.data(), t.tk, 1, sc.v_rows.Rows(t.j0), 1.0,
+               /*accumulate=*/true, sc.acc_v.data(), dv);
   }
   for (int64_t r = 0; r < tq; ++r) {
     const size_t ur = static_cast<size_t>(r);
@@ -475,7 +454,6 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
 }
 
 ForwardOut DoubleOracle::RunForward() {
-  BlasSingleThreadScope blas_scope;
   std::vector<Tile> items;
   for (int64_t b = 0; b < p_.batch; ++b) {
     const Sequence seq = SequenceOf(p_, b);
@@ -496,6 +474,7 @@ ForwardOut DoubleOracle::RunForward() {
     const Tile& item = items[static_cast<size_t>(n)];
     Scratch& sc = scratch[static_cast<size_t>(w)];
     AllRowBounds(masks_[static_cast<size_t>(item.b)], sc);
+    PackKv(item.b, item.g, /*backward=*/false, sc);
     ForwardTile(item, sc, partial[static_cast<size_t>(w)], o, /*keep=*/false);
   });
   for (const auto& st : partial) MergeStats(stats_, st);
@@ -538,6 +517,8 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
   const bool keep = !forward_done && KeepScores(seq);
   const double cap = p_.softcap;
   AllRowBounds(mask, sc);
+  PackKv(b, g, /*backward=*/true, sc);
+  PackQdo(b, h, sc);
   sc.dp.resize(static_cast<size_t>(tile_q_ * tile_k_));
   // Per key tile: how many query tiles added to its dk/dv rows, and the largest of them
   // (OracleStats::sum_len_q).
@@ -568,9 +549,9 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
       double* sblock = StripBlock(sc.strip, t, keep);
       double* thblock = cap > 0 ? StripBlock(sc.strip_th, t, keep) : nullptr;
       if (!keep) {
-        // The forward's scores again: the same dgemm on the same operands, the same
+        // The forward's scores again: the same product on the same operands, the same
         // transform (its statistics are the forward's, recorded again).
-        Scores(t, seq, sblock);
+        Scores(t, seq, sc, sblock);
         GatherKeyNorms(t, seq, sc);
         for (int64_t r = 0; r < tq; ++r) {
           int64_t count = 0;
@@ -585,8 +566,8 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
       }
       if (!any) continue;
       // dP = dO_tile V_tile^T.
-      Gemm(false, true, tq, tk, ddv, 1.0, DoRow(row0, h), do_.ld, VRow(seq.k_begin + t.j0, g),
-           v_.ld, 0.0, sc.dp.data(), tk);
+      GemmPanels(tq, tk, ddv, DoRow(row0, h), DoLd(), 1, KeyTilePanels(sc.vt, ddv, kt), 1.0,
+                 /*accumulate=*/false, sc.dp.data(), tk);
       for (int64_t r = 0; r < tq; ++r) {
         double* prow = &sc.s[static_cast<size_t>(r * tk)];
         double* dprow = &sc.dp[static_cast<size_t>(r * tk)];
@@ -612,12 +593,12 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
       ++sc.chain[static_cast<size_t>(kt)];
       sc.chain_tq[static_cast<size_t>(kt)] = std::max(sc.chain_tq[static_cast<size_t>(kt)], tq);
       // dV += P^T dO, dK += dS^T Q (unscaled), dQ += dS K (unscaled).
-      Gemm(true, false, tk, ddv, tq, 1.0, sc.s.data(), tk, DoRow(row0, h), do_.ld, 1.0,
-           dv_seq + t.j0 * ddv, ddv);
-      Gemm(true, false, tk, dd, tq, 1.0, sc.dp.data(), tk, QRow(row0, h), q_.ld, 1.0,
-           dk_seq + t.j0 * dd, dd);
-      Gemm(false, false, tq, dd, tk, 1.0, sc.dp.data(), tk, KRow(seq.k_begin + t.j0, g), k_.ld,
-           1.0, sc.acc_q.data(), dd);
+      GemmPanels(tk, ddv, tq, sc.s.data(), 1, tk, sc.do_rows.Rows(i0), 1.0,
+                 /*accumulate=*/true, dv_seq + t.j0 * ddv, ddv);
+      GemmPanels(tk, dd, tq, sc.dp.data(), 1, tk, sc.q_rows.Rows(i0), 1.0,
+                 /*accumulate=*/true, dk_seq + t.j0 * dd, dd);
+      GemmPanels(tq, dd, tk, sc.dp.data(), tk, 1, sc.k_rows.Rows(t.j0), 1.0,
+                 /*accumulate=*/true, sc.acc_q.data(), dd);
     }
     for (int64_t r = 0; r < tq; ++r) {
       double* dqrow = dq + RowOffset(row0 + r, p_.heads_q, h, dd);
@@ -643,7 +624,6 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
 }
 
 BackwardOut DoubleOracle::RunBackward() {
-  BlasSingleThreadScope blas_scope;
   const int64_t dv = p_.head_dim_v, dd = p_.head_dim;
   const int64_t items = p_.batch * p_.heads_q;
   // Fewer (batch, head) items than threads and several query tiles per item: the forward
@@ -741,10 +721,7 @@ BackwardOut DoubleOracle::RunBackward() {
 
 }  // namespace
 
-OracleTiles AutoTiles(const Problem& p) {
-  const bool restricted = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return restricted ? OracleTiles{256, 256} : OracleTiles{256, 512};
-}
+OracleTiles AutoTiles(const Problem&) { return OracleTiles{128, 128}; }
 
 template <>
 ForwardOut Forward<double>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -236,7 +236,7 @@ TEST(OracleTest, ResultsAreBitwiseIndependentOfThreadCount) {
 }
 
 // The backward reuses a query tile's scores from its forward when they fit in
-// score_cache_bytes and recomputes them otherwise: the same dgemm on the same operands, so the
+// score_cache_bytes and recomputes them otherwise: the same product on the same operands, so the
 // results and the statistics must be the same bits either way, also when some sequences of a
 // varlen batch fit and others do not.
 TEST(OracleTest, KeptScoresGiveTheBitsOfRecomputedOnes) {
