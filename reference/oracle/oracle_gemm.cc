@@ -89,11 +89,14 @@ __attribute__((target("avx512f,fma"))) void Micro512(int64_t kc, const double* a
 }
 
 // AVX2: MR rows x 8 columns per pass (12 ymm accumulators for MR = 6, two for the panel
-// row, one broadcast), four passes per panel.
+// row, one broadcast), four passes per panel. Partial columns are loaded and stored with
+// masks (vmaskmovpd), and every loop over the accumulators is unrolled so that they stay in
+// registers.
 template <int MR>
 __attribute__((target("avx2,fma"))) void Micro256(int64_t kc, const double* a, int64_t a_rs,
                                                   int64_t a_cs, const double* b, double* c,
                                                   int64_t ldc, int nvalid, Epilogue e) {
+  const __m256d alpha = _mm256_set1_pd(e.alpha);
   for (int j0 = 0; j0 < nvalid; j0 += 8) {
     __m256d t[MR][2];
 #pragma GCC unroll 8
@@ -109,17 +112,25 @@ __attribute__((target("avx2,fma"))) void Micro256(int64_t kc, const double* a, i
         t[r][1] = _mm256_fmadd_pd(x, b1, t[r][1]);
       }
     }
+    // Lane masks for columns j0 .. j0 + 7 (all-ones high bit = active).
     const int cnt = std::min(8, nvalid - j0);
+    const __m256i lanes0 = _mm256_setr_epi64x(0, 1, 2, 3), lanes1 = _mm256_setr_epi64x(4, 5, 6, 7);
+    const __m256i limit = _mm256_set1_epi64x(cnt);
+    const __m256i m0 = _mm256_cmpgt_epi64(limit, lanes0), m1 = _mm256_cmpgt_epi64(limit, lanes1);
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      alignas(32) double tv[8];
-      _mm256_store_pd(tv, t[r][0]);
-      _mm256_store_pd(tv + 4, t[r][1]);
       double* cp = c + r * ldc + j0;
-      for (int j = 0; j < cnt; ++j) {
-        double x = e.first ? tv[j] : cp[j] + tv[j];
-        if (e.scale) x = e.alpha * x;
-        cp[j] = x;
+      __m256d x0 = t[r][0], x1 = t[r][1];
+      if (!e.first) {
+        x0 = _mm256_add_pd(_mm256_maskload_pd(cp, m0), x0);
+        x1 = _mm256_add_pd(_mm256_maskload_pd(cp + 4, m1), x1);
       }
+      if (e.scale) {
+        x0 = _mm256_mul_pd(alpha, x0);
+        x1 = _mm256_mul_pd(alpha, x1);
+      }
+      _mm256_maskstore_pd(cp, m0, x0);
+      _mm256_maskstore_pd(cp + 4, m1, x1);
     }
   }
 }
