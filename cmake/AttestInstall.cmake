@@ -15,6 +15,12 @@ install(TARGETS attest attest_reference attest_kernels attest_verify
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attest)
 install(TARGETS attest_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The external-process workers (docs/protocol.md), to run as `exec:python3 P/share/attest/
+# workers/numpy_worker.py` or to copy from; faulty_worker.py and the tests stay in the tree.
+install(FILES ${PROJECT_SOURCE_DIR}/tools/workers/attest_worker.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/numpy_worker.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_worker.py
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/attest/workers)
 foreach(layer reference kernels verify)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attest/${layer}

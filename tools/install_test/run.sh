@@ -12,3 +12,11 @@ cmake -S "$here" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$work/consumer" >/dev/null
 "$work/consumer/consumer"
 test -x "$work/prefix/bin/attest"
+# The installed NumPy worker answers describe through the installed attest_worker.py.
+for w in attest_worker.py numpy_worker.py torch_worker.py; do
+  test -f "$work/prefix/share/attest/workers/$w"
+done
+if python3 -c "import numpy" 2>/dev/null; then
+  reply=$(echo '{"op":"describe"}' | (cd / && python3 "$work/prefix/share/attest/workers/numpy_worker.py"))
+  grep -q '"status": *"ok"' <<<"$reply" || { echo "installed numpy_worker.py: $reply" >&2; exit 1; }
+fi
