@@ -1,8 +1,12 @@
 # `attest oracle` end to end (tools/attest/cmd_oracle.cc): a packed varlen GQA softcap ALiBi
 # case (a zero-length query sequence, rows that see no key) through the double and mp256
 # oracles, the six F64 outputs and their metadata checked with `attest inspect --json`;
-# a bad case file, a missing one and a bad --precision exit 2 with a message. Run by ctest as
+# a bad case file, a missing one and a bad --precision exit 2 with a message; the double
+# oracle's output files are byte-identical whichever ISA version of its products runs
+# (ATTEST_ORACLE_ISA = portable, avx2, avx512; reference/oracle/oracle_gemm.h), on this case
+# and on larger ones from tools/device/cases-oracle/. Run by ctest as
 #   cmake -DATTEST=<attest> -DSRC=<repo root> -DWORK=<scratch dir> -P oracle_cli_test.cmake
+cmake_policy(SET CMP0057 NEW)  # if(IN_LIST)
 set(case "${SRC}/reference/oracle/testdata/varlen_gqa_softcap.case.json")
 file(MAKE_DIRECTORY "${WORK}")
 
@@ -24,7 +28,7 @@ endfunction()
 foreach(precision double mp256)
   run_attest(0 out oracle --case "${case}" --out "${WORK}/${precision}.safetensors"
              --precision ${precision})
-  expect_match("${out}" "${precision} oracle -> .* \\(12 empty rows, 32 unseen keys" "oracle ${precision}")
+  expect_match("${out}" "${precision} oracle.* -> .* \\(12 empty rows, 32 unseen keys" "oracle ${precision}")
   run_attest(0 out inspect --json "${WORK}/${precision}.safetensors")
   foreach(tensor o lse dq dk dv delta)
     expect_match("${out}" "\"${tensor}\"" "inspect ${precision}: tensor ${tensor}")
@@ -40,3 +44,36 @@ expect_match("${out}" "heads_q" "bad case")
 run_attest(2 out oracle --case "${WORK}/missing.case.json" --out "${WORK}/m.safetensors")
 run_attest(2 out oracle --case "${case}" --out "${WORK}/p.safetensors" --precision mp512)
 expect_match("${out}" "precision" "bad precision")
+
+# The same bytes from every ISA version of the products. The portable loop (std::fma, slow)
+# runs the small cases only; a version this CPU lacks is reported and skipped.
+set(small "${case}" "${SRC}/tools/device/cases-oracle/x_window_alibi_d64.case.json"
+          "${SRC}/tools/device/cases-oracle/x_varlen_docs.case.json")
+set(large "${SRC}/tools/device/cases-oracle/x_gqa_causal_softcap.case.json")
+set(n 0)
+foreach(c IN LISTS small large)
+  math(EXPR n "${n} + 1")
+  run_attest(0 out oracle --case "${c}" --out "${WORK}/isa${n}-default.safetensors")
+  file(SHA256 "${WORK}/isa${n}-default.safetensors" want)
+  set(isas avx512 avx2)
+  if(c IN_LIST small)
+    list(APPEND isas portable)
+  endif()
+  foreach(isa IN LISTS isas)
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env ATTEST_ORACLE_ISA=${isa} "${ATTEST}" oracle
+                            --case "${c}" --out "${WORK}/isa${n}-${isa}.safetensors"
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "ATTEST_ORACLE_ISA=${isa} attest oracle --case ${c}: exit ${rc}\n${out}${err}")
+    endif()
+    if(NOT out MATCHES "\\(${isa} products\\)")
+      message(STATUS "skip ${isa} on ${c}: this CPU does not run it (${out})")
+      continue()
+    endif()
+    file(SHA256 "${WORK}/isa${n}-${isa}.safetensors" got)
+    if(NOT got STREQUAL want)
+      message(FATAL_ERROR "${c}: the ${isa} products give other bytes than the default version")
+    endif()
+    message(STATUS "${isa}: same bytes on ${c}")
+  endforeach()
+endforeach()

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -167,13 +168,29 @@ const Isa& Avx2() {
 }
 #endif
 
+// The version called `name` if this machine runs it, else nullptr.
+const Isa* Named(std::string_view name) {
+  if (name == "portable") return &Portable();
+#if ATTEST_GEMM_X86
+  __builtin_cpu_init();
+  if (name == "avx512" && __builtin_cpu_supports("avx512f")) return &Avx512();
+  if (name == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return &Avx2();
+  }
+#endif
+  return nullptr;
+}
+
+// The widest version this machine runs, or the one ATTEST_ORACLE_ISA names (when it runs
+// here): read once, at the first product.
 const Isa& Best() {
   static const Isa& best = []() -> const Isa& {
-#if ATTEST_GEMM_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return Avx512();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Avx2();
-#endif
+    if (const char* want = std::getenv("ATTEST_ORACLE_ISA")) {
+      if (const Isa* isa = Named(want)) return *isa;
+    }
+    for (const char* name : {"avx512", "avx2"}) {
+      if (const Isa* isa = Named(name)) return *isa;
+    }
     return Portable();
   }();
   return best;
@@ -240,15 +257,7 @@ const char* GemmPanelsIsa() { return Best().name; }
 
 bool GemmPanelsOn(const char* isa, int64_t m, int64_t n, int64_t k, const double* a, int64_t a_rs,
                   int64_t a_cs, Panels b, double alpha, bool accumulate, double* c, int64_t ldc) {
-  const std::string_view name(isa);
-  const Isa* chosen = name == "portable" ? &Portable() : nullptr;
-#if ATTEST_GEMM_X86
-  __builtin_cpu_init();
-  if (name == "avx512" && __builtin_cpu_supports("avx512f")) chosen = &Avx512();
-  if (name == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    chosen = &Avx2();
-  }
-#endif
+  const Isa* chosen = Named(isa);
   if (chosen == nullptr) return false;
   Drive(*chosen, m, n, k, a, a_rs, a_cs, b, alpha, accumulate, c, ldc);
   return true;

@@ -53,7 +53,10 @@ void PackPanels(const double* src, int64_t rows, int64_t cols, int64_t rs, int64
 void GemmPanels(int64_t m, int64_t n, int64_t k, const double* a, int64_t a_rs, int64_t a_cs,
                 Panels b, double alpha, bool accumulate, double* c, int64_t ldc);
 
-// Which version GemmPanels runs on this machine: "avx512", "avx2" or "portable".
+// Which version GemmPanels runs on this machine: "avx512", "avx2" or "portable": the widest
+// one the CPU runs, or the one the environment variable ATTEST_ORACLE_ISA names if the CPU
+// runs it (read once; for tests, and to show on one machine what another computes: every
+// version gives the same bits).
 const char* GemmPanelsIsa();
 
 // GemmPanels by the named version ("avx512", "avx2", "portable"; for tests, which check that
