@@ -29,6 +29,23 @@ constexpr Flag kFlags[] = {
     {"deterministic", &Capabilities::deterministic},
 };
 
+// Whether some sequence of `p` has q_len != k_len (where the two causal alignments differ).
+bool AnySequenceNonSquare(const Problem& p) {
+  if (!p.varlen()) return p.seqlen_q != p.seqlen_k;
+  const auto& cq = *p.cu_seqlens_q;
+  const auto& ck = *p.cu_seqlens_k;
+  for (size_t b = 0; b + 1 < cq.size() && b + 1 < ck.size(); ++b) {
+    if (cq[b + 1] - cq[b] != ck[b + 1] - ck[b]) return true;
+  }
+  return false;
+}
+
+// The restriction flags (kernel.h): written only when set, absent means false.
+constexpr Flag kRestrictions[] = {
+    {"same_head_dim_v", &Capabilities::same_head_dim_v},
+    {"causal_bottom_right_only", &Capabilities::causal_bottom_right_only},
+};
+
 }  // namespace
 
 bool Capabilities::Covers(const Problem& p, std::string* why) const {
@@ -50,6 +67,13 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   if (p.document_ids_q && !documents) return fail("documents");
   if (p.prefix_lm > 0 && !prefix_lm) return fail("prefix_lm");
   if (p.block_sparse && !block_sparse) return fail("block_sparse");
+  if (same_head_dim_v && p.head_dim_v != p.head_dim) return fail("head_dim_v != head_dim");
+  const bool diagonal = p.causal || p.window_left >= 0 || p.window_right >= 0 ||
+                        p.alibi_slopes.has_value();
+  if (causal_bottom_right_only && diagonal && p.causal_align == CausalAlign::kTopLeft &&
+      AnySequenceNonSquare(p)) {
+    return fail("top-left alignment with q_len != k_len");
+  }
   return true;
 }
 
@@ -86,6 +110,9 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   j["profile"] = caps.profile;
   if (!caps.recipe.empty()) j["recipe"] = caps.recipe;
   if (caps.empty_row_lse != "-inf") j["empty_row_lse"] = caps.empty_row_lse;
+  for (const auto& f : kRestrictions) {
+    if (caps.*(f.member)) j[f.key] = true;
+  }
   return j;
 }
 
@@ -115,6 +142,13 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
   }
   for (const auto& f : kFlags) {
     if (!j.contains(f.key)) continue;  // a missing flag means false
+    if (!j[f.key].is_boolean()) {
+      return Error{std::string("capabilities.") + f.key + ": not a boolean"};
+    }
+    caps.*(f.member) = j[f.key].get<bool>();
+  }
+  for (const auto& f : kRestrictions) {
+    if (!j.contains(f.key)) continue;
     if (!j[f.key].is_boolean()) {
       return Error{std::string("capabilities.") + f.key + ": not a boolean"};
     }

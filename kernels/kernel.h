@@ -47,6 +47,14 @@ struct Capabilities {
   // writes +inf so that the backward's exp(s - lse) is 0 without a guard). Nothing else is
   // acceptable. JSON key "empty_row_lse".
   std::string empty_row_lse = "-inf";
+  // Restrictions of kernels whose API cannot express a problem (both default false, JSON keys
+  // of the same names, written only when set): `same_head_dim_v`, Dv must equal D
+  // (FlashAttention-2's and PyTorch's flash entry points take one head dim); and
+  // `causal_bottom_right_only`, a diagonal rule (causal, window, ALiBi) only with the
+  // bottom-right alignment, or where both alignments agree because every sequence has
+  // q_len == k_len (FlashAttention's `causal` and `window_size` are bottom-right).
+  bool same_head_dim_v = false;
+  bool causal_bottom_right_only = false;
 
   // Whether `p` lies inside these capabilities; if not, `why` says which feature.
   bool Covers(const Problem& p, std::string* why = nullptr) const;

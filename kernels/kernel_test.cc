@@ -31,6 +31,40 @@ TEST(Capabilities, BadFieldsAreNamed) {
   EXPECT_NE(flag.error().message.find("capabilities.causal"), std::string::npos);
 }
 
+TEST(Capabilities, RestrictionsRoundTripAndLimitCoverage) {
+  auto caps = CapabilitiesFromJson(
+      nlohmann::json::parse(R"({"causal":true,"window":true,"varlen":true,)"
+                            R"("same_head_dim_v":true,"causal_bottom_right_only":true})"));
+  ASSERT_TRUE(caps.ok()) << caps.error().message;
+  EXPECT_TRUE(caps->same_head_dim_v && caps->causal_bottom_right_only);
+  EXPECT_EQ(CapabilitiesToJson(*caps)["causal_bottom_right_only"], true);
+  // Absent restrictions are not written, so existing descriptions are unchanged.
+  EXPECT_FALSE(CapabilitiesToJson(Capabilities{}).contains("same_head_dim_v"));
+  auto bad = CapabilitiesFromJson(nlohmann::json::parse(R"({"same_head_dim_v":"yes"})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("capabilities.same_head_dim_v"), std::string::npos);
+
+  Problem p;
+  p.seqlen_q = 5, p.seqlen_k = 7, p.causal = true;
+  std::string why;
+  EXPECT_TRUE(caps->Covers(p, &why)) << why;  // bottom-right
+  p.causal_align = CausalAlign::kTopLeft;
+  EXPECT_FALSE(caps->Covers(p, &why));
+  EXPECT_NE(why.find("top-left"), std::string::npos);
+  p.seqlen_k = 5;  // square: both alignments agree
+  EXPECT_TRUE(caps->Covers(p, &why)) << why;
+  p.batch = 2, p.cu_seqlens_q = {0, 3, 5}, p.cu_seqlens_k = {0, 3, 6};
+  EXPECT_FALSE(caps->Covers(p, &why));  // the second sequence is 2 x 3
+  p.cu_seqlens_k = {0, 3, 5};
+  EXPECT_TRUE(caps->Covers(p, &why)) << why;
+  p.causal = false;  // no diagonal rule: the alignment does not matter
+  p.cu_seqlens_k = {0, 1, 5};
+  EXPECT_TRUE(caps->Covers(p, &why)) << why;
+  p.head_dim_v = p.head_dim / 2;
+  EXPECT_FALSE(caps->Covers(p, &why));
+  EXPECT_NE(why.find("head_dim_v"), std::string::npos);
+}
+
 TEST(Capabilities, CoversNamesTheMissingFeature) {
   Capabilities caps;
   caps.dtypes = {DType::kBF16};

@@ -136,9 +136,10 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
                 : pick.Element(caps.dtypes);
   const auto dims = HeadDimChoices(caps.head_dims, limits.max_head_dim);
   p.head_dim = dims[static_cast<size_t>(pick.Weighted({4, 3, 2, 1}) % dims.size())];
-  if (pick.Chance(3, 4) &&
-      (caps.head_dims_v.empty() || std::find(caps.head_dims_v.begin(), caps.head_dims_v.end(),
-                                             p.head_dim) != caps.head_dims_v.end())) {
+  if (caps.same_head_dim_v ||
+      (pick.Chance(3, 4) &&
+       (caps.head_dims_v.empty() || std::find(caps.head_dims_v.begin(), caps.head_dims_v.end(),
+                                              p.head_dim) != caps.head_dims_v.end()))) {
     p.head_dim_v = p.head_dim;
   } else {
     p.head_dim_v = pick.Element(HeadDimChoices(caps.head_dims_v, limits.max_head_dim));
@@ -192,7 +193,8 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
   // 4. Mask: none, causal (both alignments), window, prefix-LM.
   const bool can_prefix = caps.prefix_lm && caps.causal;
   switch (pick.Weighted(
-      {3, caps.causal ? 3 : 0, caps.causal ? 1 : 0, caps.window ? 3 : 0, can_prefix ? 1 : 0})) {
+      {3, caps.causal ? 3 : 0, caps.causal && !caps.causal_bottom_right_only ? 1 : 0,
+       caps.window ? 3 : 0, can_prefix ? 1 : 0})) {
     case 1:
       p.causal = true;
       break;
