@@ -19,6 +19,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import attest_worker as aw  # noqa: E402
+import torch_backends as tb  # noqa: E402
 
 try:
     import torch  # noqa: F401
@@ -95,13 +96,7 @@ def run(backend, device, tmp):
             r = c.call({"op": "forward", "problem": p, "inputs": fin, "outputs": out})
             replies[who] = (r, out)
         r, out = replies["dut"]
-        claimed = all(caps.get(f) for f, on in (
-            ("causal", p["causal"]), ("window", p["window"] != [-1, -1]),
-            ("alibi", p["alibi_slopes"] is not None), ("softcap", p["softcap"] > 0),
-            ("documents", "document_ids_q" in p)) if on)
-        for field, key in (("head_dims", "head_dim"), ("head_dims_v", "head_dim_v")):
-            if caps.get(field) and p[key] not in caps[field]:
-                claimed = False  # an empty list means any value; a list names the claim
+        claimed = tb.covers(caps, p) is None
         if r["status"] == "unsupported":
             verdict = "FAIL (claimed but refused)" if claimed else "ok (honest refusal)"
             failures += claimed
@@ -114,17 +109,24 @@ def run(backend, device, tmp):
         a = aw.read_safetensors(replies["dut"][1])
         b = aw.read_safetensors(replies["ref"][1])
         o_err = np.abs(aw.to_float(a["o"], np.float64) - aw.to_float(b["o"], np.float64)).max()
-        la, lb = aw.to_float(a["lse"], np.float64), aw.to_float(b["lse"], np.float64)
-        lse_ok = np.array_equal(np.isinf(la), np.isinf(lb))
+        lb = aw.to_float(b["lse"], np.float64)
         fin_ = np.isfinite(lb)
-        lse_err = np.abs(la[fin_] - lb[fin_]).max() if fin_.any() else 0.0
+        if caps.get("lse", True):
+            la = aw.to_float(a["lse"], np.float64)
+            # Empty rows hold what the kernel writes there (-inf, a declared +inf, or a
+            # finding for attest's special-values check); compared are the other rows.
+            lse_ok = bool(np.isfinite(la[fin_]).all())
+            lse_err = np.abs(la[fin_] - lb[fin_]).max() if fin_.any() else 0.0
+        else:
+            lse_ok, lse_err = "lse" not in a, 0.0  # "lse": false: the kernel returns none
         # Backward with the same dO, each from its own forward.
         do = aw.Tensor(aw.bf16_codes(rng.standard_normal(os_).astype(np.float32)), "BF16")
         grads = {}
         for who, c in (("ref", ref), ("dut", dut)):
             f = aw.read_safetensors(replies[who][1])
             bin_ = os.path.join(tmp, f"b{who}.safetensors")
-            aw.write_safetensors(bin_, dict(inputs, o=f["o"], lse=f["lse"], do=do))
+            aw.write_safetensors(bin_, dict(inputs, do=do, **{n: f[n] for n in ("o", "lse")
+                                                              if n in f}))
             out = os.path.join(tmp, f"g{who}.safetensors")
             rb = c.call({"op": "backward", "problem": p, "inputs": bin_, "outputs": out})
             grads[who] = aw.read_safetensors(out) if rb["status"] == "ok" else rb
@@ -139,7 +141,7 @@ def run(backend, device, tmp):
             np.abs(aw.to_float(grads["dut"][n], np.float64) -
                    aw.to_float(grads["ref"][n], np.float64)).max() for n in ("dq", "dk", "dv"))
         # bf16 outputs: a few bf16 ulps of O(1) values.
-        ok = o_err < 0.03 and lse_ok and lse_err < 1e-3 and g_err < 0.06
+        ok = o_err < 0.03 and lse_ok and lse_err < 2e-3 and g_err < 0.06
         failures += not ok
         print(f"{backend:10s} {name:40s} {'ok' if ok else 'FAIL'}: |do|max {o_err:.2e} "
               f"lse {lse_err:.2e}{'' if lse_ok else ' (inf pattern differs)'} "
@@ -151,7 +153,7 @@ def run(backend, device, tmp):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backends", default="sdpa-math,sdpa-flash,flex")
+    parser.add_argument("--backends", default="sdpa-math,sdpa-flash,flex-triton")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""The adapters of tools/workers/torch_backends.py do not emulate, on a CPU: every backend,
+including the CUDA-only ones, runs each problem of its claim through the worker's forward and
+backward, and the test checks
+  1. the answer against a float64 reference (tools/workers/torch_probe.py `reference`), so
+     that a claimed feature the adapter drops or mistranslates fails;
+  2. how the kernel was called: once per request, with the whole batch, kv heads as given
+     (no repetition), head dims as given (no padding), packed batches through cu_seqlens, and
+     the problem's mask through the API's own argument (a mask or causal flag whenever the
+     problem has a mask) — the record of every call is kept by stand-ins for the entry points.
+The CUDA-only entry points (PyTorch's flash, memory-efficient and cuDNN ops; FlashAttention-2
+and -4 `flash_attn_func` modules) are replaced by stand-ins that implement each API's
+documented semantics in float32 (FlashAttention: bottom-right causal and windows, +inf lse on
+empty rows; memory-efficient: custom_mask_type 1 top-left, 2 bottom-right, an additive bias;
+cuDNN: top-left is_causal, an additive bias) and record their arguments; sdpa-math, PyTorch's
+CPU flash kernel and eager FlexAttention run for real. Last, the test shows that it can fail:
+an adapter that drops the window, one that repeats kv heads and one that splits the batch are
+each caught. Exit 77 (skipped) without torch.
+"""
+
+import math
+import os
+import sys
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+try:
+    import torch
+except ImportError:
+    print("skip: torch is not importable")
+    sys.exit(77)
+
+import attest_worker as aw  # noqa: E402
+import torch_backends as tb  # noqa: E402
+import torch_probe as tp  # noqa: E402
+
+CALLS = []
+
+
+def record(api, **kw):
+    CALLS.append(dict(api=api, **kw))
+
+
+# ---- Reference semantics of each API, for the stand-ins ----
+
+def attend(q, k, v, vis, scale, bias=None, softcap=0.0):
+    """q [B,H,Sq,D], k/v [B,Hk,Sk,*] (fewer heads: GQA), vis bool broadcastable to
+    [B,H,Sq,Sk] or None, an additive bias -> o (q's dtype), lse float32."""
+    rep = q.shape[1] // k.shape[1]
+    s = (q.float() @ k.float().repeat_interleave(rep, 1).transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.float()
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (p @ v.float().repeat_interleave(rep, 1)).to(q.dtype), lse
+
+
+def fa_visible(sq, sk, causal, left, right):
+    """FlashAttention's masks: bottom-right causal and window (-1 or None unbounded)."""
+    left = -1 if left is None else left
+    right = -1 if right is None else right
+    if causal:
+        right = 0
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    off = sk - sq
+    vis = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        vis &= j >= i + off - left
+    if right >= 0:
+        vis &= j <= i + off + right
+    return vis
+
+
+def fa_alibi(slopes, sq, sk):
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    return -slopes.float()[:, None, None] * (i + sk - sq - j).abs().float()
+
+
+def per_sequence(q, k, v, cu_q, cu_k, fn):
+    """Run fn(qs, ks, vs) on each packed sequence ([1, H, S, D] each); concatenate."""
+    os_, ls = [], []
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        o, lse = fn(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None],
+                    v[k0:k1].transpose(0, 1)[None])
+        os_.append(o[0].transpose(0, 1))
+        ls.append(lse[0])
+    return torch.cat(os_, 0), torch.cat(ls, 1)
+
+
+def fake_flash_forward(q, k, v, cum_q, cum_k, max_q, max_k, dropout, is_causal, debug, *,
+                       scale=None, window_size_left=None, window_size_right=None,
+                       seqused_k=None, alibi_slopes=None):
+    record("_flash_attention_forward", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+           cu=cum_q is not None, causal=is_causal,
+           window=(window_size_left, window_size_right), alibi=alibi_slopes is not None)
+    assert q.shape[-1] == k.shape[-1] == v.shape[-1], "FlashAttention-2: one head dim"
+
+    def one(qs, ks, vs):
+        sq, sk = qs.shape[2], ks.shape[2]
+        vis = fa_visible(sq, sk, is_causal, window_size_left, window_size_right)
+        bias = fa_alibi(alibi_slopes, sq, sk) if alibi_slopes is not None else None
+        o, lse = attend(qs, ks, vs, vis, scale, bias)
+        return o, torch.where(torch.isneginf(lse), math.inf, lse)  # FA2: +inf on empty rows
+    if cum_q is not None:
+        o, lse = per_sequence(q, k, v, cum_q.tolist(), cum_k.tolist(), one)
+    else:
+        o, lse = one(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        o = o.transpose(1, 2)
+    return o, lse, None, None, None
+
+
+def fake_efficient_forward(q, k, v, bias, cu_q, cu_k, max_q, max_k, dropout, mask_type,
+                           compute_lse=False, *, scale=None, seqlen_k=None, window_size=None):
+    record("_efficient_attention_forward", q=tuple(q.shape), k=tuple(k.shape),
+           v=tuple(v.shape), cu=cu_q is not None, causal=mask_type, bias=bias is not None)
+    assert q.shape[2] == k.shape[2], "memory-efficient: one head count"
+    assert bias is None or bias.stride(-2) % 16 == 0, "bias rows must be 16-aligned"
+
+    def one(qs, ks, vs, b=None):
+        sq, sk = qs.shape[2], ks.shape[2]
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        vis = None if mask_type == 0 else (j <= i if mask_type == 1 else j <= i + sk - sq)
+        return attend(qs, ks, vs, vis, scale, b)
+    if cu_q is not None:
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        outs, lses = [], []
+        for s in range(len(cq) - 1):
+            q0, q1, k0, k1 = cq[s], cq[s + 1], ck[s], ck[s + 1]
+            bs = bias[:, :, q0:q1, k0:k1] if bias is not None else None
+            o, lse = one(q[:, q0:q1].transpose(1, 2), k[:, k0:k1].transpose(1, 2),
+                         v[:, k0:k1].transpose(1, 2), bs)
+            outs.append(o.transpose(1, 2))
+            lses.append(lse)
+        o, lse = torch.cat(outs, 1), torch.cat(lses, 2)
+    else:
+        o, lse = one(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)
+        o = o.transpose(1, 2)
+        pad = -(-lse.shape[-1] // 32) * 32  # the kernel pads lse rows to 32
+        lse = torch.cat([lse, lse.new_full(lse.shape[:-1] + (pad - lse.shape[-1],), math.inf)],
+                        -1)
+    return o, lse, None, None, max_q, max_k
+
+
+def fake_cudnn_forward(q, k, v, bias, cum_q, cum_k, max_q, max_k, compute_lse, dropout=0.0,
+                       is_causal=False, debug=False, *, scale=None):
+    record("_cudnn_attention_forward", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+           cu=cum_q is not None, causal=is_causal, bias=bias is not None)
+
+    def one(qs, ks, vs, b=None):
+        sq, sk = qs.shape[2], ks.shape[2]
+        vis = (torch.arange(sk)[None, :] <= torch.arange(sq)[:, None]) if is_causal else None
+        return attend(qs, ks, vs, vis, scale, b)
+    if cum_q is not None:
+        cq, ck = cum_q.tolist(), cum_k.tolist()
+        outs, lses = [], []
+        for s in range(len(cq) - 1):
+            q0, q1, k0, k1 = cq[s], cq[s + 1], ck[s], ck[s + 1]
+            bs = bias[:, :, q0:q1, k0:k1] if bias is not None else None
+            o, lse = one(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None],
+                         v[k0:k1].transpose(0, 1)[None], bs)
+            outs.append(o[0].transpose(0, 1))
+            lses.append(lse[0])
+        return (torch.cat(outs, 0), torch.cat(lses, 1)[..., None]) + (None,) * 7
+    o, lse = one(q, k, v, bias)
+    return (o, lse[..., None]) + (None,) * 7
+
+
+def fake_fa_module(convention):
+    """A module with a `flash_attn_func` / `flash_attn_varlen_func` in FlashAttention-2's or
+    FlashAttention-4's signature (flash_attn/flash_attn_interface.py;
+    flash_attn/cute/interface.py), implementing their semantics."""
+    m = types.ModuleType(f"fake_{convention}")
+
+    def core(q, k, v, cu_q, cu_k, softmax_scale, causal, window_size, softcap, alibi_slopes):
+        left, right = window_size
+        if convention == "fa2":
+            assert left is not None and right is not None, "FA2 windows are integers"
+        else:
+            assert (left is None or left >= 0) and (right is None or right >= 0), \
+                "FA4: None is unbounded (-1 is not)"
+
+        def one(qs, ks, vs):
+            sq, sk = qs.shape[2], ks.shape[2]
+            vis = fa_visible(sq, sk, causal, left, right)
+            bias = fa_alibi(alibi_slopes, sq, sk) if alibi_slopes is not None else None
+            o, lse = attend(qs, ks, vs, vis, softmax_scale, bias, softcap)
+            return o, (torch.where(torch.isneginf(lse), math.inf, lse) if convention == "fa2"
+                       else lse)
+        if cu_q is not None:
+            return per_sequence(q, k, v, cu_q.tolist(), cu_k.tolist(), one)
+        o, lse = one(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return o.transpose(1, 2), lse
+
+    if convention == "fa2":
+        def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                            deterministic=False, return_attn_probs=False):
+            record("flash_attn_func", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+                   cu=False, causal=causal, window=window_size)
+            o, lse = core(q, k, v, None, None, softmax_scale, causal, window_size, softcap,
+                          alibi_slopes)
+            return (o, lse, None) if return_attn_probs else o
+
+        def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                   causal=False, window_size=(-1, -1), softcap=0.0,
+                                   alibi_slopes=None, deterministic=False,
+                                   return_attn_probs=False):
+            record("flash_attn_varlen_func", q=tuple(q.shape), k=tuple(k.shape),
+                   v=tuple(v.shape), cu=True, causal=causal, window=window_size)
+            o, lse = core(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
+                          window_size, softcap, alibi_slopes)
+            return (o, lse, None) if return_attn_probs else o
+    else:
+        def flash_attn_func(q, k, v, qv=None, softmax_scale=None, causal=False,
+                            window_size=(None, None), softcap=0.0, deterministic=False,
+                            return_lse=False):
+            record("flash_attn_func", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+                   cu=False, causal=causal, window=window_size)
+            o, lse = core(q, k, v, None, None, softmax_scale, causal, window_size, softcap, None)
+            return (o, lse) if return_lse else o
+
+        def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                                   max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
+                                   causal=False, window_size=(None, None), softcap=0.0,
+                                   deterministic=False, return_lse=False):
+            record("flash_attn_varlen_func", q=tuple(q.shape), k=tuple(k.shape),
+                   v=tuple(v.shape), cu=True, causal=causal, window=window_size)
+            o, lse = core(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
+                          window_size, softcap, None)
+            return (o, lse) if return_lse else o
+    m.flash_attn_func = flash_attn_func
+    m.flash_attn_varlen_func = flash_attn_varlen_func
+    return m
+
+
+# ---- The problems: each claimed feature alone and in pairs with GQA and varlen ----
+
+def problems():
+    docs = [[0] * 10 + [1] * 14 + [2] * 8] * 2
+    p = tp.problem
+    small = dict(seqlen_q=32, seqlen_k=32, head_dim=16, head_dim_v=16)
+    return [
+        ("plain", p(**small)),
+        ("gqa 4:2", p(heads_q=4, **small)),
+        ("batch 3", p(batch=3, **small)),
+        ("causal bottom-right 24x40", p(causal=True, seqlen_q=24, seqlen_k=40, head_dim=16,
+                                        head_dim_v=16)),
+        ("causal bottom-right 40x24 (empty rows)",
+         p(causal=True, seqlen_q=40, seqlen_k=24, head_dim=16, head_dim_v=16, heads_q=4)),
+        ("causal top-left 24x40", p(causal=True, causal_align="top_left", seqlen_q=24,
+                                    seqlen_k=40, head_dim=16, head_dim_v=16)),
+        ("window (6, 2) gqa", p(window=[6, 2], heads_q=4, seqlen_q=24, seqlen_k=40,
+                                head_dim=16, head_dim_v=16)),
+        ("window (-1, 4) 40x24", p(window=[-1, 4], seqlen_q=40, seqlen_k=24, head_dim=16,
+                                   head_dim_v=16)),
+        ("softcap 5 causal", p(softcap=5.0, causal=True, **small)),
+        ("alibi 24x40", p(alibi_slopes=[0.5, 0.125], seqlen_q=24, seqlen_k=40, head_dim=16,
+                          head_dim_v=16)),
+        ("varlen gqa", p(batch=3, heads_q=4, seqlen_q=20, seqlen_k=25, head_dim=16,
+                         head_dim_v=16, cu_seqlens_q=[0, 12, 12, 32],
+                         cu_seqlens_k=[0, 15, 22, 47])),
+        ("varlen causal", p(batch=3, causal=True, seqlen_q=20, seqlen_k=25, head_dim=16,
+                            head_dim_v=16, cu_seqlens_q=[0, 12, 12, 32],
+                            cu_seqlens_k=[0, 15, 22, 47])),
+        ("varlen window", p(batch=2, window=[3, 1], seqlen_q=20, seqlen_k=25, head_dim=16,
+                            head_dim_v=16, cu_seqlens_q=[0, 12, 32], cu_seqlens_k=[0, 25, 45])),
+        ("documents", p(document_ids_q=docs, document_ids_k=docs, **small)),
+        ("prefix-lm causal", p(causal=True, prefix_lm=5, **small)),
+        ("block-sparse", p(block_sparse={"block_q": 8, "block_k": 16,
+                                         "blocks": [[0, 0], [1, 1], [2, 0], [3, 1]]}, **small)),
+        ("Dv 8 != D 16", p(seqlen_q=32, seqlen_k=32, head_dim=16, head_dim_v=8)),
+    ]
+
+
+class Args:
+    def __init__(self, backend, device="cpu", mask_form="bool", deterministic=False):
+        self.backend, self.device, self.dtype = backend, device, "bf16"
+        self.mask_form, self.deterministic, self.caps = mask_form, deterministic, None
+
+
+def flex_recorded():
+    b = tb.Flex(Args("flex"), "TRITON")
+    fn = b.flex
+
+    def wrapped(q, k, v, **kw):
+        record("flex_attention", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+               cu=kw.get("block_mask") is not None, bias=kw.get("block_mask") is not None)
+        return fn(q, k, v, **kw)
+    b.flex = wrapped
+    return b
+
+
+def make_backends():
+    """(label, backend) pairs: the real CPU paths and the stand-in CUDA paths."""
+    out = [("sdpa-math bool", tb.SdpaMath(Args("sdpa-math"))),
+           ("sdpa-math additive", tb.SdpaMath(Args("sdpa-math", mask_form="additive"))),
+           ("sdpa-flash (CPU kernel)", tb.SdpaFlash(Args("sdpa-flash"))),
+           ("flex (eager)", flex_recorded())]
+    # The CUDA paths of the three aten ops, with the stand-ins.
+    cuda = Args("sdpa-flash", device="cuda")
+    for cls, name in ((tb.SdpaFlash, "sdpa-flash"), (tb.SdpaEfficient, "sdpa-efficient"),
+                      (tb.SdpaCudnn, "sdpa-cudnn")):
+        b = cls.__new__(cls)
+        tb.Backend.__init__(b, cuda)
+        b.device = torch.device("cpu")  # tensors stay here; the code path is the CUDA one
+        out.append((f"{name} (stand-in)", b))
+    for conv in ("fa2", "fa4"):
+        sys.modules[f"fake_{conv}"] = fake_fa_module(conv)
+        out.append((f"fa:fake_{conv}", tb.FlashAttn(Args(f"fa:fake_{conv}:flash_attn_func"),
+                                                    f"fake_{conv}", "flash_attn_func")))
+    return out
+
+
+def recording(api, fn):
+    """The real CPU entry point, recording how it is called (SDPA layout [B, H, S, D])."""
+    def wrapped(q, k, v, *a, **kw):
+        mask = kw.get("attn_mask")
+        causal = kw.get("is_causal", a[1] if len(a) > 1 else False)
+        record(api, q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape), cu=False,
+               causal=causal, bias=mask is not None)
+        return fn(q, k, v, *a, **kw)
+    return wrapped
+
+
+def install_fakes():
+    tb.ENTRY["scaled_dot_product_attention"] = recording(
+        "scaled_dot_product_attention", torch.nn.functional.scaled_dot_product_attention)
+    tb.ENTRY["_scaled_dot_product_flash_attention_for_cpu"] = recording(
+        "_scaled_dot_product_flash_attention_for_cpu",
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu)
+    tb.ENTRY["_flash_attention_forward"] = fake_flash_forward
+    tb.ENTRY["_efficient_attention_forward"] = fake_efficient_forward
+    tb.ENTRY["_cudnn_attention_forward"] = fake_cudnn_forward
+
+
+def heads_of(shape, api):
+    """(batch or None, rows, heads, head dim) of a recorded q/k/v shape in the API's layout:
+    [B, H, S, D] for SDPA's layout, [B, S, H, D] or packed [T, H, D] for FlashAttention's
+    (memory-efficient packed: [1, T, H, D])."""
+    if api in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+               "flex_attention") or (api == "_cudnn_attention_forward" and len(shape) == 4):
+        return shape[0], shape[2], shape[1], shape[3]
+    if len(shape) == 3:
+        return None, shape[0], shape[1], shape[2]
+    return shape[0], shape[1], shape[2], shape[3]
+
+
+def call_shape_ok(p, c):
+    """The recorded call received the whole problem as given (layout transposes aside)."""
+    hq, hkv, d, dv = p["heads_q"], p["heads_kv"], p["head_dim"], p["head_dim_v"]
+    if c.get("q") is None:
+        return None
+    bq, rq, nq, dq = heads_of(c["q"], c["api"])
+    _, rk, nk, dk = heads_of(c["k"], c["api"])
+    _, _, nv, dvv = heads_of(c["v"], c["api"])
+    if nq != hq:
+        return f"q heads changed ({nq}, problem {hq})"
+    if nk != hkv or nv != hkv:
+        return f"kv heads not passed as given ({nk}, problem Hkv {hkv}: repeated?)"
+    if dq != d or dk != d or dvv != dv:
+        return f"head dims changed (q {dq}, k {dk}, v {dvv}; problem D {d}, Dv {dv})"
+    if tb.is_varlen(p):
+        if not c.get("cu"):  # flex: the packed batch is a document mask over one sequence
+            return "packed batch not passed through cu_seqlens"
+        if rq != p["cu_seqlens_q"][-1] or rk != p["cu_seqlens_k"][-1]:
+            return "packed rows not passed whole"
+    elif bq != p["batch"] or rq != p["seqlen_q"] or rk != p["seqlen_k"]:
+        return f"batch not passed whole (q {c['q']}, batch {p['batch']})"
+    return None
+
+
+def check_backend(label, backend, verbose=True):
+    failures = 0
+    caps = backend.caps()
+    for name, p in problems():
+        if tb.covers(caps, p) is not None:
+            continue
+        q, k, v, do = tp.inputs(p, torch.bfloat16, torch.device("cpu"))
+        CALLS.clear()
+        with backend.grad_mode():
+            o, lse = backend.run(p, q, k, v, need_lse=caps.get("lse", True))
+        fwd_calls = list(CALLS)
+        ro, rl = tp.reference(p, *(x.double() for x in (q, k, v)))
+        o_err = float((o.double() - ro).abs().max())
+        problems_seen = []
+        if o_err > 0.05:
+            problems_seen.append(f"o err {o_err:.3g}")
+        if lse is not None:
+            fin = torch.isfinite(rl)
+            lse_err = float((lse.double()[fin] - rl[fin]).abs().max()) if fin.any() else 0.0
+            if lse_err > 2e-2:
+                problems_seen.append(f"lse err {lse_err:.3g}")
+        stand_in = bool(fwd_calls)
+        if stand_in and len(fwd_calls) != 1:
+            problems_seen.append(f"{len(fwd_calls)} kernel calls for one forward")
+        for c in fwd_calls:
+            why = call_shape_ok(p, c)
+            if why:
+                problems_seen.append(why)
+            if tb.any_mask(p) and not (c.get("causal") or c.get("bias") or
+                                       (c.get("window") not in (None, (None, None), (-1, -1)))):
+                problems_seen.append("the mask was not passed to the kernel")
+        if caps.get("backward"):
+            qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+            CALLS.clear()
+            with torch.enable_grad():
+                o2, _ = backend.run(p, qg, kg, vg, need_lse=False)
+                g = torch.autograd.grad(o2, (qg, kg, vg), grad_outputs=do)
+            if stand_in and len(CALLS) != 1:
+                problems_seen.append(f"{len(CALLS)} kernel calls for one backward")
+            qd, kd, vd = (x.double().requires_grad_(True) for x in (q, k, v))
+            rd, _ = tp.reference(p, qd, kd, vd)
+            rg = torch.autograd.grad(rd, (qd, kd, vd), grad_outputs=do.double())
+            g_err = max(float((a.double() - b).abs().max()) for a, b in zip(g, rg))
+            if g_err > 0.1:
+                problems_seen.append(f"grad err {g_err:.3g}")
+        failures += bool(problems_seen)
+        if verbose or problems_seen:
+            print(f"{label:26s} {name:40s} {'FAIL: ' + '; '.join(problems_seen) if problems_seen else 'ok'}"
+                  f"  ({backend.route})")
+    return failures
+
+
+def self_test():
+    """Broken adapters that the checks above must catch."""
+    caught = 0
+    cuda = Args("sdpa-flash", device="cuda")
+
+    def stand_in_flash():
+        b = tb.SdpaFlash.__new__(tb.SdpaFlash)
+        tb.Backend.__init__(b, cuda)
+        b.device = torch.device("cpu")
+        return b
+
+    # 1. Drops the window (a claimed feature not passed).
+    b = stand_in_flash()
+    real = tb.window_of
+    tb.window_of = lambda p: [-1, -1]
+    caught += check_backend("mutant: drops window", b, verbose=False) > 0
+    tb.window_of = real
+    # 2. Repeats kv heads (GQA emulated).
+    b = stand_in_flash()
+    run = b.run
+
+    def repeat_kv(p, q, k, v, need_lse):
+        r = p["heads_q"] // p["heads_kv"]
+        return run(dict(p, heads_kv=p["heads_q"]), q, k.repeat_interleave(r, -2),
+                   v.repeat_interleave(r, -2), need_lse)
+    b.run = repeat_kv
+    caught += check_backend("mutant: repeats kv heads", b, verbose=False) > 0
+    # 3. Splits the batch (one call per batch entry).
+    b = stand_in_flash()
+    run2 = b.run
+
+    def split(p, q, k, v, need_lse):
+        if tb.is_varlen(p) or p["batch"] == 1:
+            return run2(p, q, k, v, need_lse)
+        parts = [run2(dict(p, batch=1, document_ids_q=None, document_ids_k=None),
+                      q[i:i + 1], k[i:i + 1], v[i:i + 1], need_lse) for i in range(p["batch"])]
+        o = torch.cat([x[0] for x in parts])
+        lse = torch.cat([x[1] for x in parts]) if need_lse else None
+        return o, lse
+    b.run = split
+    caught += check_backend("mutant: splits the batch", b, verbose=False) > 0
+    return caught
+
+
+def main():
+    torch.manual_seed(0)
+    install_fakes()
+    failures = 0
+    for label, backend in make_backends():
+        failures += check_backend(label, backend)
+    caught = self_test()
+    print(f"self-test: {caught} of 3 broken adapters caught")
+    if caught != 3:
+        failures += 1
+    print(f"torch_adapter_test: {'FAIL' if failures else 'ok'} ({failures} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
