@@ -20,6 +20,9 @@ install(TARGETS attest_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/tools/workers/attest_worker.py
               ${PROJECT_SOURCE_DIR}/tools/workers/numpy_worker.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_worker.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_backends.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_probe.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/fa4_masks.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/attest/workers)
 foreach(layer reference kernels verify)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/

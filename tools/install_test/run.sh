@@ -13,7 +13,7 @@ cmake --build "$work/consumer" >/dev/null
 "$work/consumer/consumer"
 test -x "$work/prefix/bin/attest"
 # The installed NumPy worker answers describe through the installed attest_worker.py.
-for w in attest_worker.py numpy_worker.py torch_worker.py; do
+for w in attest_worker.py numpy_worker.py torch_worker.py torch_backends.py fa4_masks.py; do
   test -f "$work/prefix/share/attest/workers/$w"
 done
 if python3 -c "import numpy" 2>/dev/null; then
