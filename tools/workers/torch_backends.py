@@ -250,7 +250,7 @@ class SdpaMath(Backend):
         return o.transpose(1, 2), None
 
 
-def sdpa_mask(p, device, dtype, form, allow_is_causal):
+def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1):
     """(attn_mask, is_causal) for an SDPA-style API: is_causal (top-left) when it is the whole
     mask, else a [B, 1, Sq, Sk] boolean mask or an additive one (0 / -inf in the input dtype);
     with ALiBi a [B, Hq, Sq, Sk] float32 additive mask (-inf where hidden)."""
@@ -266,8 +266,7 @@ def sdpa_mask(p, device, dtype, form, allow_is_causal):
         return torch.where(vis, bias, torch.tensor(-math.inf, device=device)), False
     if form == "bool":
         return vis, False
-    zero = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(vis, zero, torch.tensor(-math.inf, dtype=dtype, device=device)), False
+    return additive(vis[:, 0], dtype, 1, align), False
 
 
 def sdpa_route(mask, is_causal):
@@ -409,7 +408,7 @@ class SdpaCudnn(Backend):
                 not bottom_right(p) or square_everywhere(p))
             bias = None
             if any_mask(p) and not causal_only:
-                bias = additive(packed_visible(p, self.device)[None], q.dtype, 1)
+                bias = additive(packed_visible(p, self.device)[None], q.dtype, 1, align=16)
             causal = bool(causal_only)
             out = entry("_cudnn_attention_forward")(
                 q, k, v, bias, cu_tensor(p["cu_seqlens_q"], self.device),
@@ -419,7 +418,9 @@ class SdpaCudnn(Backend):
                 " is_causal" if causal else "") + (" + bias" if bias is not None else "")
             return out[0], lse_to_attest(out[1], p) if need_lse else None
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        mask, is_causal = sdpa_mask(p, self.device, q.dtype, "additive", allow_is_causal=True)
+        # Bias rows 16-aligned, as SDPA's own mask preprocessing leaves them for its kernels.
+        mask, is_causal = sdpa_mask(p, self.device, q.dtype, "additive", allow_is_causal=True,
+                                    align=16)
         self.route = "aten._cudnn_attention_forward " + sdpa_route(mask, is_causal)
         out = entry("_cudnn_attention_forward")(
             qt, kt, vt, mask, None, None, p["seqlen_q"], p["seqlen_k"], need_lse, 0.0,
