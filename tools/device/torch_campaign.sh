@@ -56,6 +56,11 @@ attest="$stash/.device/attest.sh"
 pypath="$site:$site/nvidia_cutlass_dsl/dsl_packages"
 # Python for the workers: the GPU image's, with the FlashAttention-4 target folder in front.
 export PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}"
+# FlashAttention-4 compiles each kernel on first use; its disk cache (flash_attn/cute/
+# cache_utils.py, file-locked) lets the runs of one stage and the next stages share them.
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$stash/fa4-cache"
+export TORCHINDUCTOR_CACHE_DIR="$stash/inductor-cache"
 
 {
   echo "date: $(date -u +%FT%TZ)"
