@@ -113,6 +113,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   for (const auto& f : kRestrictions) {
     if (caps.*(f.member)) j[f.key] = true;
   }
+  j["lse"] = caps.lse;
   return j;
 }
 
@@ -169,6 +170,10 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                    "nothing else is acceptable for an empty row)"};
     }
     caps.empty_row_lse = e.get<std::string>();
+  }
+  if (j.contains("lse")) {  // a missing key means true: every kernel returned lse before
+    if (!j["lse"].is_boolean()) return Error{"capabilities.lse: not a boolean"};
+    caps.lse = j["lse"].get<bool>();
   }
   return caps;
 }
