@@ -41,11 +41,13 @@ mkdir -p .devA/wheels .devA/bin .devB
 
 # 1. attest and its libraries.
 tools/device/pack.sh "$build" > /dev/null
-tar -C . -cf - .device | zstd -q -19 -T2 -o .devA/attest-device.tar.zst
+tar -C . -cf - .device | zstd -q -12 -T2 -o .devA/attest-device.tar.zst
 
-# 2. zstd itself, with its shared library (the GPU image has libc but no zstd).
+# 2. zstd itself, with the compression libraries it links (the GPU image has libc, no zstd).
 cp "$(command -v zstd)" .devA/bin/
-cp -L "$(ldd "$(command -v zstd)" | awk '/libzstd/{print $3}')" .devA/bin/
+ldd "$(command -v zstd)" | awk '/lib(zstd|z|lzma|lz4)\.so/{print $3}' | while read -r lib; do
+  cp -L "$lib" .devA/bin/
+done
 
 # 3. The small wheels as they are; the large one unpacked, recompressed and split.
 for f in "$cache"/*.whl; do
@@ -61,8 +63,8 @@ if [ ! -f "$packed" ]; then
   tar -C "$tmp/tree" -cf - . | zstd -q -15 --long=27 -T2 -o "$packed.tmp"
   mv "$packed.tmp" "$packed"
 fi
-split -b "${part_a_mb}M" -d -a 1 "$packed" .devB/cu13.part
-mv .devB/cu13.part0 .devA/
-[ ! -e .devB/cu13.part2 ] || { echo "pack_torch.sh: the large wheel needs more than two parts" >&2; exit 2; }
+bytes_a=$(( part_a_mb * 1024 * 1024 ))
+head -c "$bytes_a" "$packed" > .devA/cu13.part0
+tail -c +"$(( bytes_a + 1 ))" "$packed" > .devB/cu13.part1
 sha256sum "$packed" | cut -d' ' -f1 > .devA/cu13.sha256
 du -sh .devA .devB

@@ -144,9 +144,9 @@ case "$stage" in
     p1=$!
     gate ${RUNS:-sdpa-math:bf16 sdpa-math:f16 sdpa-flash:bf16 sdpa-flash:f16 \
                  sdpa-efficient:bf16 sdpa-efficient:f16 sdpa-cudnn:bf16 sdpa-cudnn:f16}
-    wait $p1
     fuzz ${FUZZ:-sdpa-math:bf16:1 sdpa-flash:bf16:1 sdpa-efficient:bf16:1 sdpa-cudnn:bf16:1 \
                  sdpa-flash:f16:1 sdpa-cudnn:f16:1}
+    wait $p1
     ;;
   B)
     "$python" -c "import flash_attn.cute as f; print('flash_attn.cute from', f.__file__)" || exit 2
