@@ -34,7 +34,7 @@ seed="${SEED:-0}"
 case "$stage" in
   A)
     rm -rf "$stash"; mkdir -p "$stash" "$work"
-    cp -r .devA/. "$stash/"
+    cp -r "${DEVA:-.devA}"/. "$stash/"
     zstd -d -q -c "$stash/attest-device.tar.zst" | tar -C "$stash" -xf - || exit 2
     ;;
   B)

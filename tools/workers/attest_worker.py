@@ -184,12 +184,15 @@ def scale_of(problem):
 
 # ---- The protocol loop ----
 
-def serve(describe, forward, backward=None, route=None):
+def serve(describe, forward, backward=None, route=None, fatal=None):
     """Answers requests until EOF on stdin. `describe()` returns (name, capabilities);
     `forward(problem, inputs)` returns {"o": ..., "lse": ...}; `backward(problem, inputs)`
     returns {"dq": ..., "dk": ..., "dv": ...}; inputs are {name: Tensor}. `route()`, if
     given, returns a note about the last call (which code path ran), sent as the optional
-    "route" field of an "ok" reply (attest shows it as the kernel's last_route)."""
+    "route" field of an "ok" reply (attest shows it as the kernel's last_route). `fatal(e)`,
+    if given, says that an exception left the process unusable (a CUDA error is sticky: every
+    later call of the process fails the same way); the worker then exits after its error
+    reply, so that attest starts a fresh one for the next request."""
     # The protocol owns the real stdout; anything else printing (a library's banner, a stray
     # print) goes to stderr instead of corrupting the reply stream.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -218,8 +221,14 @@ def serve(describe, forward, backward=None, route=None):
                 reply = {"status": "error", "message": f"unknown op {op!r}"}
         except Unsupported as e:
             reply = {"status": "unsupported", "reason": str(e)}
-        except Exception as e:  # noqa: BLE001 - every failure is reported, never fatal
+        except Exception as e:  # noqa: BLE001 - every failure is reported
             traceback.print_exc(file=sys.stderr)
             reply = {"status": "error", "message": f"{type(e).__name__}: {e}"}
+            if fatal is not None and fatal(e):
+                proto.write(json.dumps(reply) + "\n")
+                proto.flush()
+                print("worker: exiting after an error that leaves this process unusable",
+                      file=sys.stderr)
+                os._exit(70)
         proto.write(json.dumps(reply) + "\n")
         proto.flush()

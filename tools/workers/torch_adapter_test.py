@@ -103,6 +103,7 @@ def fake_flash_forward(q, k, v, cum_q, cum_k, max_q, max_k, dropout, is_causal, 
            cu=cum_q is not None, causal=is_causal,
            window=(window_size_left, window_size_right), alibi=alibi_slopes is not None)
     assert q.shape[-1] == k.shape[-1] == v.shape[-1], "FlashAttention-2: one head dim"
+    assert alibi_slopes is None, "This flash attention build does not support alibi."
 
     def one(qs, ks, vs):
         sq, sk = qs.shape[2], ks.shape[2]
@@ -123,6 +124,8 @@ def fake_efficient_forward(q, k, v, bias, cu_q, cu_k, max_q, max_k, dropout, mas
     record("_efficient_attention_forward", q=tuple(q.shape), k=tuple(k.shape),
            v=tuple(v.shape), cu=cu_q is not None, causal=mask_type, bias=bias is not None)
     assert q.shape[2] == k.shape[2], "memory-efficient: one head count"
+    assert compute_lse or not q.requires_grad, "LSE is not correctly aligned (the backward " \
+        "reads the forward's lse)"
     assert bias is None or bias.stride(-2) % 16 == 0, "bias rows must be 16-aligned"
 
     def one(qs, ks, vs, b=None):
@@ -155,6 +158,7 @@ def fake_cudnn_forward(q, k, v, bias, cum_q, cum_k, max_q, max_k, compute_lse, d
                        is_causal=False, debug=False, *, scale=None):
     record("_cudnn_attention_forward", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
            cu=cum_q is not None, causal=is_causal, bias=bias is not None)
+    assert compute_lse or not q.requires_grad, "the backward reads the forward's stats"
 
     def one(qs, ks, vs, b=None):
         sq, sk = qs.shape[2], ks.shape[2]
@@ -165,7 +169,9 @@ def fake_cudnn_forward(q, k, v, bias, cum_q, cum_k, max_q, max_k, compute_lse, d
         outs, lses = [], []
         for s in range(len(cq) - 1):
             q0, q1, k0, k1 = cq[s], cq[s + 1], ck[s], ck[s + 1]
-            bs = bias[:, :, q0:q1, k0:k1] if bias is not None else None
+            # A packed batch's bias is per sequence, padded: [B, 1, max_q, max_k].
+            assert bias is None or bias.shape[0] == len(cq) - 1, "bias: [B, 1, max_q, max_k]"
+            bs = bias[s:s + 1, :, :q1 - q0, :k1 - k0] if bias is not None else None
             o, lse = one(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None],
                          v[k0:k1].transpose(0, 1)[None], bs)
             outs.append(o[0].transpose(0, 1))

@@ -132,6 +132,16 @@ def packed_visible(p, device):
     return torch.from_numpy(vis).to(device)
 
 
+def padded_visible(p, device):
+    """Boolean [B, max_q, max_k] of a packed batch: sequence b's mask in the top-left corner of
+    entry b (the padded layout of a per-sequence bias)."""
+    vis = np.zeros((p["batch"], p["seqlen_q"], p["seqlen_k"]), dtype=bool)
+    for b, (_, ql, _, kl) in enumerate(aw.sequences(p)):
+        if ql and kl:
+            vis[b, :ql, :kl] = aw.visible(p, b, ql, kl)[0]
+    return torch.from_numpy(vis).to(device)
+
+
 def additive(vis, dtype, heads, align=1):
     """0 / -inf bias [1 or B, heads, Sq, Sk] in `dtype` from a boolean [B, Sq, Sk], its rows
     allocated `align`-aligned (a view of a wider buffer, as some kernels require)."""
@@ -285,8 +295,9 @@ class SdpaFlash(Backend):
     cum_seq_q, cum_seq_k, max_q, max_k, dropout, is_causal, return_debug_mask, scale,
     window_size_left, window_size_right, seqused_k, alibi_slopes), which returns the
     logsumexp. FlashAttention's conventions: bottom-right causal and windows, GQA by fewer kv
-    heads, one head dim for q, k and v, lse = +inf on empty rows (flash-attention's
-    `softmax_lse` convention). It has no attn_mask, no softcap.
+    heads, one head dim for q, k and v (a multiple of 8 up to 256), lse = +inf on empty rows
+    (flash-attention's `softmax_lse` convention). It has no attn_mask, no softcap, and this
+    build refuses alibi_slopes.
     On CPU it is PyTorch's CPU flash kernel, aten._scaled_dot_product_flash_attention_for_cpu
     (q [B,H,S,D], is_causal top-left, an additive attn_mask, GQA, no varlen), so that this
     adapter's paths run in CI without a GPU."""
@@ -300,7 +311,9 @@ class SdpaFlash(Backend):
                       "block_sparse": True, "alibi": True, "gqa": True,
                       "same_head_dim_v": True})
             return c
-        c.update({"causal": True, "window": True, "alibi": True, "gqa": True, "varlen": True,
+        # No ALiBi: "This flash attention build does not support alibi" (PyTorch 2.11's
+        # vendored FlashAttention-2, measured on the H200 by torch_probe.py).
+        c.update({"causal": True, "window": True, "gqa": True, "varlen": True,
                   "same_head_dim_v": True, "causal_bottom_right_only": True,
                   "head_dims": list(range(8, 257, 8)), "head_dims_v": list(range(8, 257, 8)),
                   "empty_row_lse": "+inf"})
@@ -357,6 +370,8 @@ class SdpaEfficient(Backend):
         return c
 
     def run(self, p, q, k, v, need_lse):
+        # compute_log_sumexp is always on: the kernel's backward reads the forward's lse
+        # ("LSE is not correctly aligned" otherwise, seen on the H200).
         scale = aw.scale_of(p)
         # The kernel ANDs its causal mask with the bias, so a prefix (which overrides causal,
         # docs/semantics.md section 3) goes into the bias whole.
@@ -371,11 +386,11 @@ class SdpaEfficient(Backend):
             out = entry("_efficient_attention_forward")(
                 q[None], k[None], v[None], bias, cu_tensor(p["cu_seqlens_q"], self.device),
                 cu_tensor(p["cu_seqlens_k"], self.device), p["seqlen_q"], p["seqlen_k"], 0.0,
-                mask_type, need_lse, scale=scale)
+                mask_type, True, scale=scale)
             o = out[0][0]
         else:
             out = entry("_efficient_attention_forward")(
-                q, k, v, bias, None, None, None, None, 0.0, mask_type, need_lse, scale=scale)
+                q, k, v, bias, None, None, None, None, 0.0, mask_type, True, scale=scale)
             o = out[0]
         self.route = (f"aten._efficient_attention_forward custom_mask_type {mask_type}" +
                       (" + bias" if bias is not None else "") + (" varlen" if is_varlen(p) else ""))
@@ -408,12 +423,15 @@ class SdpaCudnn(Backend):
                 not bottom_right(p) or square_everywhere(p))
             bias = None
             if any_mask(p) and not causal_only:
-                bias = additive(packed_visible(p, self.device)[None], q.dtype, 1, align=16)
+                # Per sequence, padded to [B, 1, max_q, max_k]: the layout the op expands a
+                # packed batch's bias to (its error on a [1, 1, total_q, total_k] bias).
+                bias = additive(padded_visible(p, self.device), q.dtype, 1, align=16)
             causal = bool(causal_only)
+            # compute_log_sumexp always on: the backward reads the forward's stats.
             out = entry("_cudnn_attention_forward")(
                 q, k, v, bias, cu_tensor(p["cu_seqlens_q"], self.device),
                 cu_tensor(p["cu_seqlens_k"], self.device), p["seqlen_q"], p["seqlen_k"],
-                need_lse, 0.0, causal, False, scale=scale)
+                True, 0.0, causal, False, scale=scale)
             self.route = "aten._cudnn_attention_forward varlen" + (
                 " is_causal" if causal else "") + (" + bias" if bias is not None else "")
             return out[0], lse_to_attest(out[1], p) if need_lse else None
@@ -423,7 +441,7 @@ class SdpaCudnn(Backend):
                                     align=16)
         self.route = "aten._cudnn_attention_forward " + sdpa_route(mask, is_causal)
         out = entry("_cudnn_attention_forward")(
-            qt, kt, vt, mask, None, None, p["seqlen_q"], p["seqlen_k"], need_lse, 0.0,
+            qt, kt, vt, mask, None, None, p["seqlen_q"], p["seqlen_k"], True, 0.0,
             is_causal, False, scale=scale)
         return out[0].transpose(1, 2), lse_to_attest(out[1], p) if need_lse else None
 

@@ -135,7 +135,13 @@ def main():
         parser.error("--dtype f32 is for sdpa-math and sdpa-flash only")
     worker = Worker(args)
     aw.serve(worker.describe, worker.forward, worker.backward,
-             route=lambda: worker.backend.route)
+             route=lambda: worker.backend.route, fatal=cuda_is_broken)
+
+
+def cuda_is_broken(e):
+    """An error after which this process's CUDA context fails every later call (an illegal
+    memory access, a launch failure): torch.AcceleratorError, or a CUDA error message."""
+    return type(e).__name__ == "AcceleratorError" or "CUDA error" in str(e)
 
 
 if __name__ == "__main__":

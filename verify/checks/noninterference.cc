@@ -167,6 +167,17 @@ double Change(double a, double b) {
   return std::isfinite(d) ? d : std::numeric_limits<double>::infinity();
 }
 
+// For a nondeterministic kernel each protected element may move by the larger of its own
+// run-to-run change and kNondeterministicUlps units in the last place of the output format
+// (`noise_format`). Two runs give one sample of an element's spread: an element whose
+// unordered fp32 accumulation (atomics) happened to round the same way twice has a measured
+// spread of 0 and flips by one ulp in the next run. Measured on FlashAttention-4's default
+// backward on an H200 (docs/gpu-results.md): the protected dk/dv elements that moved did so
+// by exactly one bf16 or f16 ulp. A leak under the check's perturbations (2^60, 448, the
+// format's largest values) moves far more; a leak below 2 ulps cannot be told from a
+// nondeterministic kernel's own noise, and the deterministic path (bitwise) still sees it.
+constexpr double kNondeterministicUlps = 2.0;
+
 void Judge(const Problem& p, std::string_view name, const Tensor& base, const Tensor* spread,
            const Tensor& pert, const std::vector<int64_t>& idx, const std::string& what,
            Worst& w) {
@@ -175,10 +186,16 @@ void Judge(const Problem& p, std::string_view name, const Tensor& base, const Te
   const auto b = pert.span<const double>();
   const double* s = spread ? spread->span<const double>().data() : nullptr;
   const Layout layout = LayoutOf(p, name);
+  // lse is fp32 in every kernel attest reads; o and the gradients are in the input's format.
+  const std::optional<Format> noise_format =
+      name == "lse" ? FormatOf(DType::kF32) : FormatOf(p.dtype);
   for (int64_t e : idx) {
     const size_t u = static_cast<size_t>(e);
     const double change = Change(a[u], b[u]);
-    const double allowed = s ? s[u] : 0.0;
+    double allowed = s ? s[u] : 0.0;
+    if (s && noise_format && std::isfinite(a[u])) {
+      allowed = std::max(allowed, kNondeterministicUlps * Quantum(a[u], *noise_format));
+    }
     const double m = Margin(change, allowed);
     ++w.judged;
     if (m > 1) ++w.changed;
@@ -475,7 +492,8 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
     Verdict v;
     v.check = std::string(kCheck);
     v.tensor = std::string(names[t]);
-    v.policy = caps.deterministic ? "bitwise unchanged" : "change <= run-to-run spread";
+    v.policy = caps.deterministic ? "bitwise unchanged"
+                                 : "change <= max(run-to-run spread, 2 ulp)";
     v.observed = w.observed;
     v.allowed = w.allowed;
     v.margin = w.margin;
