@@ -35,13 +35,13 @@ CASE=$(ls "$TMP/a"/accuracy-*.case.json)
 expect_rc 1 "$ATTEST" repro --kernel mutant/causal-top-left --case "$CASE" --check accuracy
 grep -q '^FAIL accuracy' "$TMP/out.txt" || { cat "$TMP/out.txt"; fail "repro verdict differs"; }
 TENSOR=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['failures'][0]['tensor'])" "$TMP/a/fuzz-report.json")
-grep -q "first failing check (the diagnosis): accuracy $TENSOR" "$TMP/out.txt" \
+grep -q "; diagnosis: accuracy $TENSOR margin" "$TMP/out.txt" \
   || { cat "$TMP/out.txt"; fail "repro diagnosis is not accuracy $TENSOR"; }
 
 expect_rc 0 "$ATTEST" repro --kernel cpu/flash2-bf16 --case "$CASE" --check accuracy
 # Without --check, repro reads the check from the file name (<check>-<hash>.case.json).
 expect_rc 1 "$ATTEST" repro --kernel mutant/causal-top-left --case "$CASE"
-grep -q "first failing check (the diagnosis): accuracy $TENSOR" "$TMP/out.txt" \
+grep -q "; diagnosis: accuracy $TENSOR margin" "$TMP/out.txt" \
   || { cat "$TMP/out.txt"; fail "repro without --check: diagnosis is not accuracy $TENSOR"; }
 
 # 4. Nothing fails: exit 0 (a correct model on a check family without open findings).

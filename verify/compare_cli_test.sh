@@ -3,10 +3,11 @@
 # outputs pass (exit 0) and write JSON/JUnit/Markdown reports; the same outputs converted to
 # bf16 fail on lse only (a bf16 lse is far less accurate than any fp32 kernel's) with exit 1
 # and a repro line; bad input exits 2.
-# Usage: compare_cli_test.sh ATTEST_BINARY [XMLLINT]
+# Usage: compare_cli_test.sh ATTEST_BINARY [XMLLINT] [PYTHON]
 set -u
 attest=$1
 xmllint=${2:-}
+python=${3:-}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -33,6 +34,11 @@ cat "$dir/out.txt"
 [ $rc -eq 0 ] || fail "exact outputs: exit $rc, expected 0"
 grep -q '^PASS accuracy dq' "$dir/out.txt" || fail "no PASS line for dq"
 grep -q '"passed": true' "$dir/r.json" || fail "JSON report does not say passed"
+# The JSON report validates against docs/report.schema.json (77: no jsonschema).
+if [ -n "$python" ]; then
+  "$python" verify/validate_report.py "$dir/r.json"; rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "the JSON report does not validate"
+fi
 grep -q '^| PASS | accuracy | o |' "$dir/r.md" || fail "Markdown report lacks the o row"
 if [ -n "$xmllint" ]; then
   "$xmllint" --noout --schema "$(dirname "$0")/testdata/junit.xsd" "$dir/r.xml" ||

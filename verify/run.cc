@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -18,7 +19,7 @@ double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// One check on one context; a throwing kernel or check is a finding, not a harness crash.
+// One check on one context; a throwing kernel or check is a kernel error, not a harness crash.
 std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   std::vector<Verdict> out;
   try {
@@ -26,24 +27,85 @@ std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   } catch (const HarnessError&) {
     throw;  // the runner turns it into an Error (exit code 2)
   } catch (const std::exception& e) {
-    out = {Failure(check.name, "", "runs to completion",
-                   fmt::format("the check threw while running the kernel: {}", e.what()))};
+    out = {KernelError(*ctx.kernel, fmt::format("{} (the check threw)", check.name), e.what())};
   }
   Finish(out, ctx);
   return out;
 }
 
-// Saves the case of every failing verdict and points its repro line at the file.
-Status SaveFailures(std::vector<Verdict>& verdicts, const Case& c, const RunOptions& options,
-                    RunResult& result) {
+// Saves the case of every failing verdict and points its repro line at the file. The repro
+// runs `check`, the row's check (a kernel-error verdict names no check of its own).
+Status SaveFailures(std::vector<Verdict>& verdicts, const Case& c, std::string_view check,
+                    const RunOptions& options, RunResult& result) {
   for (Verdict& v : verdicts) {
     if (v.pass || !options.failure_dir) continue;
     auto path = SaveFailureCase(c, *options.failure_dir, options.kernel_spec, v);
     if (!path.ok()) return path.error();
-    v.repro = ReproCommand(options.kernel_spec, *path) + " --check " + v.check;
+    v.repro = fmt::format("{} --check {}", ReproCommand(options.kernel_spec, *path), check);
+    v.case_file = path->string();
     result.failure_cases.push_back(*path);
   }
   return {};
+}
+
+// One kernel-error verdict per case (run.h): the first one met; later ones on the same case
+// are dropped and their checks named in its detail.
+class KernelErrorFolder {
+ public:
+  // Removes from `verdicts` (the row `check` on the case `case_text`) the kernel errors of a
+  // case that already has one in `kept`; returns whether it removed any.
+  bool Fold(std::vector<Verdict>& verdicts, const std::string& case_text, std::string_view check,
+            const std::vector<Verdict>& kept) {
+    bool folded = false;
+    std::vector<Verdict> out;
+    for (Verdict& v : verdicts) {
+      if (v.check != kKernelErrorCheck) {
+        out.push_back(std::move(v));
+        continue;
+      }
+      auto [it, first] = first_.try_emplace(case_text, Entry{kept.size() + out.size(), {}});
+      if (first) {
+        it->second.checks.push_back(std::string(check));
+        out.push_back(std::move(v));
+        continue;
+      }
+      folded = true;
+      auto& checks = it->second.checks;
+      if (std::find(checks.begin(), checks.end(), check) == checks.end()) {
+        checks.push_back(std::string(check));
+      }
+    }
+    verdicts = std::move(out);
+    return folded;
+  }
+  // Names, in each kept verdict's detail, the checks of its case that met a kernel error.
+  void Annotate(std::vector<Verdict>& kept) const {
+    for (const auto& [text, e] : first_) {
+      if (e.checks.size() < 2) continue;
+      std::string names;
+      for (const std::string& c : e.checks) names += (names.empty() ? "" : ", ") + c;
+      Verdict& v = kept[e.index];
+      v.detail = fmt::format("reported once for the case; the checks that met it: {}\n{}", names,
+                             v.detail);
+    }
+  }
+
+ private:
+  struct Entry {
+    size_t index;                     // of the kept verdict
+    std::vector<std::string> checks;  // that met a kernel error on the case, in order
+  };
+  std::map<std::string, Entry> first_;
+};
+
+// Sets the case fields and shares the row's time between its verdicts.
+void Attribute(std::vector<Verdict>& verdicts, const std::string& label, const Case& c,
+               double seconds) {
+  for (Verdict& v : verdicts) {
+    v.case_label = label;
+    v.case_ = c;
+    v.seconds = seconds / static_cast<double>(verdicts.size());
+  }
 }
 
 Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile* profile,
@@ -70,28 +132,42 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   auto profile = ProfileFor(caps);
   if (!profile.ok()) return Error{kernel.name() + ": " + profile.error().message};
   RunResult result;
-  result.report.kernel = options.kernel_spec;
-  result.report.suite = suite.name;
-  result.report.seed = options.seed;
+  Report& report = result.report;
+  report.kernel = options.kernel_spec;
+  report.suite = suite.name;
+  report.seed = options.seed;
+  report.capabilities = caps;
+  report.wall_times = options.timings;
 
+  size_t total = 0;
+  for (const SuiteRow& row : suite.rows) {
+    if (options.only_check.empty() || row.check == options.only_check) ++total;
+  }
+  RunOptions::Progress progress{0, total, 0, {}};
   std::optional<CheckContext> ctx;
   std::string ctx_text;
+  KernelErrorFolder folder;
   size_t index = 0;
   for (const SuiteRow& row : suite.rows) {
     ++index;
     if (!options.only_check.empty() && row.check != options.only_check) continue;
+    ++report.rows;
     const CheckInfo* check = FindCheck(row.check);
     if (check == nullptr) {
       return Error{fmt::format("suite {}: row {} names unknown check '{}'", suite.name, index,
                                row.check)};
     }
     InstantiatedCase inst = Instantiate(row, caps, options.seed);
+    progress.what = fmt::format("{}: {}", row.check, inst.label);
+    if (options.progress) options.progress(progress);
+    ++progress.done;
     if (!inst.c) {
-      result.skipped.push_back({row.check, inst.label, inst.skipped});
+      report.skipped.push_back({row.check, inst.label, inst.skipped});
       continue;
     }
     // Consecutive rows on the same case share inputs, oracle and kernel answers.
     const std::string text = CaseToText(*inst.c);
+    const auto t0 = std::chrono::steady_clock::now();
     if (!ctx || text != ctx_text) {
       auto made = MakeContext(kernel, *inst.c, *profile, options);
       if (!made.ok()) return Error{inst.label + ": " + made.error().message};
@@ -101,31 +177,40 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     ctx->label = inst.label;
     ctx->repro = fmt::format("attest check --kernel {} --suite {} --seed {}", options.kernel_spec,
                              suite.name, options.seed);
-    if (options.progress) {
-      options.progress(fmt::format("[{}/{}] {}: {}", index, suite.rows.size(), row.check,
-                                   inst.label));
-    }
-    const auto t0 = std::chrono::steady_clock::now();
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, *ctx);
     } catch (const HarnessError& e) {  // the oracle rejected the case: a harness fault
       return Error{fmt::format("{}: {}", inst.label, e.what())};
     }
+    const double seconds = Since(t0);
     if (options.timings) {
-      result.report.timings.push_back({fmt::format("{} [{}]", row.check, inst.label), Since(t0)});
+      report.timings.push_back({fmt::format("{} [{}]", row.check, inst.label), seconds});
     }
+    const bool folded = folder.Fold(verdicts, text, row.check, report.verdicts);
     if (verdicts.empty()) {
-      // The relation or rule has nothing to say about this case (a GQA relation on an MHA
-      // case, an honest refusal): listed, so that a row that never judges anything shows.
-      result.skipped.push_back({row.check, inst.label, "not applicable to this case"});
+      // Folded: the case's kernel error is reported already. Otherwise the relation or rule
+      // has nothing to say about this case (a GQA relation on an MHA case, an honest
+      // refusal): listed, so that a row that never judges anything shows.
+      if (!folded) {
+        report.skipped.push_back({row.check, inst.label, "not applicable to this case"});
+      }
       continue;
     }
-    if (Status s = SaveFailures(verdicts, *inst.c, options, result); !s.ok()) return s.error();
-    for (Verdict& v : verdicts) result.report.verdicts.push_back(std::move(v));
+    Attribute(verdicts, inst.label, *inst.c, seconds);
+    if (Status s = SaveFailures(verdicts, *inst.c, row.check, options, result); !s.ok()) {
+      return s.error();
+    }
+    for (Verdict& v : verdicts) {
+      progress.failures += v.pass ? 0 : 1;
+      report.verdicts.push_back(std::move(v));
+    }
   }
-  SortByDiagnosis(result.report.verdicts);
-  result.seconds = Since(start);
+  folder.Annotate(report.verdicts);
+  SortByDiagnosis(report.verdicts);
+  progress.what = "done";
+  if (options.progress) options.progress(progress);
+  result.seconds = report.seconds = Since(start);
   return result;
 }
 
@@ -133,29 +218,42 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
                             std::span<const CheckInfo* const> checks, const RunOptions& options,
                             const std::string& label) {
   const auto start = std::chrono::steady_clock::now();
-  auto profile = ProfileFor(kernel.capabilities());
+  const Capabilities caps = kernel.capabilities();
+  auto profile = ProfileFor(caps);
   if (!profile.ok()) return Error{kernel.name() + ": " + profile.error().message};
   RunResult result;
-  result.report.kernel = options.kernel_spec;
-  result.report.suite = "repro";
-  result.report.seed = c.generator ? c.generator->seed : 0;
+  Report& report = result.report;
+  report.kernel = options.kernel_spec;
+  report.suite = "repro";
+  report.seed = c.generator ? c.generator->seed : 0;
+  report.capabilities = caps;
+  report.wall_times = options.timings;
   auto made = MakeContext(kernel, c, *profile, options);
   if (!made.ok()) return made.error();
   CheckContext ctx = std::move(made).value();
   ctx.label = label;
+  const std::string text = CaseToText(c);
+  KernelErrorFolder folder;
   for (const CheckInfo* check : checks) {
+    ++report.rows;
     ctx.repro = fmt::format("attest repro --kernel {} --case {} --check {}", options.kernel_spec,
                             label, check->name);
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, ctx);
     } catch (const HarnessError& e) {
       return Error{fmt::format("{}: {}", label, e.what())};
     }
-    for (Verdict& v : verdicts) result.report.verdicts.push_back(std::move(v));
+    if (!folder.Fold(verdicts, text, check->name, report.verdicts) && verdicts.empty()) {
+      report.skipped.push_back({std::string(check->name), label, "not applicable to this case"});
+    }
+    Attribute(verdicts, label, c, Since(t0));
+    for (Verdict& v : verdicts) report.verdicts.push_back(std::move(v));
   }
-  SortByDiagnosis(result.report.verdicts);
-  result.seconds = Since(start);
+  folder.Annotate(report.verdicts);
+  SortByDiagnosis(report.verdicts);
+  result.seconds = report.seconds = Since(start);
   return result;
 }
 

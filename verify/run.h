@@ -31,35 +31,38 @@ struct RunOptions {
   std::optional<std::filesystem::path> failure_dir;
   OracleOptions oracle;
   std::string only_check;  // run only the rows of this check ("" all)
-  // Wall times in the report (off by default: the same seed then gives an identical report).
+  // Wall times of every row in the report's `timings` (off by default: the same seed then
+  // gives an identical JSON report). Verdict::seconds is measured either way.
   bool timings = false;
-  // Called once per case before it runs ("[3/41] accuracy: causal Sq<Sk: B1 H2:2 ...").
-  std::function<void(const std::string&)> progress;
-};
-
-struct SkippedRow {
-  std::string check;
-  std::string label;
-  std::string reason;
+  // Called before each row runs and once at the end (done == total), for progress output.
+  struct Progress {
+    size_t done = 0;   // rows finished
+    size_t total = 0;  // rows of the suite
+    int failures = 0;  // failing verdicts so far
+    std::string what;  // the row about to run: "accuracy: causal Sq<Sk: B1 H2:2 ..."
+  };
+  std::function<void(const Progress&)> progress;
 };
 
 struct RunResult {
-  Report report;
-  std::vector<SkippedRow> skipped;
+  Report report;  // verdicts, skipped rows, rows, seconds
   std::vector<std::filesystem::path> failure_cases;  // one per failing verdict (may repeat)
   double seconds = 0;
 };
 
 // Runs a suite. Errors (exit code 2) are infrastructure faults: a case whose inputs cannot be
 // made, a kernel whose profile is unknown, a suite naming an unknown check. Everything the
-// kernel does (errors, crashes as exceptions, refusals of claimed features) is a verdict.
+// kernel does (errors, crashes as exceptions, refusals of claimed features) is a verdict; a
+// kernel error is one check.h kKernelErrorCheck verdict per case, however many of the case's
+// checks met it (the first call's; its detail names the checks that met it).
 Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOptions& options);
 
 // Orders verdicts by check.h DiagnosisRank (stable): RunSuite and RunCase return their
 // reports in this order, so the first failing verdict of a report names the bug class.
 void SortByDiagnosis(std::vector<Verdict>& verdicts);
 
-// Runs `checks` on one case (attest repro); `label` names the case in messages.
+// Runs `checks` on one case (attest repro); `label` names the case in messages. Kernel errors
+// as in RunSuite: one verdict for the case.
 Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
                             std::span<const CheckInfo* const> checks, const RunOptions& options,
                             const std::string& label);

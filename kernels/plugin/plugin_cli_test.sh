@@ -15,7 +15,7 @@ host="$dir/libattest_example_host.so"
 
 # 1. The host example through the loader: the quick suite passes (plugin_suite_test runs the
 # other dtypes and the mutants through the library API).
-"$attest" check --kernel "plugin:$host:flash-bf16" --suite quick --out "$work/ok" > "$work/ok.txt" 2>&1
+"$attest" check --kernel "plugin:$host:flash-bf16" --suite quick -v --out "$work/ok" > "$work/ok.txt" 2>&1
 rc=$?; [ $rc -eq 0 ] || { cat "$work/ok.txt"; fail "quick suite exit $rc, want 0"; }
 grep -q "^PASS accuracy" "$work/ok.txt" || fail "no PASS lines for the host plugin"
 
@@ -38,7 +38,7 @@ ATTEST_PLUGIN_TIMEOUT=abc "$attest" check --kernel "plugin:$host:flash-f32" > "$
   --out "$work/segv" > "$work/segv.txt" 2>&1; rc=$?
 [ $rc -eq 1 ] || { cat "$work/segv.txt"; fail "segfault: exit $rc, want 1"; }
 grep -q "signal 11" "$work/segv.txt" || { cat "$work/segv.txt"; fail "segfault not named"; }
-grep -q "verdicts, " "$work/segv.txt" || fail "the run did not complete after a segfault"
+grep -q "^FAIL: .* verdicts failed" "$work/segv.txt" || fail "the run did not complete after a segfault"
 ls "$work/segv"/*.case.json > /dev/null 2>&1 || fail "no case file for the segfault"
 
 # 4. A hanging plugin: killed after the timeout, a finding, the run goes on (accuracy rows

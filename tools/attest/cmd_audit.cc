@@ -2,12 +2,8 @@
 // `attest audit --compare K1 K2 ... --out DIR` (DESIGN.md "CLI contract"; issue 7 item 1):
 // writes DIR/report.html (self-contained, inline SVG), DIR/report.md and DIR/report.json,
 // and the smallest leaking case of each kernel into DIR. A progress bar on a terminal, plain
-// lines otherwise. Exit 0 when every verdict of the audit holds, 1 when one failed (the
-// reports are written either way), 2 on usage or infrastructure errors.
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdio>
+// lines otherwise (tools/attest/progress.h). Exit 0 when every verdict of the audit holds, 1
+// when one failed (the reports are written either way), 2 on usage or infrastructure errors.
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -17,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/attest/command.h"
+#include "tools/attest/progress.h"
 #include "verify/audit/audit.h"
 #include "verify/audit/render.h"
 #include "verify/report.h"
@@ -33,40 +30,6 @@ struct AuditCliOptions {
   bool quick = false;
   std::string distributions;  // comma-separated override of the plan's list
   int threads = 0;
-};
-
-// Progress on stderr: a redrawn bar on a terminal, one line per step otherwise (logs, CI).
-class Progress {
- public:
-  explicit Progress(std::string kernel)
-      : kernel_(std::move(kernel)), tty_(isatty(fileno(stderr)) != 0),
-        start_(std::chrono::steady_clock::now()) {}
-  ~Progress() {
-    if (tty_ && drawn_) std::cerr << "\n";
-  }
-  void operator()(const AuditProgress& p) {
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    if (!tty_) {
-      std::cerr << fmt::format("[{}/{}] {} {} ({:.0f} s)\n", p.done, p.total, kernel_, p.what, s);
-      return;
-    }
-    constexpr int kWidth = 30;
-    const int filled = p.total > 0 ? static_cast<int>(kWidth * p.done / p.total) : 0;
-    std::string what = p.what.size() > 40 ? p.what.substr(0, 40) : p.what;
-    std::cerr << fmt::format("\r{} [{}{}] {}/{} {:<40} {:4.0f} s", kernel_,
-                             std::string(static_cast<size_t>(filled), '#'),
-                             std::string(static_cast<size_t>(kWidth - filled), '.'), p.done,
-                             p.total, what, s)
-              << std::flush;
-    drawn_ = true;
-  }
-
- private:
-  std::string kernel_;
-  bool tty_;
-  bool drawn_ = false;
-  std::chrono::steady_clock::time_point start_;
 };
 
 void Write(const std::filesystem::path& path, const std::string& text) {
@@ -102,10 +65,13 @@ int RunAuditCli(const AuditCliOptions& opt) {
     ao.plan = plan;
     ao.threads = opt.threads;
     ao.out_dir = dir;
-    auto progress = std::make_shared<Progress>(k);
-    ao.progress = [progress](const AuditProgress& p) { (*progress)(p); };
+    // Progress on stderr (tools/attest/progress.h): the step that runs.
+    auto progress = std::make_shared<ProgressLine>(ProgressLine::Detect("audit " + k, false));
+    ao.progress = [progress](const AuditProgress& p) {
+      progress->Update(p.done, p.total, p.what);
+    };
     auto r = RunAudit(ao);
-    progress.reset();
+    progress->Finish();
     if (!r.ok()) throw UsageError(k + ": " + r.error().message);
     results.push_back(std::move(r).value());
   }

@@ -9,6 +9,7 @@
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
 #include "reference/problem/case_file.h"
+#include "tools/attest/build_info.h"
 #include "tools/attest/command.h"
 #include "verify/compare.h"
 #include "verify/report.h"
@@ -71,6 +72,13 @@ int RunCompare(const CompareCliOptions& opt) {
   if (!result.ok()) throw UsageError(opt.outputs + ": " + result.error().message);
   Report& report = result->report;
   report.kernel = "outputs:" + opt.outputs;
+  report.attest_version = std::string(AttestVersion());
+  report.attest_commit = std::string(AttestCommit());
+  for (Verdict& v : report.verdicts) {  // every verdict judges the one case given
+    v.case_ = *c;
+    v.case_label = opt.case_file;
+    v.case_file = opt.case_file;
+  }
   std::cout << ToConsole(report);
   WriteOrThrow(opt.json,
                ToJson(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

@@ -3,9 +3,8 @@
 // (check, case) pairs inside the kernel's capabilities, shrinks the first failure, writes
 // DIR/<check>-<hash>.case.json and prints its one-line repro. Exit codes: 0 nothing failed,
 // 1 a failure was found (or a merged report holds one), 2 usage or infrastructure error.
-// A progress bar on a terminal (cases/s, failures), plain lines otherwise.
+// A progress line on stderr (tools/attest/progress.h): cases/s, failures, shrinking.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include "reference/data/generate.h"
 #include "reference/problem/case_file.h"
 #include "tools/attest/command.h"
+#include "tools/attest/progress.h"
 #include "verify/suite.h"
 
 namespace attest::cli {
@@ -41,50 +41,14 @@ struct FuzzCliOptions {
   bool quiet = false;
 };
 
-// Draws a progress bar (terminal) or a line every tenth of the run / every 5 s (otherwise).
-class ProgressPrinter {
- public:
-  explicit ProgressPrinter(bool quiet) : tty_(isatty(fileno(stderr)) != 0), quiet_(quiet) {}
-  void operator()(const FuzzOptions::Progress& p) {
-    if (quiet_) return;
-    const double rate = p.seconds > 0 ? static_cast<double>(p.done) / p.seconds : 0.0;
-    if (tty_) {
-      std::string bar;
-      if (p.planned > 0) {
-        constexpr int kWidth = 30;
-        const auto filled = static_cast<int>(kWidth * p.done / p.planned);
-        bar = "[" + std::string(static_cast<size_t>(filled), '#') +
-              std::string(static_cast<size_t>(kWidth - filled), '.') + "] ";
-      }
-      std::fprintf(stderr, "\r%s%lld%s cases  %.1f cases/s  %d failure%s%s\x1b[K", bar.c_str(),
-                   static_cast<long long>(p.done),
-                   p.planned >= 0 ? fmt::format("/{}", p.planned).c_str() : "", rate, p.failures,
-                   p.failures == 1 ? "" : "s", p.shrinking ? "  (shrinking)" : "");
-      std::fflush(stderr);
-      dirty_ = true;
-      return;
-    }
-    const int64_t step = p.planned > 0 ? std::max<int64_t>(1, p.planned / 10) : 0;
-    const bool due = p.shrinking || (step > 0 ? p.done % step == 0 || p.done == p.planned
-                                              : p.seconds >= next_time_);
-    if (!due) return;
-    next_time_ = p.seconds + 5;
-    std::fprintf(stderr, "fuzz: %lld%s cases, %.1f cases/s, %d failure%s%s\n",
-                 static_cast<long long>(p.done),
-                 p.planned >= 0 ? fmt::format("/{}", p.planned).c_str() : "", rate, p.failures,
-                 p.failures == 1 ? "" : "s", p.shrinking ? " (shrinking a failure)" : "");
-  }
-  void Finish() {
-    if (dirty_) std::fprintf(stderr, "\n");
-    dirty_ = false;
-  }
-
- private:
-  bool tty_;
-  bool quiet_;
-  bool dirty_ = false;
-  double next_time_ = 0;
-};
+// The run's progress (tools/attest/progress.h): cases done, rate, failures, shrinking.
+void ShowProgress(ProgressLine& line, const FuzzOptions::Progress& p) {
+  const double rate = p.seconds > 0 ? static_cast<double>(p.done) / p.seconds : 0.0;
+  line.Update(p.done, p.planned,
+              fmt::format("cases, {:.1f} cases/s, {} failure{}{}", rate, p.failures,
+                          p.failures == 1 ? "" : "s", p.shrinking ? " (shrinking a failure)" : ""),
+              /*force=*/p.shrinking);
+}
 
 int RunMerge(const FuzzCliOptions& opt) {
   std::vector<std::filesystem::path> dirs(opt.merge.begin(), opt.merge.end());
@@ -160,8 +124,8 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
     fo.baseline = baseline.get();
     fo.baseline_spec = opt.baseline;
   }
-  ProgressPrinter printer(opt.quiet);
-  fo.progress = [&](const FuzzOptions::Progress& p) { printer(p); };
+  ProgressLine printer(ProgressLine::Detect("fuzz " + opt.kernel, opt.quiet));
+  fo.progress = [&](const FuzzOptions::Progress& p) { ShowProgress(printer, p); };
   auto report = RunFuzz(**kernel, fo);
   printer.Finish();
   if (!report.ok()) throw UsageError(report.error().message);

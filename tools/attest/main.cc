@@ -4,7 +4,11 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <string>
 
+#include <fmt/format.h>
+
+#include "tools/attest/build_info.h"
 #include "tools/attest/command.h"
 
 int main(int argc, char** argv) {
@@ -14,7 +18,9 @@ int main(int argc, char** argv) {
                "Exit codes: 0 all checks hold, 1 a check failed, 2 usage or infrastructure "
                "error."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "attest 0.1.0");
+  const std::string commit(AttestCommit());
+  app.set_version_flag("--version", fmt::format("attest {}{}", AttestVersion(),
+                                                commit.empty() ? "" : " (" + commit + ")"));
 
   auto& commands = Commands();
   std::sort(commands.begin(), commands.end(),

@@ -58,13 +58,13 @@ def run_gate(attest, kernel, tmp):
 
 
 def fmt_margin(m):
-    return m if isinstance(m, str) else f"{m:.3g}"
+    """A margin of docs/report.schema.json: a number, or null for an infinite one."""
+    return "inf" if m is None else f"{m:.3g}"
 
 
 def case_of(verdict):
-    """The case label a failing verdict's message starts with ("[label: problem] ...")."""
-    m = re.match(r"\[([^\]]*)\]", verdict.get("message", ""))
-    return m.group(1) if m else ""
+    """The label of the case a verdict judged (docs/report.schema.json "case")."""
+    return (verdict.get("case") or {}).get("label", "")
 
 
 def kernel_table(rows, classes):

@@ -19,6 +19,11 @@ except that a chosen request triggers a fault:
   exit-early     exits (code 0) right after answering describe, without reading requests
   bad-describe   answers describe with garbage
   route          answers correctly, with the optional "route" field set to "slow path"
+  exception      the kernel raises a Python TypeError inside attest_worker.serve, which
+                 replies "error" with the exception line and prints the traceback to stderr
+                 (as torch_worker.py does for a kernel called with a wrong keyword)
+  raise          the worker itself dies of an uncaught TypeError (traceback on stderr,
+                 exit code 1) before replying
 
 --op selects which request (describe, forward, backward; default forward) and
 --when-seqlen-q N restricts the fault to problems with that seqlen_q, so that a test can
@@ -39,6 +44,27 @@ import attest_worker as aw
 import numpy_worker as nw
 
 
+# The exception both modes raise: the message FlashAttention-4's flash_attn_func gives for a
+# FlashAttention-2 keyword.
+WRONG_KEYWORD = "flash_attn_func() got an unexpected keyword argument 'return_attn_probs'"
+
+
+def call_kernel_with_a_wrong_keyword():
+    raise TypeError(WRONG_KEYWORD)
+
+
+def serve_raising(triggered):
+    """The NumPy worker under attest_worker.serve, whose triggered calls raise."""
+    def handler(op):
+        def run(problem, inputs):
+            if triggered(op, problem):
+                call_kernel_with_a_wrong_keyword()
+            return (nw.forward if op == "forward" else nw.backward)(problem, inputs)
+        return run
+    aw.serve(lambda: ("faulty-exception", nw.CAPABILITIES), handler("forward"),
+             handler("backward"))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", required=True)
@@ -52,6 +78,9 @@ def main():
             return False
         return args.when_seqlen_q is None or problem["seqlen_q"] == args.when_seqlen_q
 
+    if args.mode == "exception":
+        serve_raising(triggered)
+        return
     proto = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)
@@ -123,6 +152,8 @@ def main():
                         + "\n")
         elif mode == "bad-status":
             proto.write('{"status": "maybe"}\n')
+        elif mode == "raise":
+            call_kernel_with_a_wrong_keyword()
         else:
             print(f"faulty_worker: unknown mode {mode}", file=sys.stderr)
             sys.exit(2)

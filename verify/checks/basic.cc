@@ -415,8 +415,7 @@ std::vector<Verdict> RunHonesty(CheckContext& ctx) {
                                           ctx.kernel->name(), u->reason)));
       }
     } else if (const auto* e = std::get_if<Error>(&b)) {
-      out.push_back(Failure(kCheck, "", "the kernel answers without error",
-                            fmt::format("{} backward failed: {}", ctx.kernel->name(), e->message)));
+      out.push_back(KernelError(*ctx.kernel, "backward", e->message));
     } else {
       bwd = &std::get<BackwardResult>(b);
     }

@@ -79,6 +79,65 @@ Verdict Failure(std::string_view check, std::string_view tensor, std::string pol
   return v;
 }
 
+std::string ErrorSummary(std::string_view kernel_name, std::string_view error) {
+  // 1. The adapter's own text, and the stderr lines it quoted.
+  constexpr std::string_view kStderr = "; stderr: ";
+  const size_t cut = error.find(kStderr);
+  std::string head(error.substr(0, cut));
+  std::string last_line;
+  if (cut != std::string_view::npos) {
+    const std::string_view tail = error.substr(cut + kStderr.size());
+    const size_t bar = tail.rfind(" | ");
+    last_line = std::string(bar == std::string_view::npos ? tail : tail.substr(bar + 3));
+  }
+  // 2. The kernel's name is the report's; an operation named twice ("forward: forward: ")
+  // by nested callers once.
+  const std::string prefix = std::string(kernel_name) + ": ";
+  if (!kernel_name.empty()) {
+    if (const size_t at = head.find(prefix); at != std::string::npos) head.erase(at, prefix.size());
+  }
+  for (const char* op : {"forward: ", "backward: "}) {
+    const std::string twice = std::string(op) + op;
+    for (size_t at; (at = head.find(twice)) != std::string::npos;) head.erase(at, std::strlen(op));
+  }
+  // 3. A worker that relayed its kernel's message said it already; one that died did not,
+  // and its last stderr line (the exception line of a Python traceback) does.
+  if (!last_line.empty() && head.find("reported an error") == std::string::npos) {
+    head += "; last stderr line: " + last_line;
+  }
+  // 4. One line, of a length a report row holds.
+  if (const size_t nl = head.find('\n'); nl != std::string::npos) head.resize(nl);
+  constexpr size_t kMax = 400;
+  if (head.size() > kMax) head = head.substr(0, kMax) + "...";
+  return head;
+}
+
+Verdict KernelError(const Kernel& kernel, std::string_view what, std::string_view error) {
+  // "forward: forward: ..." when the adapter names the call too.
+  std::string summary = ErrorSummary(kernel.name(), error);
+  const std::string call = std::string(what) + ": ";
+  if (summary.rfind(call, 0) == 0) summary.erase(0, call.size());
+  Verdict v = Failure(kKernelErrorCheck, "", "every kernel call answers without error",
+                      call + summary);
+  // The whole text, its stderr tail one line per line (kernels/exec/process.h joins them
+  // with " | ").
+  constexpr std::string_view kStderr = "; stderr: ", kBar = " | ";
+  const size_t cut = error.find(kStderr);
+  std::string detail(error.substr(0, cut));
+  if (cut != std::string_view::npos) {
+    detail += "\nstderr (last lines):";
+    std::string_view tail = error.substr(cut + kStderr.size());
+    for (size_t bar = 0; bar != std::string_view::npos; tail.remove_prefix(bar + kBar.size())) {
+      bar = tail.find(kBar);
+      detail += '\n';
+      detail.append(tail.substr(0, bar));
+      if (bar == std::string_view::npos) break;
+    }
+  }
+  v.detail = std::move(detail);
+  return v;
+}
+
 Verdict Passing(std::string_view check, std::string_view tensor, std::string policy,
                 std::string message) {
   Verdict v;
@@ -98,8 +157,7 @@ std::optional<std::vector<Verdict>> NonOutputVerdicts(std::string_view check, co
   if (std::holds_alternative<T>(answer)) return std::nullopt;
   std::vector<Verdict> out;
   if (const auto* e = std::get_if<Error>(&answer)) {
-    out.push_back(Failure(check, "", "the kernel answers without error",
-                          fmt::format("{} {} failed: {}", kernel.name(), what, e->message)));
+    out.push_back(KernelError(kernel, what, e->message));
     return out;
   }
   const auto& u = std::get<Unsupported>(answer);

@@ -64,15 +64,34 @@ struct HarnessError : std::runtime_error {
 
 // ---- Helpers shared by the checks (check.cc) ----
 
-// A categorical failure (margin inf): a kernel error, an output of the wrong shape, a
-// refusal where the kernel claims the feature.
+// The verdict class of a kernel call that answered Error (an exception in the kernel or its
+// adapter, a crash, a timeout, a protocol violation): not a numerical verdict but the reason
+// there is none. It ranks first in the diagnosis order, and runners keep one per case
+// (run.h), however many checks of the case called the kernel.
+inline constexpr std::string_view kKernelErrorCheck = "kernel-error";
+// The verdict class of the coverage guard (verify/coverage.h): what a run did not judge. It
+// ranks last: every finding about the kernel itself comes first.
+inline constexpr std::string_view kCoverageCheck = "coverage";
+
+// A kernel-error verdict (margin inf) for the call `what` ("forward", "non-interference,
+// perturbed inputs (...)") that failed with `error`: the message is "<what>: <the error's one
+// line>" (ErrorSummary), the whole text is `detail`.
+Verdict KernelError(const Kernel& kernel, std::string_view what, std::string_view error);
+// The line of an error text that says what went wrong: without the kernel's name, the
+// adapter's stderr tail cut off ("; stderr: a | b | c", kernels/exec/process.h StderrTail),
+// and, when the adapter did not relay the kernel's own message (a worker that died), the last
+// stderr line appended, which for a Python worker is the traceback's exception line.
+std::string ErrorSummary(std::string_view kernel_name, std::string_view error);
+
+// A categorical failure (margin inf): an output of the wrong shape, a refusal where the
+// kernel claims the feature.
 Verdict Failure(std::string_view check, std::string_view tensor, std::string policy,
                 std::string message);
 // A passing verdict with margin observed / allowed.
 Verdict Passing(std::string_view check, std::string_view tensor, std::string policy,
                 std::string message = {});
 
-// What a non-output answer means for a check: an Error is a failure; Unsupported for a
+// What a non-output answer means for a check: an Error is a kernel error; Unsupported for a
 // problem inside the kernel's capabilities is a failure (it claims the feature); Unsupported
 // outside them is an honest refusal, for which the check does not apply (empty list).
 // `what` is "forward" or "backward". Returns nullopt when the answer holds outputs.
@@ -130,7 +149,7 @@ const CheckInfo* FindCheck(std::string_view name);
 // differentiate the forward explains inaccurate gradients). The first failing verdict in this
 // order names the bug class; mutants declare theirs (kernels/mutants MutantSpec::bug_class).
 struct DiagnosisStep {
-  std::string_view check;
+  std::string_view check;  // a check of AllChecks(), or kKernelErrorCheck / kCoverageCheck
   std::vector<std::string_view> tensors;  // empty: every tensor of the check
 };
 std::span<const DiagnosisStep> DiagnosisOrder();

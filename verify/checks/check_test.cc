@@ -6,7 +6,9 @@
 #include <limits>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -227,6 +229,25 @@ class Liar : public Wrapper {
   }
 };
 
+// A device error in every backward of a varlen problem (a CUDA adapter's illegal address):
+// an Error answer, not outputs. With `throws`, the backward throws instead.
+class FailingBackward : public Wrapper {
+ public:
+  explicit FailingBackward(bool throws = false)
+      : Wrapper("test/failing-backward"), throws_(throws) {}
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    if (!p.varlen()) return Wrapper::Backward(p, q, k, v, o, lse, dout);
+    if (throws_) throw std::runtime_error("std::bad_alloc in the backward's workspace");
+    return Error{"test/failing-backward: backward: cudaErrorIllegalAddress: an illegal memory "
+                 "access was encountered; stderr: launch dq kernel | sync failed"};
+  }
+
+ private:
+  bool throws_;
+};
+
 RunResult RunQuick(Kernel& kernel, const std::string& suite = "quick", uint64_t seed = 0,
               const std::string& only = "") {
   RunOptions o;
@@ -299,7 +320,7 @@ TEST(Run, QuickSuitePassesTheCorrectModel) {
   auto k = Flash2();
   RunResult r = RunQuick(*k);
   EXPECT_TRUE(r.report.passed()) << ToConsole(r.report);
-  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_TRUE(r.report.skipped.empty());
   // Every check of the registry that the quick suite names produced verdicts.
   for (const char* check : {"accuracy", "unwritten-outputs", "special-values", "determinism",
                             "honesty", "gqa-mha", "permutation", "window-causal"}) {
@@ -384,8 +405,73 @@ TEST(Run, ReportsListVerdictsInDiagnosisOrder) {
   }
   const nlohmann::json j = ToJson(r.report);
   EXPECT_EQ(j["first_failure"]["check"], "unwritten-outputs");
-  EXPECT_NE(ToConsole(r.report).find("first failing check (the diagnosis): unwritten-outputs"),
-            std::string::npos);
+  EXPECT_NE(VerdictLine(r.report).find("; diagnosis: unwritten-outputs o"), std::string::npos)
+      << VerdictLine(r.report);
+}
+
+TEST(Run, AKernelErrorIsOneVerdictPerCaseNamingTheError) {
+  FailingBackward k;
+  RunResult r = RunQuick(k);
+  // The quick suite's one varlen case: every check that runs a backward on it meets the error,
+  // and the report holds it once, first (the diagnosis), with the error's line.
+  std::vector<const Verdict*> errors;
+  for (const Verdict& v : r.report.verdicts) {
+    if (v.check == kKernelErrorCheck) errors.push_back(&v);
+    if (!v.pass) {
+      EXPECT_EQ(v.check, kKernelErrorCheck) << "a kernel error became a numerical verdict: "
+                                            << v.check << " " << v.message;
+    }
+  }
+  ASSERT_EQ(errors.size(), 1u) << ToConsole(r.report);
+  const Verdict& e = *errors[0];
+  EXPECT_EQ(&r.report.verdicts.front(), &e);
+  EXPECT_EQ(FirstFailure(r.report), &e);
+  EXPECT_TRUE(std::isinf(e.margin));
+  EXPECT_NE(e.message.find("backward: cudaErrorIllegalAddress: an illegal memory access"),
+            std::string::npos)
+      << e.message;
+  EXPECT_EQ(e.message.find("test/failing-backward:"), std::string::npos) << e.message;
+  // Of the stderr tail, the last line alone (a Python traceback's exception line).
+  EXPECT_NE(e.message.find("; last stderr line: sync failed"), std::string::npos) << e.message;
+  EXPECT_EQ(e.message.find("launch dq kernel"), std::string::npos) << "stderr in the message";
+  EXPECT_NE(e.detail.find("launch dq kernel\nsync failed"), std::string::npos) << e.detail;
+  EXPECT_NE(e.detail.find("the checks that met it: accuracy, "), std::string::npos) << e.detail;
+  ASSERT_TRUE(e.case_.has_value());
+  EXPECT_TRUE(e.case_->problem.varlen());
+  // The forward of that case was judged, and no row of it is listed as skipped.
+  bool forward_judged = false;
+  for (const Verdict& v : r.report.verdicts) {
+    forward_judged = forward_judged || (v.check == "accuracy" && v.tensor == "o" &&
+                                        v.case_ && v.case_->problem.varlen() && v.pass);
+  }
+  EXPECT_TRUE(forward_judged);
+  EXPECT_TRUE(r.report.skipped.empty());
+  // A throwing kernel is the same class.
+  FailingBackward t(/*throws=*/true);
+  RunResult rt = RunQuick(t);
+  const Verdict* f = FirstFailure(rt.report);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->check, kKernelErrorCheck);
+  EXPECT_NE(f->message.find("std::bad_alloc in the backward's workspace"), std::string::npos)
+      << f->message;
+  EXPECT_EQ(rt.report.failures(), 1) << ToConsole(rt.report);
+}
+
+TEST(Run, ErrorSummaryKeepsTheLineThatSaysWhatWentWrong) {
+  // A relayed exception: its line, without the kernel's name and the stderr tail.
+  EXPECT_EQ(ErrorSummary("exec:w", "exec:w: forward: worker reported an error: TypeError: f() "
+                                   "got an unexpected keyword argument 'x'; stderr: Traceback "
+                                   "(most recent call last): | TypeError: f() got ..."),
+            "forward: worker reported an error: TypeError: f() got an unexpected keyword "
+            "argument 'x'");
+  // A worker that died: the last stderr line (a Python traceback's exception line) added.
+  EXPECT_EQ(ErrorSummary("exec:w", "exec:w: forward: worker exited with code 1 before "
+                                   "replying; stderr: Traceback (most recent call last): |   "
+                                   "File \"w.py\", line 3 | ValueError: bad shape"),
+            "forward: worker exited with code 1 before replying; last stderr line: "
+            "ValueError: bad shape");
+  EXPECT_EQ(ErrorSummary("k", "forward: forward: k: timed out"), "forward: timed out");
+  EXPECT_EQ(ErrorSummary("k", "line one\nline two"), "line one");
 }
 
 TEST(Run, NondeterminismFailsOnlyWhenClaimed) {
@@ -527,7 +613,13 @@ TEST(Checks, RegistryIsOrderedAndNamed) {
     EXPECT_GE(rank, last) << c.name;
     last = rank;
   }
-  for (const DiagnosisStep& s : DiagnosisOrder()) EXPECT_NE(FindCheck(s.check), nullptr);
+  for (const DiagnosisStep& s : DiagnosisOrder()) {
+    if (s.check == kKernelErrorCheck || s.check == kCoverageCheck) continue;
+    EXPECT_NE(FindCheck(s.check), nullptr) << s.check;
+  }
+  // A kernel error explains everything else; coverage explains nothing about the kernel.
+  EXPECT_EQ(DiagnosisOrder().front().check, kKernelErrorCheck);
+  EXPECT_EQ(DiagnosisOrder().back().check, kCoverageCheck);
   // Accuracy of the forward comes before consistency, of the gradients after.
   EXPECT_LT(DiagnosisRank("accuracy", "o"), DiagnosisRank("consistency", "dq"));
   EXPECT_GT(DiagnosisRank("accuracy", "dq"), DiagnosisRank("consistency", "dq"));

@@ -490,7 +490,12 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
   };
   auto answer = RunKernel(kernel, p, in.q, in.k, vc, in.dout);
   if (std::holds_alternative<Unsupported>(answer)) return;
-  if (auto* e = std::get_if<Error>(&answer)) return fail("kernel failed: " + e->message);
+  if (auto* e = std::get_if<Error>(&answer)) {
+    Verdict v = KernelError(kernel, std::string(kCheck) + ", constant-V probe", e->message);
+    v.repro = repro;
+    out.push_back(v);
+    return;
+  }
   Expected<Operands> ops = OperandsOf(recipe, in.q, in.k, vc, in.dout);
   if (!ops.ok()) return fail(ops.error().message);
   const KernelRun& run = std::get<KernelRun>(answer);
@@ -802,11 +807,9 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
     auto answer = RunKernel(kernel, p, x.q, x.k, x.v, x.dout);
     if (std::holds_alternative<Unsupported>(answer)) return false;
     if (auto* e = std::get_if<Error>(&answer)) {
-      Verdict v;
-      v.check = std::string(kCheck);
-      v.policy = "kernel must run";
-      v.margin = std::numeric_limits<double>::infinity();
-      v.message = label + "kernel failed: " + e->message;
+      std::string call(kCheck);
+      if (!label.empty()) call += ", " + label.substr(0, label.find_last_not_of(": ") + 1);
+      Verdict v = KernelError(kernel, call, e->message);
       v.repro = options.repro;
       out.push_back(v);
       return true;
@@ -836,7 +839,7 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
   };
   if (options.identities || options.recipe_gradient) {
     if (!run_on(in, "")) return {};
-    if (!out.empty() && std::isinf(out.back().margin) && out.back().policy == "kernel must run") {
+    if (!out.empty() && out.back().check == kKernelErrorCheck) {
       return out;
     }
     // Softcap probe: the derivative 1 - tanh²(s/cap) only matters once |s| is comparable to

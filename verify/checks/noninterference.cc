@@ -405,22 +405,17 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
 
   // ---- Unperturbed runs (twice for nondeterministic kernels: the allowed spread). ----
   RunOutcome base = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
-  auto kernel_failure = [&](const std::string& what) {
-    Verdict v;
-    v.check = std::string(kCheck);
-    v.policy = "kernel must run";
-    v.pass = false;
-    v.margin = std::numeric_limits<double>::infinity();
-    v.message = "kernel failed on " + what;
+  auto kernel_failure = [&](const std::string& what, const std::string& error) {
+    Verdict v = KernelError(kernel, std::string(kCheck) + ", " + what, error);
     v.repro = options.repro;
     return std::vector<Verdict>{v};
   };
   if (base.unsupported) return {};
-  if (!base.out) return kernel_failure("the unperturbed inputs: " + base.error);
+  if (!base.out) return kernel_failure("the unperturbed inputs", base.error);
   std::optional<Outputs> spread;
   if (!caps.deterministic) {
     RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
-    if (!again.out) return kernel_failure("the repeated unperturbed run: " + again.error);
+    if (!again.out) return kernel_failure("the repeated unperturbed run", again.error);
     Outputs sp;
     for (std::string_view n : {"o", "lse", "dq", "dk", "dv"}) {
       const Tensor& a = Pick(*base.out, n);
@@ -470,7 +465,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
       const std::string what = std::string(Name(kind)) + " written to " + set.description;
       if (!r.out) {
         if (r.unsupported) continue;
-        return kernel_failure("perturbed inputs (" + what + "): " + r.error);
+        return kernel_failure("perturbed inputs (" + what + ")", r.error);
       }
       for (size_t t = 0; t < names.size(); ++t) {
         const std::string_view n = names[t];

@@ -16,6 +16,10 @@ namespace {
 // Rows in the order of their first diagnosis step. The diagnosis order (BuildDiagnosisOrder)
 // and why each step sits where it does: a check placed earlier must not fire on a bug that a
 // later one names, and its failure must explain what the later ones would see.
+//  0. kernel-error (check.h kKernelErrorCheck, issued by every check whose kernel call
+//     answered Error, kept once per case by verify/run.h): no output came back, so nothing
+//     after it could be judged on that call. A TypeError in an adapter is this, not an
+//     unwritten output.
 //  1. unwritten-outputs: an element still holding the harness's poison was never written;
 //     every other check sees NaN there.
 //  2. gqa-mha, window-causal: two spellings of the same problem (head mapping; causal
@@ -48,6 +52,9 @@ namespace {
 //     mixed into its neighbour at 1e-4).
 // 11. honesty: refusing a claimed feature, or answering an unclaimed one wrongly (inside the
 //     capabilities, a wrong answer is already an accuracy failure).
+// 12. coverage (check.h kCoverageCheck, verify/coverage.h): the run left a required family
+//     unjudged or skipped too many rows. It says nothing about the kernel's numbers, so
+//     every finding above names the bug first.
 std::vector<CheckInfo> BuildChecks() {
   std::vector<CheckInfo> t = {
       {"unwritten-outputs",
@@ -100,6 +107,7 @@ std::vector<CheckInfo> BuildChecks() {
 
 std::vector<DiagnosisStep> BuildDiagnosisOrder() {
   return {
+      {kKernelErrorCheck, {}},
       {"unwritten-outputs", {}},
       {"gqa-mha", {}},
       {"window-causal", {}},
@@ -113,6 +121,7 @@ std::vector<DiagnosisStep> BuildDiagnosisOrder() {
       {"permutation", {}},
       {"padding", {}},
       {"honesty", {}},
+      {kCoverageCheck, {}},
   };
 }
 
