@@ -10,11 +10,9 @@
 namespace attest {
 
 bool ReturnsLse(const Capabilities& caps) {
-  // Every kernel returns lse until Capabilities can declare one that does not (an API such
-  // as PyTorch's public scaled_dot_product_attention returns o alone); that declaration is
-  // this function's one line.
-  (void)caps;
-  return true;
+  // A kernel may declare "lse": false (an API such as PyTorch's public
+  // scaled_dot_product_attention returns o alone); then accuracy of lse cannot be required.
+  return caps.lse;
 }
 
 std::vector<std::pair<std::string, std::string>> RequiredFamilies(const Capabilities& caps,
