@@ -86,6 +86,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   j["profile"] = caps.profile;
   if (!caps.recipe.empty()) j["recipe"] = caps.recipe;
   if (caps.empty_row_lse != "-inf") j["empty_row_lse"] = caps.empty_row_lse;
+  j["lse"] = caps.lse;
   return j;
 }
 
@@ -135,6 +136,10 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                    "nothing else is acceptable for an empty row)"};
     }
     caps.empty_row_lse = e.get<std::string>();
+  }
+  if (j.contains("lse")) {  // a missing key means true: every kernel returned lse before
+    if (!j["lse"].is_boolean()) return Error{"capabilities.lse: not a boolean"};
+    caps.lse = j["lse"].get<bool>();
   }
   return caps;
 }

@@ -40,6 +40,12 @@ struct Capabilities {
   bool block_sparse = false;
   bool backward = false;
   bool deterministic = false;  // repeat runs are bitwise equal
+  // The forward returns lse. A kernel whose public API returns the output alone (PyTorch's
+  // F.scaled_dot_product_attention) declares false: ForwardResult::lse is then left undefined,
+  // its Backward receives an undefined lse, and checks judge o and the gradients only. An
+  // adapter never computes lse for such a kernel (that would be the kernel's work done by
+  // attest). JSON key "lse"; unlike the flags above, a missing key means true.
+  bool lse = true;
   std::string profile;         // tolerance profile name (verify/), e.g. "bf16"
   std::string recipe;          // low-precision recipe name (reference/recipes), or ""
   // What lse holds for an empty row (no visible key): "-inf", the mathematical value (the
@@ -77,7 +83,8 @@ struct Unsupported {
 
 struct ForwardResult {
   Tensor o;    // [B, Sq, Hq, Dv] (packed: [total_q, Hq, Dv]), any float dtype
-  Tensor lse;  // [B, Hq, Sq] (packed: [Hq, total_q]), natural log
+  Tensor lse;  // [B, Hq, Sq] (packed: [Hq, total_q]), natural log; undefined when the
+               // kernel declares Capabilities::lse = false
 };
 
 struct BackwardResult {
@@ -97,7 +104,8 @@ class Kernel {
   // Inputs are the problem's dtype-rounded values (dtype as the problem says).
   virtual KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q,
                                               const Tensor& k, const Tensor& v) = 0;
-  // `o` and `lse` are what this kernel's Forward returned for the same inputs.
+  // `o` and `lse` are what this kernel's Forward returned for the same inputs (`lse`
+  // undefined for a kernel that declares Capabilities::lse = false).
   virtual KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q,
                                                 const Tensor& k, const Tensor& v,
                                                 const Tensor& o, const Tensor& lse,

@@ -22,6 +22,26 @@ TEST(Capabilities, JsonRoundTripAndMissingFlagsAreFalse) {
   EXPECT_EQ(CapabilitiesToJson(*again), CapabilitiesToJson(*caps));
 }
 
+TEST(Capabilities, LseFlagRoundTripsAndAMissingKeyMeansTrue) {
+  // Absent: true (every kernel returned lse before the flag existed).
+  auto absent = CapabilitiesFromJson(nlohmann::json::parse(R"({"dtypes":["bf16"]})"));
+  ASSERT_TRUE(absent.ok()) << absent.error().message;
+  EXPECT_TRUE(absent->lse);
+  EXPECT_EQ(CapabilitiesToJson(*absent)["lse"], true);
+  auto no_lse = CapabilitiesFromJson(nlohmann::json::parse(R"({"dtypes":["bf16"],"lse":false})"));
+  ASSERT_TRUE(no_lse.ok()) << no_lse.error().message;
+  EXPECT_FALSE(no_lse->lse);
+  const nlohmann::json j = CapabilitiesToJson(*no_lse);
+  EXPECT_EQ(j["lse"], false);
+  auto again = CapabilitiesFromJson(j);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->lse);
+  EXPECT_EQ(CapabilitiesToJson(*again), j);
+  auto bad = CapabilitiesFromJson(nlohmann::json::parse(R"({"lse":"no"})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("capabilities.lse"), std::string::npos);
+}
+
 TEST(Capabilities, BadFieldsAreNamed) {
   auto bad = CapabilitiesFromJson(nlohmann::json::parse(R"({"dtypes":["bf17"]})"));
   ASSERT_FALSE(bad.ok());

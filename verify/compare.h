@@ -27,6 +27,9 @@ struct CompareOutputsOptions {
   std::optional<Format> output_format;
   // The producer declares lse = +inf for empty rows (DESIGN.md "Empty rows").
   bool lse_pos_inf_for_empty = false;
+  // The producer returns lse (kernels/kernel.h Capabilities::lse). False: lse is neither
+  // required nor judged, even when the file holds one.
+  bool lse = true;
   // Put into every failing verdict: the command that reproduces this comparison.
   std::string repro;
   OracleOptions oracle;
@@ -38,7 +41,8 @@ struct CompareOutputsResult {
   std::vector<TensorMetrics> baseline_metrics;  // same order, when a baseline was computed
 };
 
-// `outputs` must hold o and lse of the problem's shapes; dq, dk, dv are optional (the case
+// `outputs` must hold o and (unless options.lse is false) lse of the problem's shapes; dq,
+// dk, dv are optional (the case
 // must then provide "do"). Any float dtype is widened exactly. Errors (exit code 2 at the
 // CLI) name the tensor or field: missing or misshapen outputs, inputs that cannot be made, a
 // profile that needs a baseline the dtype has none of.

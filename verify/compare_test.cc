@@ -131,6 +131,31 @@ TEST(CompareOutputs, NanFailsAndOutputsAreValidated) {
       << shape.error().message;
 }
 
+TEST(CompareOutputs, AProducerWithoutLseIsJudgedOnTheRest) {
+  // options.lse = false (`attest compare --no-lse`): lse is neither required nor judged,
+  // even a wrong one; o and the gradients still are.
+  const Case c = MakeCase();
+  NamedTensors out = RoundedOracle(c, true);
+  NamedTensors without;
+  for (const char* n : {"o", "dq", "dk", "dv"}) without.Add(n, out.Find(n)->Clone());
+  CompareOutputsOptions opt;
+  opt.lse = false;
+  auto r = CompareOutputs(c, without, opt);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->report.passed());
+  for (const Verdict& v : r->report.verdicts) EXPECT_NE(v.tensor, "lse");
+  EXPECT_EQ(r->metrics.size(), 4u);
+  Mutable(out, "lse")->at<float>({0, 1, 3}) = 1e9f;  // ignored
+  Mutable(out, "dq")->at<uint16_t>({1, 5, 2, 3}) ^= 0x4000;  // not ignored
+  auto bad = CompareOutputs(c, out, opt);
+  ASSERT_TRUE(bad.ok()) << bad.error().message;
+  EXPECT_FALSE(bad->report.passed());
+  for (const Verdict& v : bad->report.verdicts) {
+    EXPECT_NE(v.tensor, "lse");
+    if (!v.pass) EXPECT_EQ(v.tensor, "dq");
+  }
+}
+
 TEST(CompareOutputs, PermutedHeadsFail) {
   // A layout bug: o written as [B, H, S, D] but labelled [B, S, H, D] (same values, same
   // norm). Here: two query heads swapped.

@@ -37,4 +37,35 @@ rc=$?
 [ "$rc" = 2 ] || fail "missing worker: exit $rc, want 2"
 grep -q "cannot start '/nonexistent/worker'" "$tmp/missing.log" || fail "cause not named"
 echo "ok: a worker that cannot start is exit 2 with its cause"
-echo "exec_cli_test: 3 passed, 0 failed"
+
+# 4. A worker whose API returns no lse and says so ("lse": false) passes the quick suite with
+#    o and the gradients judged and no lse verdict; one that omits lse while claiming it fails,
+#    unwritten-outputs first.
+kernel="exec:$python tools/workers/numpy_worker.py --no-lse"
+"$attest" check --kernel "$kernel" --suite quick --json "$tmp/nolse.json" --out "$tmp/f4" \
+  > "$tmp/nolse.log" 2>&1
+rc=$?
+[ "$rc" = 0 ] || { tail -20 "$tmp/nolse.log"; fail "--no-lse worker: quick suite exit $rc, want 0"; }
+"$python" - "$tmp/nolse.json" <<'PY' || fail "--no-lse worker: wrong verdicts in the report"
+import json, sys
+verdicts = json.load(open(sys.argv[1]))["verdicts"]
+tensors = {(v["check"], v["tensor"]) for v in verdicts}
+assert not any(t == "lse" for _, t in tensors), "an lse verdict for a kernel without lse"
+for need in [("accuracy", "o"), ("accuracy", "dq"), ("special-values", "o"),
+             ("consistency", "dk"), ("non-interference", "o")]:
+    assert need in tensors, f"no {need} verdict"
+PY
+echo "ok: a worker declaring \"lse\": false passes the quick suite, judged on o and gradients"
+kernel="exec:$python tools/workers/numpy_worker.py --omit-lse"
+"$attest" check --kernel "$kernel" --suite quick --json "$tmp/omit.json" --out "$tmp/f5" \
+  > "$tmp/omit.log" 2>&1
+rc=$?
+[ "$rc" = 1 ] || { tail -20 "$tmp/omit.log"; fail "--omit-lse worker: exit $rc, want 1"; }
+"$python" - "$tmp/omit.json" <<'PY' || fail "--omit-lse worker: not diagnosed as unwritten-outputs"
+import json, sys
+failed = [v for v in json.load(open(sys.argv[1]))["verdicts"] if not v["pass"]]
+assert failed and failed[0]["check"] == "unwritten-outputs", failed[:1]
+assert "'lse' missing" in failed[0]["message"], failed[0]["message"]
+PY
+echo "ok: a worker omitting the lse it claims fails, unwritten-outputs first"
+echo "exec_cli_test: 5 passed, 0 failed"

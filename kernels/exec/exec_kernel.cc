@@ -158,9 +158,15 @@ class ProtocolKernel final : public Kernel {
     if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
     const NamedTensors& out = std::get<NamedTensors>(reply);
     ForwardResult r;
-    for (auto [n, shape, dst] : {std::tuple{"o", p.OShape(), &r.o},
-                                 std::tuple{"lse", p.LseShape(), &r.lse}}) {
-      if (Status s = CheckOutput(out, n, shape, dst); !s) return Fail("forward", s.error().message);
+    if (Status s = CheckOutput(out, "o", p.OShape(), &r.o); !s) {
+      return Fail("forward", s.error().message);
+    }
+    // A worker that declares "lse": false is not asked for lse; one it writes anyway is
+    // ignored (r.lse stays undefined, as the capability promises the checks).
+    if (caps_.lse) {
+      if (Status s = CheckOutput(out, "lse", p.LseShape(), &r.lse); !s) {
+        return Fail("forward", s.error().message);
+      }
     }
     return r;
   }
@@ -177,7 +183,7 @@ class ProtocolKernel final : public Kernel {
       in.Add(n, *c);
     }
     in.Add("o", o);
-    in.Add("lse", lse);
+    if (caps_.lse) in.Add("lse", lse);  // a worker without lse gets none (docs/protocol.md)
     auto reply = Call("backward", p, in);
     if (auto* e = std::get_if<Error>(&reply)) return *e;
     if (auto* u = std::get_if<Unsupported>(&reply)) return *u;

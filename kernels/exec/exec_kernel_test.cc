@@ -23,6 +23,7 @@
 
 #include "kernels/builtin.h"
 #include "kernels/exec/process.h"
+#include "kernels/no_lse_test_kernel.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/inputs.h"
@@ -242,6 +243,34 @@ TEST(ForkedKernel, GivesTheSameBitsAsTheKernelInProcess) {
   EXPECT_TRUE(std::get<BackwardResult>(ga).dq.BitwiseEqual(std::get<BackwardResult>(gb).dq));
   EXPECT_TRUE(std::get<BackwardResult>(ga).dk.BitwiseEqual(std::get<BackwardResult>(gb).dk));
   EXPECT_TRUE(std::get<BackwardResult>(ga).dv.BitwiseEqual(std::get<BackwardResult>(gb).dv));
+}
+
+TEST(ForkedKernel, CarriesLseFalseAndNeverAsksForOrSendsLse) {
+  // The client must not require lse in OUT nor send it to the backward (NoLseTestKernel's
+  // backward fails if it gets one); the server must not ask the kernel for it.
+  auto inproc = Kernels().Create("cpu/flash2-bf16");
+  ASSERT_TRUE(inproc.ok());
+  auto forked = MakeForkedKernel([]() -> Expected<std::unique_ptr<Kernel>> {
+    auto inner = Kernels().Create("cpu/flash2-bf16");
+    if (!inner) return inner.error();
+    return std::unique_ptr<Kernel>(std::make_unique<NoLseTestKernel>(std::move(*inner)));
+  });
+  ASSERT_TRUE(forked.ok()) << forked.error().message;
+  EXPECT_FALSE((*forked)->capabilities().lse);
+  const Problem p = SmallProblem(37, 70);
+  const Inputs in = MakeInputs(p);
+  auto f = (*forked)->Forward(p, in.q, in.k, in.v);
+  ASSERT_TRUE(std::holds_alternative<ForwardResult>(f)) << AnswerError(f);
+  const auto& fr = std::get<ForwardResult>(f);
+  EXPECT_FALSE(fr.lse.defined());
+  const auto a = (*inproc)->Forward(p, in.q, in.k, in.v);
+  const auto& fa = std::get<ForwardResult>(a);
+  EXPECT_TRUE(fa.o.BitwiseEqual(fr.o));
+  auto b = (*forked)->Backward(p, in.q, in.k, in.v, fr.o, Tensor(), in.dout);
+  ASSERT_TRUE(std::holds_alternative<BackwardResult>(b)) << AnswerError(b);
+  auto ga = (*inproc)->Backward(p, in.q, in.k, in.v, fa.o, fa.lse, in.dout);
+  EXPECT_TRUE(std::get<BackwardResult>(ga).dq.BitwiseEqual(std::get<BackwardResult>(b).dq));
+  EXPECT_TRUE(std::get<BackwardResult>(ga).dv.BitwiseEqual(std::get<BackwardResult>(b).dv));
 }
 
 // A kernel that fails in the way its problem's seqlen_q selects, else delegates.

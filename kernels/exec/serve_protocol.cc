@@ -32,7 +32,8 @@ bool WriteAll(int fd, const std::string& text) {
 json ErrorReply(const std::string& message) { return {{"status", "error"}, {"message", message}}; }
 
 // The tensors a request's inputs file must hold, read and shape-checked.
-Expected<NamedTensors> ReadInputs(const json& request, const Problem& p, bool backward) {
+Expected<NamedTensors> ReadInputs(const json& request, const Problem& p, bool backward,
+                                  bool lse) {
   if (!request.contains("inputs") || !request["inputs"].is_string()) {
     return Error{"request: \"inputs\" must be a path string"};
   }
@@ -45,7 +46,7 @@ Expected<NamedTensors> ReadInputs(const json& request, const Problem& p, bool ba
   std::vector<Want> want = {{"q", p.QShape()}, {"k", p.KShape()}, {"v", p.VShape()}};
   if (backward) {
     want.push_back({"o", p.OShape()});
-    want.push_back({"lse", p.LseShape()});
+    if (lse) want.push_back({"lse", p.LseShape()});
     want.push_back({"do", p.OShape()});
   }
   for (const Want& w : want) {
@@ -80,7 +81,9 @@ json Handle(Kernel& kernel, const json& request) {
   }
   const std::string out_path = request["outputs"].get<std::string>();
   const bool backward = op == "backward";
-  auto in = ReadInputs(request, *problem, backward);
+  // A kernel that declares no lse (Capabilities::lse) neither returns nor receives one.
+  const bool lse = kernel.capabilities().lse;
+  auto in = ReadInputs(request, *problem, backward, lse);
   if (!in) return ErrorReply(in.error().message);
   auto get = [&](const char* n) { return *in->Find(n); };
 
@@ -91,10 +94,11 @@ json Handle(Kernel& kernel, const json& request) {
     if (auto* e = std::get_if<Error>(&r)) return ErrorReply(e->message);
     auto& f = std::get<ForwardResult>(r);
     out.Add("o", f.o);
-    out.Add("lse", f.lse);
+    // (An lse the kernel claims but did not return stays missing: the client reports it.)
+    if (lse && f.lse.defined()) out.Add("lse", f.lse);
   } else {
-    auto r = kernel.Backward(*problem, get("q"), get("k"), get("v"), get("o"), get("lse"),
-                             get("do"));
+    auto r = kernel.Backward(*problem, get("q"), get("k"), get("v"), get("o"),
+                             lse ? get("lse") : Tensor(), get("do"));
     if (auto* u = std::get_if<Unsupported>(&r)) return {{"status", "unsupported"}, {"reason", u->reason}};
     if (auto* e = std::get_if<Error>(&r)) return ErrorReply(e->message);
     auto& b = std::get<BackwardResult>(r);

@@ -18,6 +18,8 @@
  * Layout and semantics are the flash_attn_func conventions of DESIGN.md: q [B, Sq, Hq, D],
  * k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], o [B, Sq, Hq, Dv], lse [B, Hq, Sq] (natural log,
  * always F32); packed variable length: [total, H, D] with cu_seqlens, lse [Hq, total_q].
+ * A plugin always returns lse: the loader refuses capabilities with "lse": false (a kernel
+ * whose API returns no lse is adapted through an exec: worker, docs/protocol.md).
  * o, dq, dk, dv have the input dtype. Strides are in elements; attest passes contiguous
  * row-major tensors, but a kernel must read the strides it is given.
  *

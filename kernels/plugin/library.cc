@@ -314,6 +314,12 @@ Expected<std::shared_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
     auto caps = CapabilitiesFromJson(caps_json);
     if (!caps.ok()) return LibError(path, kwhere + ": " + caps.error().message);
     e.capabilities = *caps;
+    // The C ABI's forward always has an lse output and its backward an lse input
+    // (attest_kernel.h): a kernel whose API returns no lse is adapted through exec: instead.
+    if (!e.capabilities.lse) {
+      return LibError(path, kwhere + ": capabilities.lse: false is not supported by the C ABI "
+                                     "(a plugin's forward writes lse); use an exec: worker");
+    }
     for (DType dt : e.capabilities.dtypes) {
       if (AbiDType(dt) < 0 || dt == DType::kI32) {
         return LibError(path, kwhere + ": capabilities.dtypes: " + std::string(Name(dt)) +

@@ -22,6 +22,7 @@ struct CompareCliOptions {
   std::string profile;
   std::string output_format;
   bool lse_pos_inf = false;
+  bool no_lse = false;
   int threads = 0;
   std::string json, junit, markdown;
 };
@@ -58,11 +59,13 @@ int RunCompare(const CompareCliOptions& opt) {
       throw UsageError("--output-format: unknown format '" + opt.output_format + "'");
   }
   copt.lse_pos_inf_for_empty = opt.lse_pos_inf;
+  copt.lse = !opt.no_lse;
   copt.oracle.threads = opt.threads;
   copt.repro = "attest compare --case " + Quote(opt.case_file) + " --outputs " + Quote(opt.outputs);
   if (!opt.profile.empty()) copt.repro += " --profile " + Quote(opt.profile);
   if (!opt.output_format.empty()) copt.repro += " --output-format " + opt.output_format;
   if (opt.lse_pos_inf) copt.repro += " --lse-pos-inf";
+  if (opt.no_lse) copt.repro += " --no-lse";
 
   auto result = CompareOutputs(*c, *outputs, copt);
   if (!result.ok()) throw UsageError(opt.outputs + ": " + result.error().message);
@@ -90,6 +93,9 @@ Runner SetupCompare(CLI::App& sub) {
                  "dtype); the profile's bounds count ULPs in the formats they promise");
   sub.add_flag("--lse-pos-inf", opt->lse_pos_inf,
                "The producer declares lse = +inf for empty rows");
+  sub.add_flag("--no-lse", opt->no_lse,
+               "The producer returns no lse (capabilities \"lse\": false): judge o and the "
+               "gradients only");
   sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
   sub.add_option("--json", opt->json, "Write the report as JSON");
   sub.add_option("--junit", opt->junit, "Write the report as JUnit XML");

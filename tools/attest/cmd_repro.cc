@@ -81,7 +81,7 @@ void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesy
   auto f = kernel.Forward(c.problem, in.q, in.k, in.v);
   if (auto* r = std::get_if<ForwardResult>(&f)) {
     outputs.Add("o", r->o);
-    outputs.Add("lse", r->lse);
+    if (r->lse.defined()) outputs.Add("lse", r->lse);  // a kernel without lse has none
     if (in.dout.defined() && kernel.capabilities().backward) {
       auto b = kernel.Backward(c.problem, in.q, in.k, in.v, r->o, r->lse, in.dout);
       if (auto* g = std::get_if<BackwardResult>(&b)) {

@@ -17,6 +17,12 @@ The backward recomputes P = exp(S − lse) from the given lse and forms
 dS = P∘(dP − D) with D = rowsum(P∘dP) (PyTorch's softmax backward; equal to rowsum(dO∘O)
 for the O this P gives, and exactly dP for a single visible key), times the softcap
 derivative 1 − tanh².
+
+--no-lse models a kernel whose API returns the output alone (PyTorch's
+F.scaled_dot_product_attention): it declares "lse": false, its forward writes o only, and its
+backward, which then gets no lse, recomputes the softmax statistics from its own forward (as
+autograd keeps what the forward saved). --omit-lse writes o only but keeps claiming lse: a
+broken worker, which attest must fail (kernels/exec/exec_cli_test.sh).
 """
 
 import argparse
@@ -113,7 +119,10 @@ def backward(problem, inputs):
     _check_dtype(problem, inputs)
     hq, hkv = problem["heads_q"], problem["heads_kv"]
     q, k, v, do = _inputs(problem, inputs, ("q", "k", "v", "do"))
-    lse_in = aw.to_float(inputs["lse"], np.float32)
+    if "lse" in inputs:
+        lse_in = aw.to_float(inputs["lse"], np.float32)
+    else:  # --no-lse: no lse input; the statistics come from this worker's own forward
+        lse_in = forward(problem, inputs)["lse"]
     varlen = problem.get("cu_seqlens_q") is not None
     if not varlen:  # [B, Hq, Sq] -> [Hq, B*Sq], the packed layout
         lse_in = lse_in.transpose(1, 0, 2).reshape(hq, -1)
@@ -156,8 +165,18 @@ def backward(problem, inputs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--name", default="numpy-f32", help="the name describe reports")
+    parser.add_argument("--no-lse", action="store_true",
+                        help='declare "lse": false and return o only')
+    parser.add_argument("--omit-lse", action="store_true",
+                        help="return o only but keep claiming lse (a broken worker, for tests)")
     args = parser.parse_args()
-    aw.serve(lambda: (args.name, CAPABILITIES), forward, backward)
+    caps = dict(CAPABILITIES, lse=False) if args.no_lse else CAPABILITIES
+
+    def forward_o_only(problem, inputs):
+        return {"o": forward(problem, inputs)["o"]}
+
+    fwd = forward_o_only if args.no_lse or args.omit_lse else forward
+    aw.serve(lambda: (args.name, caps), fwd, backward)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ Outputs RunKernel(Kernel& kernel, const Problem& p, const Tensor& q, const Tenso
     }
   }
   out.o = ToF64(f.o);
-  out.lse = ToF64(f.lse);
+  if (f.lse.defined()) out.lse = ToF64(f.lse);  // none from a kernel without lse: not plotted
   return out;
 }
 
@@ -283,7 +283,7 @@ Expected<AuditCase> Auditor::Measure(const std::string& label, const Case& c, bo
     const auto& kf = ctx.KernelForward();
     if (auto* f = std::get_if<ForwardResult>(&kf)) {
       ko.o = ToF64(f->o);
-      ko.lse = ToF64(f->lse);
+      if (f->lse.defined()) ko.lse = ToF64(f->lse);
       if (backward_) {
         const auto& kb = ctx.KernelBackward();
         if (auto* g = std::get_if<BackwardResult>(&kb)) {

@@ -77,7 +77,11 @@ std::vector<Verdict> RunDeterminism(CheckContext& ctx) {
     const Tensor* base;
     std::vector<Tensor> repeats;
   };
-  std::vector<Run> runs = {{"o", &first.o, {}}, {"lse", &first.lse, {}}};
+  // o, then lse where the kernel returns one (JudgesLse); the gradients follow.
+  const bool judge_lse = JudgesLse(*ctx.kernel);
+  std::vector<Run> runs = {{"o", &first.o, {}}};
+  if (judge_lse) runs.push_back({"lse", &first.lse, {}});
+  const size_t n_forward = runs.size();
   std::vector<Verdict> out;
   for (int r = 0; r < kRepeats; ++r) {
     auto f = ctx.kernel->Forward(p, in.q, in.k, in.v);
@@ -89,7 +93,7 @@ std::vector<Verdict> RunDeterminism(CheckContext& ctx) {
       return *v;
     }
     runs[0].repeats.push_back(std::get<ForwardResult>(f).o);
-    runs[1].repeats.push_back(std::get<ForwardResult>(f).lse);
+    if (judge_lse) runs[1].repeats.push_back(std::get<ForwardResult>(f).lse);
   }
   BackwardResult bwd_first;
   if (ctx.WantsBackward()) {
@@ -107,13 +111,13 @@ std::vector<Verdict> RunDeterminism(CheckContext& ctx) {
         if (!std::holds_alternative<BackwardResult>(b)) {
           out.push_back(Failure(kCheck, "", "the same answer every run",
                                 "the repeated backward returned no outputs where the first did"));
-          runs.resize(2);
+          runs.resize(n_forward);
           break;
         }
         const auto& br = std::get<BackwardResult>(b);
-        runs[2].repeats.push_back(br.dq);
-        runs[3].repeats.push_back(br.dk);
-        runs[4].repeats.push_back(br.dv);
+        runs[n_forward].repeats.push_back(br.dq);
+        runs[n_forward + 1].repeats.push_back(br.dk);
+        runs[n_forward + 2].repeats.push_back(br.dv);
       }
     }
   }
@@ -122,6 +126,9 @@ std::vector<Verdict> RunDeterminism(CheckContext& ctx) {
       claimed ? fmt::format("bitwise equal over {} runs", kRepeats + 1)
               : std::string("not claimed deterministic (variation reported, not failed)");
   for (const Run& run : runs) {
+    // An output the kernel did not return (one it claims: unwritten-outputs reports it) has
+    // nothing to repeat.
+    if (!run.base->defined()) continue;
     BitwiseDiff worst;
     int worst_run = -1;
     bool shape_mismatch = false;
@@ -185,7 +192,10 @@ std::vector<Verdict> RunUnwrittenOutputs(CheckContext& ctx) {
     const Tensor* t;
     Shape shape;
   };
-  std::vector<Slot> slots = {{"o", &fwd.o, p.OShape()}, {"lse", &fwd.lse, p.LseShape()}};
+  // A kernel that declares no lse is not asked for one; one that claims lse and omits it
+  // fails here ("not returned").
+  std::vector<Slot> slots = {{"o", &fwd.o, p.OShape()}};
+  if (JudgesLse(*ctx.kernel)) slots.push_back({"lse", &fwd.lse, p.LseShape()});
   if (ctx.WantsBackward()) {
     const auto& b = ctx.KernelBackward();
     if (auto v = NonOutputVerdicts(kCheck, *ctx.kernel, p, b, "backward")) {
@@ -262,8 +272,12 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
     const ForwardOut& o = ctx.OracleForward();
     slots = {{"o", &fwd.o, p.OShape(), o.o}, {"lse", &fwd.lse, p.LseShape(), o.lse}};
   }
+  // Slot 1 is lse: its oracle values find the empty rows below; the kernel's are judged only
+  // where it returns them (JudgesLse).
+  const bool judge_lse = JudgesLse(*ctx.kernel);
   std::vector<Tensor> obs(slots.size());
   for (size_t k = 0; k < slots.size(); ++k) {
+    if (k == 1 && !judge_lse) continue;
     if (Status st = CheckOutputTensor(*slots[k].t, slots[k].name, slots[k].shape); !st.ok()) {
       out.push_back(Failure(kCheck, slots[k].name, "output of the problem's shape",
                             "cannot check: " + st.error().message));
@@ -275,6 +289,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   // 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
   // format edges). lse may be -inf exactly where the oracle's is.
   for (size_t k = 0; k < slots.size(); ++k) {
+    if (k == 1 && !judge_lse) continue;
     const auto so = obs[k].span<const double>();
     const auto sr = slots[k].ref.span<const double>();
     Violations v;
@@ -308,8 +323,10 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
         const int64_t l = at.Lse(b, s, h, i);
         if (!(std::isinf(rl[static_cast<size_t>(l)]) && rl[static_cast<size_t>(l)] < 0)) continue;
         ++empty_rows;
-        const double lo = obs[1].span<const double>()[static_cast<size_t>(l)];
-        if (lo != empty_lse) lse_bad.Add(p, "lse", obs[1], l, lo);
+        if (judge_lse) {
+          const double lo = obs[1].span<const double>()[static_cast<size_t>(l)];
+          if (lo != empty_lse) lse_bad.Add(p, "lse", obs[1], l, lo);
+        }
         const int64_t ro = at.RowO(s, h, i, p.head_dim_v);
         for (int64_t d = 0; d < p.head_dim_v; ++d) {
           const double x = obs[0].span<const double>()[static_cast<size_t>(ro + d)];
@@ -349,7 +366,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   if (empty_rows > 0) {
     out.push_back(ExactRule("o", "o = 0 on empty rows", o_bad, empty_rows * p.head_dim_v,
                             "empty-row"));
-    out.push_back(ExactRule("lse", lse_rule, lse_bad, empty_rows, "empty-row"));
+    if (judge_lse) out.push_back(ExactRule("lse", lse_rule, lse_bad, empty_rows, "empty-row"));
     if (bwd != nullptr) {
       out.push_back(ExactRule("dq", "dq = 0 on empty rows", dq_bad, empty_rows * p.head_dim,
                               "empty-row"));

@@ -63,6 +63,8 @@ bool CheckContext::WantsBackward() const {
   return kernel != nullptr && kernel->capabilities().backward && inputs.dout.defined();
 }
 
+bool JudgesLse(const Kernel& kernel) { return kernel.capabilities().lse; }
+
 Verdict Failure(std::string_view check, std::string_view tensor, std::string policy,
                 std::string message) {
   Verdict v;

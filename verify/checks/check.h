@@ -82,6 +82,11 @@ std::optional<std::vector<Verdict>> NonOutputVerdicts(std::string_view check, co
                                                       const KernelAnswer<T>& answer,
                                                       std::string_view what);
 
+// Whether checks judge the kernel's lse: it declares that its forward returns one
+// (kernels/kernel.h Capabilities::lse). When not, every check skips exactly its lse
+// judgments, still judges o and the gradients, and never reads ForwardResult::lse.
+bool JudgesLse(const Kernel& kernel);
+
 // Whether `t` is a defined float tensor of `shape`; the error names the tensor.
 Status CheckOutputTensor(const Tensor& t, std::string_view name, const Shape& shape);
 

@@ -222,7 +222,7 @@ std::variant<KernelRun, Unsupported, Error> RunKernel(Kernel& kernel, const Prob
   r.o_raw = std::get<ForwardResult>(fwd).o;
   r.lse_raw = std::get<ForwardResult>(fwd).lse;
   r.o = ToF64(r.o_raw);
-  r.lse = ToF64(r.lse_raw);
+  if (r.lse_raw.defined()) r.lse = ToF64(r.lse_raw);  // undefined: the kernel returns no lse
   auto bwd = kernel.Backward(p, q, k, v, r.o_raw, r.lse_raw, dout);
   if (auto* u = std::get_if<Unsupported>(&bwd)) return *u;
   if (auto* e = std::get_if<Error>(&bwd)) return Error{"backward: " + e->message};
@@ -302,10 +302,22 @@ Expected<Operands> OperandsOf(const Recipe& r, const Tensor& q, const Tensor& k,
   return x;
 }
 
+// The lse that weights P in the identities and the probe: the kernel's own, or, for a kernel
+// that returns none (Capabilities::lse = false), the float64 oracle's at the recipe's Q·Kᵀ
+// operands: the exact normaliser of the scores the kernel forms, from which the kernel's
+// weights differ by its score error and its fp32 row sum, both inside RowWeightsOf's eps.
+Tensor WeightsLse(const Problem& p, const Operands& x, const KernelRun& run) {
+  if (run.lse.defined()) return run.lse;
+  return Forward<double>(p, x.qs, x.ks, x.vo).lse;
+}
+
 // ---- delta, dk-sum, dv-sum ----
 void Identities(const Problem& p, const Operands& x, const KernelRun& run, const RoundingModel& rd,
                 const std::string& repro, const std::string& label, std::vector<Verdict>& out) {
   const Geometry g{p};
+  // delta relates the kernel's O to its lse: not judged for a kernel that returns no lse.
+  const bool judge_delta = run.lse.defined();
+  const Tensor weights_lse = WeightsLse(p, x, run);
   const double* q = x.qs.span<const double>().data();
   const double* k = x.ks.span<const double>().data();
   const double* v = x.vo.span<const double>().data();
@@ -315,7 +327,7 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
   const double* dov = x.dov.span<const double>().data();
   const double* qk = x.qk.span<const double>().data();
   const double* o = run.o.span<const double>().data();
-  const double* lse = run.lse.span<const double>().data();
+  const double* lse = weights_lse.span<const double>().data();
   const double* dk = run.dk.span<const double>().data();
   const double* dv = run.dv.span<const double>().data();
   const double scale = p.EffectiveScale();
@@ -436,7 +448,7 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
       }
     }
   }
-  if (w_delta.judged > 0) {
+  if (judge_delta && w_delta.judged > 0) {
     out.push_back(MakeVerdict("delta", "|rowsum(dO∘O) - rowsum(P∘dP)| ≤ rounding bound",
                               w_delta, label + "delta: D from the kernel's O vs P from its lse", repro));
   }
@@ -493,7 +505,8 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
   const double* vp = ops->vp.span<const double>().data();
   const double* dout = in.dout.span<const double>().data();
   const double* o = run.o.span<const double>().data();
-  const double* lse = run.lse.span<const double>().data();
+  const Tensor weights_lse = WeightsLse(p, *ops, run);
+  const double* lse = weights_lse.span<const double>().data();
   const double* dq = run.dq.span<const double>().data();
   const double* dk = run.dk.span<const double>().data();
   const double scale = p.EffectiveScale();

@@ -21,6 +21,9 @@
 //                judged with the kernel's tolerance profile, whose baseline (the bf16 "pt",
 //                or the recipe reference of verify/baseline.h) is measured against the same
 //                quantised oracle.
+// A kernel that returns no lse (Capabilities::lse = false) gets no delta verdict; dk-sum,
+// dv-sum and the probe then weight P with the float64 oracle's lse at the recipe's Q·Kᵀ
+// operands instead of the kernel's.
 // Every identity and the probe are evaluated on the recipe's quantised GEMM operands (scores
 // from Q·Kᵀ's operands, dP from dO·Vᵀ's, dK from dSᵀ·Q's Q, ...), since those are the
 // products the kernel forms. Softcap probe: with softcap on, the identities and the recipe

@@ -83,6 +83,10 @@ RunOutputs BaseRun(std::string_view check, CheckContext& ctx, bool with_backward
 Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
               const Tensor& expected, const Tensor& got, double ulps,
               const Tensor* scale = nullptr, const Tensor* extra = nullptr) {
+  if (!expected.defined() || !got.defined()) {  // a claimed output missing (unwritten-outputs)
+    return Failure(check, tensor, "outputs the kernel claims",
+                   fmt::format("{}: not returned by one of the two runs", tensor));
+  }
   if (got.shape() != expected.shape()) {
     return Failure(check, tensor, "outputs of the relation's shape",
                    fmt::format("{}: shape {} where the relation predicts {}", tensor,
@@ -260,7 +264,9 @@ std::optional<DpRoundingAllowance> DpAllowance(CheckContext& ctx, const Problem&
   if (a == b) return std::nullopt;
   const Format dp = !a ? *b : !b ? *a : Quantum(1.0, *a) >= Quantum(1.0, *b) ? *a : *b;
   *note = fmt::format("; dP rounded to {} in one run only", Name(dp));
-  return DpRoundingBound(p, ctx.inputs, base.fwd.o, base.fwd.lse, dp);
+  // P's magnitude from the run's own lse, or the oracle's where the kernel returns none.
+  const Tensor& lse = JudgesLse(*ctx.kernel) ? base.fwd.lse : ctx.OracleForward().lse;
+  return DpRoundingBound(p, ctx.inputs, base.fwd.o, lse, dp);
 }
 
 // The longest block, in positions, of the kernel's recipe operands that are block-scaled along
@@ -294,6 +300,7 @@ int64_t SequenceBlock(const CheckContext& ctx) {
 }  // namespace
 
 Tensor Gather(const Tensor& t, int64_t axis, const std::vector<int64_t>& src) {
+  if (!t.defined()) return t;  // an output the kernel did not return: Agree reports it
   Shape shape = t.shape();
   shape[static_cast<size_t>(axis)] = static_cast<int64_t>(src.size());
   Tensor out = Tensor::Zeros(t.dtype(), shape);
@@ -327,7 +334,9 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
   // admits kernels that tile the GQA case differently).
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, base.fwd.o, rel.fwd.o, 2));
-  out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+  if (JudgesLse(*ctx.kernel)) {
+    out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+  }
   // A kernel that declares another dP rounding point for the MHA problem runs another
   // backward there: dq and dk then also differ by what that rounding moves (DpRoundingBound).
   std::string dp_note;
@@ -457,8 +466,10 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
-  out.push_back(Agree(kCheck, "lse", p, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
-                      rel.fwd.lse, ulps));
+  if (JudgesLse(*ctx.kernel)) {
+    out.push_back(Agree(kCheck, "lse", p, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
+                        rel.fwd.lse, ulps));
+  }
   if (bwd) {
     // The allowance is per element of the case's problem: permuted like its gradients.
     const Tensor dq_extra = dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor();
@@ -535,7 +546,9 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, rel_case.w, base, &dp_note);
     std::vector<Verdict> part;
     part.push_back(Agree(kCheck, "o", p, base.fwd.o, rel.fwd.o, 2));
-    part.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+    if (JudgesLse(*ctx.kernel)) {
+      part.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+    }
     if (bwd) {
       part.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2, nullptr,
                            dpa ? &dpa->dq : nullptr));
@@ -726,8 +739,10 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   const int64_t nq = packed ? p.TotalQ() : p.seqlen_q, nk = packed ? p.TotalK() : p.seqlen_k;
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
-  out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
-                      lse_ulps));
+  if (JudgesLse(*ctx.kernel)) {
+    out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
+                        lse_ulps));
+  }
   if (bwd) {
     out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, Rows(rel.bwd->dq, q_axis, q_off, nq),
                         g_ulps, nullptr, dpa ? &dpa->dq : nullptr));

@@ -82,7 +82,8 @@ RunOutcome Run(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& 
   const ForwardResult& f = std::get<ForwardResult>(fwd);
   Outputs out;
   out.o = ToF64(f.o);
-  out.lse = ToF64(f.lse);
+  // Left undefined for a kernel that returns no lse (Capabilities::lse): nothing judges it.
+  if (f.lse.defined()) out.lse = ToF64(f.lse);
   if (backward) {
     auto bwd = kernel.Backward(p, q, k, v, f.o, f.lse, dout);
     if (auto* u = std::get_if<Unsupported>(&bwd)) {
@@ -423,9 +424,9 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   }
 
   // ---- Perturbed runs. ----
-  const std::vector<std::string_view> names =
-      backward ? std::vector<std::string_view>{"o", "lse", "dq", "dk", "dv"}
-               : std::vector<std::string_view>{"o", "lse"};
+  std::vector<std::string_view> names = {"o"};
+  if (caps.lse) names.push_back("lse");  // a kernel without lse: o and the gradients only
+  if (backward) names.insert(names.end(), {"dq", "dk", "dv"});
   std::vector<Worst> worst(names.size());
   for (const PerturbSet& set : sets) {
     for (PerturbKind kind : kKinds) {
