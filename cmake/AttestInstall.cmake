@@ -8,7 +8,7 @@ add_library(attest INTERFACE)
 add_library(attest::attest ALIAS attest)
 target_link_libraries(attest INTERFACE attest_reference attest_kernels attest_verify)
 
-install(TARGETS attest attest_reference attest_kernels attest_verify
+install(TARGETS attest attest_reference attest_kernels attest_verify attest_casegen
         EXPORT attestTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -77,7 +77,9 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   std::optional<CheckContext> ctx;
   std::string ctx_text;
   size_t index = 0;
-  for (const SuiteRow& row : suite.rows) {
+  // The table, the rows generated from the capabilities, the fuzz tail (suite.h RowsFor).
+  const std::vector<SuiteRow> rows = RowsFor(suite, caps, options.seed);
+  for (const SuiteRow& row : rows) {
     ++index;
     if (!options.only_check.empty() && row.check != options.only_check) continue;
     const CheckInfo* check = FindCheck(row.check);
@@ -102,7 +104,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     ctx->repro = fmt::format("attest check --kernel {} --suite {} --seed {}", options.kernel_spec,
                              suite.name, options.seed);
     if (options.progress) {
-      options.progress(fmt::format("[{}/{}] {}: {}", index, suite.rows.size(), row.check,
+      options.progress(fmt::format("[{}/{}] {}: {}", index, rows.size(), row.check,
                                    inst.label));
     }
     const auto t0 = std::chrono::steady_clock::now();
