@@ -410,7 +410,8 @@ std::string CoverageToText(const SuiteCoverage& c) {
   for (int64_t t : kCoverageTiles) os << " " << t;
   os << "):\n";
   for (const auto& b : c.boundaries) {
-    os << fmt::format("  {:<18} {:<30} {}\n", Name(b.kind), fmt::format("{}", fmt::join(b.targets, " ")),
+    os << fmt::format("  {:<18} {:<30} {}\n", Name(b.kind),
+                      fmt::format("{}", fmt::join(b.targets, " ")),
                       b.missing.empty() ? std::string("all reached")
                                         : fmt::format("MISSING {}", fmt::join(b.missing, " ")));
   }
@@ -503,7 +504,8 @@ std::vector<SuiteRow> CoverageRows(std::span<const SuiteRow> table, const Capabi
   const int64_t d0 = NearestAllowed(caps.head_dims, 64);
   const int64_t dv0 = NearestAllowed(caps.head_dims_v, d0);
   {
-    const std::vector<int64_t> mq = missing(LengthKind::kSeqlenQ), mk = missing(LengthKind::kSeqlenK);
+    const std::vector<int64_t> mq = missing(LengthKind::kSeqlenQ);
+    const std::vector<int64_t> mk = missing(LengthKind::kSeqlenK);
     for (size_t i = 0; i < std::max(mq.size(), mk.size()); ++i) {
       const int64_t sq = i < mq.size() ? mq[i] : 77, sk = i < mk.size() ? mk[i] : 77;
       add(kBoundaryChecks, Template(fmt::format("boundary Sq={} Sk={}", sq, sk),
@@ -534,11 +536,13 @@ std::vector<SuiteRow> CoverageRows(std::span<const SuiteRow> table, const Capabi
     for (int64_t d : md) {
       const int64_t dv = NearestAllowed(caps.head_dims_v, d);
       mdv.erase(std::remove(mdv.begin(), mdv.end(), dv), mdv.end());
-      add(kBoundaryChecks, Template(fmt::format("boundary D={} Dv={}", d, dv), Base(40, 56, d, dv)));
+      add(kBoundaryChecks,
+          Template(fmt::format("boundary D={} Dv={}", d, dv), Base(40, 56, d, dv)));
     }
     for (int64_t dv : mdv) {
       const int64_t d = NearestAllowed(caps.head_dims, dv);
-      add(kBoundaryChecks, Template(fmt::format("boundary D={} Dv={}", d, dv), Base(40, 56, d, dv)));
+      add(kBoundaryChecks,
+          Template(fmt::format("boundary D={} Dv={}", d, dv), Base(40, 56, d, dv)));
     }
   }
   return out;

@@ -94,9 +94,9 @@ std::string CoverageToText(const SuiteCoverage& c);
 
 // Rows generated from `caps` that reach what `table` (instantiated for caps) misses: every
 // combinable pair of claimed features, then every boundary target. Row seeds start at
-// `first_seed`. Pair rows run accuracy, unwritten-outputs, special-values and consistency,
-// and non-interference where a mask feature is on; boundary rows accuracy, unwritten-outputs
-// and special-values.
+// `first_seed`. Pair rows run accuracy, unwritten-outputs, special-values, consistency (for a
+// kernel with a backward) and non-interference where a mask feature is on; boundary rows
+// accuracy, unwritten-outputs and special-values.
 std::vector<SuiteRow> CoverageRows(std::span<const SuiteRow> table, const Capabilities& caps,
                                    uint64_t first_seed);
 

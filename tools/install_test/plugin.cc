@@ -73,7 +73,9 @@ int32_t Forward(void*, const attest_forward_args* args, char* message, size_t si
         *lse = s.empty() ? -std::numeric_limits<float>::infinity() : float(m + std::log(l));
         for (int64_t d = 0; d < p.head_dim_v; ++d) {
           double o = 0;
-          for (size_t j = 0; j < s.size(); ++j) o += s[j] / l * *At(args->v, x, k0 + int64_t(j), g, d);
+          for (size_t j = 0; j < s.size(); ++j) {
+            o += s[j] / l * *At(args->v, x, k0 + int64_t(j), g, d);
+          }
           *At(args->o, x, q0 + i, h, d) = float(o);  // an empty row: o = 0
         }
       }
