@@ -7,9 +7,14 @@ find_package(Boost 1.74 REQUIRED)
 find_package(BLAS REQUIRED)  # BLA_VENDOR may pin OpenBLAS; Debian's alternative is OpenBLAS
 find_path(ATTEST_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread
           /usr/include/openblas /usr/include)
-find_library(ATTEST_MPFR_LIB mpfr REQUIRED)
-find_library(ATTEST_GMP_LIB gmp REQUIRED)
-find_path(ATTEST_MPFR_INCLUDE mpfr.h REQUIRED)
+# MPFR and GMP as imported targets (cmake/FindMPFR.cmake, FindGMP.cmake, installed with the
+# package so that its exported targets name them, not their paths).
+list(APPEND CMAKE_MODULE_PATH ${PROJECT_SOURCE_DIR}/cmake)
+find_package(GMP REQUIRED)
+find_package(MPFR REQUIRED)
+set(ATTEST_MPFR_LIB ${MPFR_LIBRARY})
+set(ATTEST_GMP_LIB ${GMP_LIBRARY})
+set(ATTEST_MPFR_INCLUDE ${MPFR_INCLUDE_DIR})
 find_package(CLI11 CONFIG QUIET)
 if(NOT CLI11_FOUND)
   find_path(ATTEST_CLI11_INCLUDE CLI/CLI.hpp REQUIRED)

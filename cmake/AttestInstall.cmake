@@ -1,19 +1,23 @@
 # Install rules and the exported package: a kernel project writes
 #   find_package(attest REQUIRED)
-#   target_link_libraries(my_kernel_tests PRIVATE attest::attest)
-# and gets the oracle, the kernel interface and the checks in its own tests.
+#   attest_add_plugin(my_kernel SOURCES my_kernel.cc)             # <attest/attest_kernel.h>
+#   target_link_libraries(my_kernel_tests PRIVATE attest::attest)  # <attest/gtest.h>
+# and runs attest's suites on its kernel from its own tests. Installed headers are the public
+# ones only (include/attest/ and the C ABI); the libraries behind them are static and their
+# dependencies are named by imported target, so the prefix is relocatable
+# (tools/install_test/run.sh installs, moves the prefix and builds a consumer against it).
 include(CMakePackageConfigHelpers)
 
 add_library(attest INTERFACE)
 add_library(attest::attest ALIAS attest)
-target_link_libraries(attest INTERFACE attest_reference attest_kernels attest_verify)
+target_link_libraries(attest INTERFACE attest_verify)
 
-install(TARGETS attest attest_reference attest_kernels attest_verify
+install(TARGETS attest attest_reference attest_kernels attest_verify attest_casegen
+                attest_plugin_abi
         EXPORT attestTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attest)
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS attest_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # The external-process workers (docs/protocol.md), to run as `exec:python3 P/share/attest/
 # workers/numpy_worker.py` or to copy from; faulty_worker.py and the tests stay in the tree.
@@ -24,12 +28,10 @@ install(FILES ${PROJECT_SOURCE_DIR}/tools/workers/attest_worker.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_probe.py
               ${PROJECT_SOURCE_DIR}/tools/workers/fa4_masks.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/attest/workers)
-foreach(layer reference kernels verify)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/
-          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attest/${layer}
-          FILES_MATCHING PATTERN "*.h"
-          PATTERN "*_test*" EXCLUDE PATTERN "testdata" EXCLUDE)
-endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/include/attest/check.h
+              ${PROJECT_SOURCE_DIR}/include/attest/gtest.h
+              ${PROJECT_SOURCE_DIR}/kernels/plugin/attest_kernel.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attest)
 install(EXPORT attestTargets NAMESPACE attest::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/attest)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/attestConfig.cmake.in
@@ -39,4 +41,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/attestConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/attestConfig.cmake
               ${PROJECT_BINARY_DIR}/attestConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/FindMPFR.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/FindGMP.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/AttestPlugin.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/attest)

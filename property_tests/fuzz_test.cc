@@ -144,6 +144,27 @@ TEST(Fuzz, ShardsAreDisjointAndTogetherRunTheUnshardedCases) {
   for (const auto& d : dirs) fs::remove_all(d);
 }
 
+TEST(Fuzz, TheGatesFuzzTailIsAttestFuzzsCasesOfTheRunSeed) {
+  // verify/suite.h FuzzTailRows draws without this library; the two must stay one draw.
+  for (const char* name : {"cpu/flash2-bf16", "cpu/fp8-e4m3-tensor"}) {
+    const Capabilities caps = (*Kernels().Create(name))->capabilities();
+    auto checks = ResolveChecks({});
+    ASSERT_TRUE(checks.ok());
+    for (uint64_t seed : {0u, 11u}) {
+      const std::vector<SuiteRow> tail = FuzzTailRows(caps, seed, 30);
+      ASSERT_EQ(tail.size(), 30u);
+      for (int64_t n = 0; n < 30; ++n) {
+        const FuzzCase f = DrawFuzzCase(caps, seed, n, *checks, {});
+        const SuiteRow& row = tail[static_cast<size_t>(n)];
+        const InstantiatedCase c = Instantiate(row, caps, seed);
+        ASSERT_TRUE(c.c.has_value()) << c.skipped;
+        EXPECT_EQ(row.check, f.check->name) << name << " case " << n;
+        EXPECT_EQ(CaseToText(*c.c), CaseToText(f.c)) << name << " case " << n;
+      }
+    }
+  }
+}
+
 TEST(Fuzz, RejectsBadOptionsNamingTheOption) {
   auto kernel = Kernels().Create("cpu/flash2-bf16");
   FuzzOptions o;

@@ -139,8 +139,10 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   report.capabilities = caps;
   report.wall_times = options.timings;
 
+  // The table, the rows generated from the capabilities, the fuzz tail (suite.h RowsFor).
+  const std::vector<SuiteRow> rows = RowsFor(suite, caps, options.seed);
   size_t total = 0;
-  for (const SuiteRow& row : suite.rows) {
+  for (const SuiteRow& row : rows) {
     if (options.only_check.empty() || row.check == options.only_check) ++total;
   }
   RunOptions::Progress progress{0, total, 0, {}};
@@ -148,7 +150,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   std::string ctx_text;
   KernelErrorFolder folder;
   size_t index = 0;
-  for (const SuiteRow& row : suite.rows) {
+  for (const SuiteRow& row : rows) {
     ++index;
     if (!options.only_check.empty() && row.check != options.only_check) continue;
     ++report.rows;

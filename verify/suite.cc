@@ -11,7 +11,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "property_tests/case_gen.h"
 #include "reference/formats/format.h"
+#include "verify/checks/check.h"
+#include "verify/suite_coverage.h"
 
 namespace attest {
 namespace {
@@ -248,6 +251,11 @@ void FullRows(Builder& s) {
   }
 }
 
+// The gate's fuzz tail: cases of the fuzz engine at a CPU model's few milliseconds each.
+constexpr int64_t kGateFuzzCases = 48;
+// Seeds of generated coverage rows: above every table row's (the full suite's reach 2000+).
+constexpr uint64_t kCoverageSeed = 100000;
+
 std::vector<Suite> BuildSuites() {
   std::vector<Suite> t;
   Builder quick, gate, full;
@@ -259,10 +267,11 @@ std::vector<Suite> BuildSuites() {
                std::move(quick.rows)});
   t.push_back({"gate",
                "the merge gate: shapes, tile boundaries, GQA, Dv != D, varlen, windows, softcap, "
-               "ALiBi, both causal alignments, special values, honesty (< 5 min for a CPU model)",
-               std::move(gate.rows)});
+               "ALiBi, both causal alignments, special values, honesty; every claimed feature "
+               "pair and length boundary; a fixed-seed fuzz tail (< 5 min for a CPU model)",
+               std::move(gate.rows), true, kGateFuzzCases});
   t.push_back({"full", "gate plus long sequences, head dim 128 and a second set of seeds",
-               std::move(full.rows)});
+               std::move(full.rows), true, kGateFuzzCases});
   return t;
 }
 
@@ -291,6 +300,33 @@ const Suite* FindSuite(std::string_view name) {
     if (s.name == name) return &s;
   }
   return nullptr;
+}
+
+std::vector<SuiteRow> FuzzTailRows(const Capabilities& caps, uint64_t run_seed, int64_t cases) {
+  std::vector<SuiteRow> rows;
+  const auto checks = AllChecks();
+  for (int64_t n = 0; n < cases; ++n) {
+    // The picks of property_tests/fuzz.cc DrawFuzzCase over every check (fuzz_test.cc
+    // checks that the two agree): the check first, then the case.
+    PhiloxPicker pick(MixSeed(run_seed, static_cast<uint64_t>(n)));
+    const CheckInfo& check =
+        checks[static_cast<size_t>(pick.Int(0, static_cast<int64_t>(checks.size()) - 1))];
+    const Case c = DrawCase(caps, pick);
+    const GeneratorSpec g = *c.generator;
+    CaseTemplate t{fmt::format("fuzz case {} (attest fuzz --seed {})", n, run_seed), c.problem,
+                   g, [g](Case& x) { x.generator = g; }, true};
+    rows.push_back({std::string(check.name), std::move(t), 0});
+  }
+  return rows;
+}
+
+std::vector<SuiteRow> RowsFor(const Suite& suite, const Capabilities& caps, uint64_t run_seed) {
+  std::vector<SuiteRow> rows = suite.rows;
+  if (suite.cover_capabilities) {
+    for (SuiteRow& r : CoverageRows(suite.rows, caps, kCoverageSeed)) rows.push_back(std::move(r));
+  }
+  for (SuiteRow& r : FuzzTailRows(caps, run_seed, suite.fuzz_cases)) rows.push_back(std::move(r));
+  return rows;
 }
 
 uint64_t MixSeed(uint64_t run_seed, uint64_t row_seed) {

@@ -6,7 +6,11 @@
 //   quick: a few cases per check family, < 30 s for a CPU model on 2 cores;
 //   gate:  the merge gate: Sq != Sk both ways, tile boundaries +-1 of 64/128 tiles, GQA,
 //          Dv != D, varlen with a zero-length document, windows, softcap, ALiBi, causal in
-//          both alignments, batch > 1, special values; < 5 min for a CPU model;
+//          both alignments, batch > 1, special values; then rows generated from the kernel's
+//          capabilities until every claimed feature pair and every length boundary is reached
+//          (verify/suite_coverage.h), then a fixed-seed fuzz tail: `attest fuzz --seed S --cases N`'s
+//          cases (property_tests/fuzz.h), drawn inside the capabilities; < 5 min for a CPU
+//          model;
 //   full:  gate plus longer sequences, head dim 128 and more seeds.
 #pragma once
 
@@ -45,8 +49,21 @@ struct SuiteRow {
 struct Suite {
   std::string name;
   std::string description;
-  std::vector<SuiteRow> rows;
+  std::vector<SuiteRow> rows;  // the table, the same for every kernel
+  // After the table: rows generated from the kernel's capabilities for the feature pairs and
+  // length boundaries the table misses (verify/suite_coverage.h CoverageRows).
+  bool cover_capabilities = false;
+  // Then this many fuzz cases: case n is `attest fuzz --seed S`'s case n for the run seed S
+  // (property_tests/case_gen.h DrawCase from PhiloxPicker(MixSeed(S, n)), its check drawn
+  // first from AllChecks(), as property_tests/fuzz.cc DrawFuzzCase does).
+  int64_t fuzz_cases = 0;
 };
+
+// Every row of `suite` for a kernel with `caps` under `run_seed`: the table, the generated
+// coverage rows, the fuzz tail. RunSuite runs exactly these.
+std::vector<SuiteRow> RowsFor(const Suite& suite, const Capabilities& caps, uint64_t run_seed);
+// The fuzz tail alone (RowsFor's last `cases` rows).
+std::vector<SuiteRow> FuzzTailRows(const Capabilities& caps, uint64_t run_seed, int64_t cases);
 
 // "quick", "gate", "full", built once.
 std::span<const Suite> AllSuites();

@@ -63,11 +63,13 @@ kernel="exec:$python tools/workers/numpy_worker.py --omit-lse"
   > "$tmp/omit.log" 2>&1
 rc=$?
 [ "$rc" = 1 ] || { tail -20 "$tmp/omit.log"; fail "--omit-lse worker: exit $rc, want 1"; }
-"$python" - "$tmp/omit.json" <<'PY' || fail "--omit-lse worker: not diagnosed as unwritten-outputs"
+# The exec client refuses an outputs file without the claimed lse (a protocol error of the
+# worker), so the case's diagnosis is kernel-error, naming the missing tensor.
+"$python" - "$tmp/omit.json" <<'PY' || fail "--omit-lse worker: not diagnosed as a kernel error naming lse"
 import json, sys
 failed = [v for v in json.load(open(sys.argv[1]))["verdicts"] if not v["pass"]]
-assert failed and failed[0]["check"] == "unwritten-outputs", failed[:1]
+assert failed and failed[0]["check"] == "kernel-error", failed[:1]
 assert "'lse' missing" in failed[0]["message"], failed[0]["message"]
 PY
-echo "ok: a worker omitting the lse it claims fails, unwritten-outputs first"
+echo "ok: a worker omitting the lse it claims fails, kernel-error first, naming lse"
 echo "exec_cli_test: 5 passed, 0 failed"

@@ -1,6 +1,8 @@
 // `attest list [kernels|checks|suites|recipes|profiles|formats|schemes] [--json]`: what attest
 // knows. The JSON form of `kernels` is an array of {name, description, capabilities}, where
 // capabilities is the exec protocol's `capabilities` object (DESIGN.md).
+// `attest list suites --coverage --kernel K [--suite S]`: which claimed feature pairs and
+// length boundaries each suite reaches for kernel K (verify/suite_coverage.h).
 #include <iostream>
 
 #include <fmt/format.h>
@@ -12,6 +14,7 @@
 #include "reference/recipes/recipe.h"
 #include "tools/attest/command.h"
 #include "verify/checks/check.h"
+#include "verify/suite_coverage.h"
 #include "verify/suite.h"
 #include "verify/tolerance.h"
 
@@ -21,7 +24,36 @@ namespace {
 struct ListOptions {
   std::string what = "kernels";
   bool json = false;
+  bool coverage = false;
+  std::string kernel;
+  std::string suite;
+  uint64_t seed = 0;
 };
+
+int ListCoverage(const ListOptions& opt) {
+  if (opt.what != "suites") throw UsageError("--coverage: only with `attest list suites`");
+  if (opt.kernel.empty()) throw UsageError("--coverage: needs --kernel K");
+  auto kernel = Kernels().Create(opt.kernel);
+  if (!kernel.ok()) throw UsageError(kernel.error().message);
+  if (!opt.suite.empty() && FindSuite(opt.suite) == nullptr) {
+    throw UsageError("--suite: unknown suite '" + opt.suite + "' (see `attest list suites`)");
+  }
+  const Capabilities caps = (*kernel)->capabilities();
+  nlohmann::json all = nlohmann::json::array();
+  for (const Suite& s : AllSuites()) {
+    if (!opt.suite.empty() && s.name != opt.suite) continue;
+    const SuiteCoverage c = CoverageOf(s, caps, opt.seed);
+    if (opt.json) {
+      nlohmann::json j = CoverageToJson(c);
+      j["kernel"] = opt.kernel;
+      all.push_back(std::move(j));
+    } else {
+      std::cout << "suite " << CoverageToText(c) << "\n";
+    }
+  }
+  if (opt.json) std::cout << all.dump(2) << "\n";
+  return kExitPass;
+}
 
 nlohmann::json ListKernels() {
   nlohmann::json out = nlohmann::json::array();
@@ -83,6 +115,10 @@ nlohmann::json ListSchemes() {
 }
 
 int RunList(const ListOptions& opt) {
+  if (opt.coverage) return ListCoverage(opt);
+  if (!opt.kernel.empty() || !opt.suite.empty()) {
+    throw UsageError("--kernel, --suite: only with --coverage");
+  }
   nlohmann::json items;
   if (opt.what == "kernels") items = ListKernels();
   if (opt.what == "checks") items = ListChecks();
@@ -114,6 +150,12 @@ Runner SetupList(CLI::App& sub) {
       ->check(CLI::IsMember(
           {"kernels", "checks", "suites", "recipes", "profiles", "formats", "schemes"}));
   sub.add_flag("--json", opt->json, "Print JSON");
+  sub.add_flag("--coverage", opt->coverage,
+               "With `suites`: the claimed feature pairs and length boundaries each suite "
+               "reaches for --kernel");
+  sub.add_option("--kernel", opt->kernel, "Kernel whose capabilities --coverage measures");
+  sub.add_option("--suite", opt->suite, "Only this suite (with --coverage)");
+  sub.add_option("--seed", opt->seed, "Run seed of the fuzz tail (with --coverage)");
   return [opt] { return RunList(*opt); };
 }
 

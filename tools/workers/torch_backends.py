@@ -365,8 +365,11 @@ class SdpaEfficient(Backend):
 
     def caps(self):
         c = self.base_caps(self.dtype)
+        # Head dims: multiples of 8 (D = 100: "cutlassF: no kernel found to launch!"), up to
+        # 320 as measured (torch_probe.py on the H200).
+        dims = list(range(8, 321, 8))
         c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
-                  "block_sparse": True, "varlen": True})
+                  "block_sparse": True, "varlen": True, "head_dims": dims, "head_dims_v": dims})
         return c
 
     def run(self, p, q, k, v, need_lse):

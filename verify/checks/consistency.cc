@@ -422,7 +422,8 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
           }
         }
       }
-      for (int64_t d = 0; d < D; ++d) {
+      // A sequence without keys has no dK, dV to sum (Sk = 0: every row is empty).
+      for (int64_t d = 0; d < D && s.k_len > 0; ++d) {
         double sum = 0, abs_sum = 0;
         for (int64_t j = 0; j < s.k_len; ++j) {
           sum += dk[g.K(s.k_begin + j, kvh, d)];
@@ -434,7 +435,7 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
                     Loc(p, "dk", KeyIndex(p, s.k_begin, kvh, d), sum,
                         pred_dk[static_cast<size_t>(d)]));
       }
-      for (int64_t d = 0; d < Dv; ++d) {
+      for (int64_t d = 0; d < Dv && s.k_len > 0; ++d) {
         double sum = 0, abs_sum = 0;
         for (int64_t j = 0; j < s.k_len; ++j) {
           sum += dv[g.V(s.k_begin + j, kvh, d)];

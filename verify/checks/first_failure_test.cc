@@ -32,11 +32,13 @@ size_t LastRank(std::string_view check) {
   return last;
 }
 
-// A suite of the gate's rows that satisfy `keep`.
-Suite GateRows(const std::function<bool(const SuiteRow&)>& keep) {
+// A suite of the gate's rows for a kernel (table, generated, fuzz: suite.h RowsFor) that
+// satisfy `keep`.
+Suite GateRows(const std::vector<SuiteRow>& rows,
+               const std::function<bool(const SuiteRow&)>& keep) {
   const Suite* gate = FindSuite("gate");
   Suite s{gate->name, gate->description, {}};
-  for (const SuiteRow& r : gate->rows) {
+  for (const SuiteRow& r : rows) {
     if (keep(r)) s.rows.push_back(r);
   }
   return s;
@@ -64,9 +66,10 @@ TEST_P(MutantFirstFailure, IsTheMutantsBugClass) {
   RunResult own;
   const Verdict* caught = nullptr;
   std::string label;
-  for (const SuiteRow& row : FindSuite("gate")->rows) {
+  const std::vector<SuiteRow> rows = RowsFor(*FindSuite("gate"), (*kernel)->capabilities(), 0);
+  for (const SuiteRow& row : rows) {
     if (row.check != cls) continue;
-    own = RunGate(**kernel, GateRows([&](const SuiteRow& r) { return &r == &row; }));
+    own = RunGate(**kernel, GateRows(rows, [&](const SuiteRow& r) { return &r == &row; }));
     caught = FirstFailure(own.report);
     if (caught != nullptr) {
       label = row.case_template.label;
@@ -79,7 +82,7 @@ TEST_P(MutantFirstFailure, IsTheMutantsBugClass) {
 
   // 2. On that case, nothing diagnosed before the bug class fails.
   const size_t last = LastRank(cls);
-  const RunResult all = RunGate(**kernel, GateRows([&](const SuiteRow& r) {
+  const RunResult all = RunGate(**kernel, GateRows(rows, [&](const SuiteRow& r) {
     return r.case_template.label == label && DiagnosisRank(r.check, "") <= last;
   }));
   const Verdict* first = FirstFailure(all.report);

@@ -607,6 +607,9 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   // both sides keeps the bottom-right diagonal, window and ALiBi offsets of the real rows.
   if (packed ? false : (!caps.documents || p.prefix_lm > 0 || p.block_sparse)) return {};
   if (packed && p.TotalQ() == 0 && p.TotalK() == 0) return {};
+  // A padded batch without queries or without keys has no real token pairs whose outputs
+  // padding could move (and no real row to copy padding values from).
+  if (!packed && (p.seqlen_q == 0 || p.seqlen_k == 0)) return {};
   RunOutputs base = BaseRun(kCheck, ctx, bwd);
   if (base.stop) return *base.stop;
 
