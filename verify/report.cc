@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "reference/io/files.h"
 #include "verify/checks/check.h"
 
 namespace attest {
@@ -304,12 +305,7 @@ std::string ToMarkdown(const Report& r) {
 }
 
 Status WriteTextFile(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return Error{fmt::format("{}: cannot open for writing", path.string())};
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  f.close();
-  if (!f) return Error{fmt::format("{}: write failed", path.string())};
-  return {};
+  return WriteFileAtomic(path, text);
 }
 
 std::string ReproCommand(std::string_view kernel, const std::filesystem::path& case_file) {

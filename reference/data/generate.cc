@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "reference/formats/format.h"
+#include "reference/io/json.h"
 
 // Every double operation must round to double once (no x87 80-bit intermediates).
 static_assert(FLT_EVAL_METHOD == 0, "generators need IEEE double evaluation (e.g. SSE2)");
@@ -627,7 +628,7 @@ std::string ParamNames(const GeneratorRow& row) {
 Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
                         const std::string& where, bool allow_tensors) {
   if (!obj.is_object()) {
-    return Error{fmt::format("{}: expected an object, got {}", where, obj.dump())};
+    return Error{fmt::format("{}: expected an object, got {}", where, JsonExcerpt(obj))};
   }
   for (const auto& [key, value] : obj.items()) {
     if (allow_tensors && IsTensorName(key)) continue;
@@ -642,13 +643,13 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
                                     [&](const GeneratorParam& p) { return p.name == key; });
     if (param->is_text()) {
       if (!value.is_string()) {
-        return Error{fmt::format("{}.{}: expected a string, got {}", where, key, value.dump())};
+        return Error{fmt::format("{}.{}: expected a string, got {}", where, key, JsonExcerpt(value))};
       }
       continue;
     }
     if (!value.is_number() || !std::isfinite(value.get<double>())) {
       return Error{
-          fmt::format("{}.{}: expected a finite number, got {}", where, key, value.dump())};
+          fmt::format("{}.{}: expected a finite number, got {}", where, key, JsonExcerpt(value))};
     }
   }
   return {};
