@@ -274,7 +274,7 @@ Expected<Format> ResolveFormat(const FillContext* ctx, const nlohmann::json& par
     return Error{fmt::format("{}.format: the problem's dtype has no float format", where)};
   }
   if (auto f = ParseFormat(name)) return *f;
-  return Error{fmt::format("{}.format: unknown format \"{}\"", where, name)};
+  return Error{fmt::format("{}.format: unknown format {}", where, QuotedExcerpt(name))};
 }
 
 // outlier-channels: N(0, std^2) entries, except `count` channels of the last axis (per
@@ -635,8 +635,8 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
     const bool known = std::any_of(row.params.begin(), row.params.end(),
                                    [&](const GeneratorParam& p) { return p.name == key; });
     if (!known) {
-      return Error{fmt::format("{}: unknown parameter \"{}\" for generator {} (parameters: {}{})",
-                               where, key, row.name, ParamNames(row),
+      return Error{fmt::format("{}: unknown parameter {} for generator {} (parameters: {}{})",
+                               where, QuotedExcerpt(key), row.name, ParamNames(row),
                                allow_tensors ? "; per-tensor overrides: q, k, v, do" : "")};
     }
     const auto param = std::find_if(row.params.begin(), row.params.end(),
@@ -694,7 +694,8 @@ Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec) {
     std::string known;
     for (const auto& n : GeneratorNames()) known += (known.empty() ? "" : ", ") + n;
     return Error{
-        fmt::format("generator.name: unknown generator \"{}\" (known: {})", spec.name, known)};
+        fmt::format("generator.name: unknown generator {} (known: {})", QuotedExcerpt(spec.name),
+                    known)};
   }
   if (Status s = CheckParamObject(*row, spec.params, "generator.params", true); !s) return s;
   for (const auto& t : kTensors) {

@@ -59,6 +59,13 @@ class StrictDomBuilder {
     } else if (const auto close = what.find("] "); close != std::string::npos) {
       what = what.substr(close + 2);
     }
+    // The explanation quotes the last token read, which may be a megabyte-long string.
+    constexpr size_t kMaxDetail = 200;
+    if (what.size() > kMaxDetail) {
+      size_t end = kMaxDetail;
+      while (end > 0 && (static_cast<unsigned char>(what[end]) & 0xC0) == 0x80) --end;
+      what = what.substr(0, end) + "...";
+    }
     defect_.detail = std::move(what);
     return false;
   }

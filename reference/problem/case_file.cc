@@ -30,7 +30,7 @@ template <size_t N>
 Status CheckFields(const json& obj, std::string_view where, const std::string_view (&known)[N]) {
   for (const auto& item : obj.items()) {
     if (std::find(std::begin(known), std::end(known), item.key()) == std::end(known)) {
-      return Error{fmt::format("{}: unknown field \"{}\"", where, item.key())};
+      return Error{fmt::format("{}: unknown field {}", where, QuotedExcerpt(item.key()))};
     }
   }
   return {};
@@ -99,17 +99,22 @@ Expected<Case> CaseFromJson(const json& j, const std::filesystem::path& base_dir
   return c;
 }
 
+Expected<Case> ParseCaseText(std::string_view text, std::string_view source,
+                             const std::filesystem::path& base_dir) {
+  auto j = ParseJson(text, source);
+  if (!j) return j.error();
+  auto c = CaseFromJson(*j, base_dir);
+  if (!c) return Error{fmt::format("{}: {}", source, c.error().message)};
+  return c;
+}
+
 Expected<Case> LoadCase(const std::filesystem::path& path) {
   ReadLimits limits;
   limits.max_bytes = kMaxCaseFileBytes;
   limits.what = "case file";
   auto text = ReadRegularFile(path.string(), limits);
   if (!text) return text.error();
-  auto j = ParseJson(*text, path.string());
-  if (!j) return j.error();
-  auto c = CaseFromJson(*j, path.parent_path());
-  if (!c) return Error{fmt::format("{}: {}", path.string(), c.error().message)};
-  return c;
+  return ParseCaseText(*text, path.string(), path.parent_path());
 }
 
 json CaseToJson(const Case& c) {

@@ -140,7 +140,7 @@ Status CheckKnownFields(const json& obj, std::string_view where,
       const size_t d = EditDistance(key, k);
       if (d < best_d) best_d = d, best = k;
     }
-    std::string msg = fmt::format("{}: unknown field \"{}\"", where, key);
+    std::string msg = fmt::format("{}: unknown field {}", where, QuotedExcerpt(key));
     if (!best.empty()) msg += fmt::format(" (did you mean \"{}\"?)", best);
     return Error{msg};
   }
@@ -243,9 +243,9 @@ Expected<Problem> ProblemFromJson(const json& j) {
       const auto d = ParseDType(name);
       if (!d) {
         r.Fail(
-            fmt::format("problem.dtype: unknown dtype \"{}\" (expected one of f64 f32 bf16 "
+            fmt::format("problem.dtype: unknown dtype {} (expected one of f64 f32 bf16 "
                         "f16 e4m3fn e5m2)",
-                        name));
+                        QuotedExcerpt(name)));
       } else {
         p.dtype = *d;
       }
@@ -261,7 +261,8 @@ Expected<Problem> ProblemFromJson(const json& j) {
       p.causal_align = CausalAlign::kTopLeft;
     } else if (!r.failed()) {
       r.Fail(
-          fmt::format("problem.causal_align: \"{}\" is not \"bottom_right\" or \"top_left\"", a));
+          fmt::format("problem.causal_align: {} is not \"bottom_right\" or \"top_left\"",
+                      QuotedExcerpt(a)));
     }
   }
   if (has("window")) {
