@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/exec/children.h"
 #include "reference/problem/inputs.h"
 #include "verify/report.h"
 #include "verify/tolerance.h"
@@ -23,7 +24,7 @@ std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   std::vector<Verdict> out;
   try {
     out = check.run(ctx);
-  } catch (const HarnessError&) {
+  } catch (const InfrastructureError&) {
     throw;  // the runner turns it into an Error (exit code 2)
   } catch (const std::exception& e) {
     out = {Failure(check.name, "", "runs to completion",
@@ -79,6 +80,10 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   size_t index = 0;
   for (const SuiteRow& row : suite.rows) {
     ++index;
+    if (StopSignal() != 0) {
+      return Error{fmt::format("interrupted by {} before row {} of {}", StopSignalName(), index,
+                               suite.rows.size())};
+    }
     if (!options.only_check.empty() && row.check != options.only_check) continue;
     const CheckInfo* check = FindCheck(row.check);
     if (check == nullptr) {
@@ -88,6 +93,15 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     InstantiatedCase inst = Instantiate(row, caps, options.seed);
     if (!inst.c) {
       result.skipped.push_back({row.check, inst.label, inst.skipped});
+      continue;
+    }
+    if (options.time_budget_s && Since(start) >= *options.time_budget_s) {
+      Verdict v = Failure(row.check, "", "runs within the suite's time budget",
+                          fmt::format("[{}] not run: the suite's time budget of {} s ran out",
+                                      inst.label, *options.time_budget_s));
+      v.repro = fmt::format("attest check --kernel {} --suite {} --seed {}", options.kernel_spec,
+                            suite.name, options.seed);
+      result.report.verdicts.push_back(std::move(v));
       continue;
     }
     // Consecutive rows on the same case share inputs, oracle and kernel answers.
@@ -109,8 +123,13 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, *ctx);
-    } catch (const HarnessError& e) {  // the oracle rejected the case: a harness fault
+    } catch (const InfrastructureError& e) {  // the oracle rejected the case, a full disk
       return Error{fmt::format("{}: {}", inst.label, e.what())};
+    }
+    // A stop kills the kernel's processes: what this row saw is not the kernel's doing.
+    if (StopSignal() != 0) {
+      return Error{fmt::format("interrupted by {} during row {} of {}", StopSignalName(), index,
+                               suite.rows.size())};
     }
     if (options.timings) {
       result.report.timings.push_back({fmt::format("{} [{}]", row.check, inst.label), Since(t0)});
@@ -149,9 +168,10 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, ctx);
-    } catch (const HarnessError& e) {
+    } catch (const InfrastructureError& e) {
       return Error{fmt::format("{}: {}", label, e.what())};
     }
+    if (StopSignal() != 0) return Error{fmt::format("{}: interrupted by {}", label, StopSignalName())};
     for (Verdict& v : verdicts) result.report.verdicts.push_back(std::move(v));
   }
   SortByDiagnosis(result.report.verdicts);

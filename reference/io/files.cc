@@ -2,6 +2,7 @@
 #include "reference/io/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -198,6 +199,68 @@ Status WriteFileAtomic(const std::filesystem::path& path, std::span<const std::b
 
 Status WriteFileAtomic(const std::filesystem::path& path, std::string_view text) {
   return WriteFileAtomic(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+Expected<FolderLock> FolderLock::Acquire(const std::filesystem::path& dir, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    return Error{fmt::format("{} {}: exists and is not a directory", what, dir.string())};
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Error{fmt::format("{} {}: cannot create directory: {}", what, dir.string(), ec.message())};
+  const std::string path = (dir / ".attest.lock").string();
+  // Open, lock, then check that the name still refers to the locked file: a previous owner
+  // may have unlinked it between our open and our lock.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return Error{fmt::format("{} {}: cannot create {}: {}", what, dir.string(), path,
+                               ErrnoText(errno))};
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {};
+      [[maybe_unused]] const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+      ::close(fd);
+      return Error{fmt::format("{} {}: in use by another attest run (pid {}); give each run its "
+                               "own folder",
+                               what, dir.string(), buf[0] != '\0' ? buf : "unknown")};
+    }
+    struct stat by_fd {}, by_name {};
+    if (::fstat(fd, &by_fd) == 0 && ::stat(path.c_str(), &by_name) == 0 &&
+        by_fd.st_ino == by_name.st_ino && by_fd.st_dev == by_name.st_dev) {
+      const std::string pid = std::to_string(::getpid());
+      if (::ftruncate(fd, 0) == 0) {
+        [[maybe_unused]] const ssize_t w = ::pwrite(fd, pid.data(), pid.size(), 0);
+      }
+      FolderLock lock;
+      lock.fd_ = fd;
+      lock.path_ = path;
+      return lock;
+    }
+    ::close(fd);
+  }
+  return Error{fmt::format("{} {}: cannot lock {}", what, dir.string(), path)};
+}
+
+FolderLock::FolderLock(FolderLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
+  if (this != &other) {
+    this->~FolderLock();
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still locked, so that no one can take a stale name
+  ::close(fd_);
+  fd_ = -1;
 }
 
 void RegisterTempPath(const std::string& path) {

@@ -70,6 +70,25 @@ Expected<std::string> ReadRegularFile(const std::string& path, const ReadLimits&
 Status WriteFileAtomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
 Status WriteFileAtomic(const std::filesystem::path& path, std::string_view text);
 
+// Exclusive use of an output folder by one run (flock(2) on DIR/.attest.lock, which holds the
+// owner's pid): a second run given the same folder is refused at start instead of silently
+// overwriting the first one's files. The folder is created if missing; a path that exists
+// and is not a folder is an Error. The lock file is removed when the lock is released.
+class FolderLock {
+ public:
+  static Expected<FolderLock> Acquire(const std::filesystem::path& dir, std::string_view what);
+  FolderLock(FolderLock&& other) noexcept;
+  FolderLock& operator=(FolderLock&& other) noexcept;
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  ~FolderLock();
+
+ private:
+  FolderLock() = default;
+  int fd_ = -1;
+  std::string path_;
+};
+
 // Temporary paths (files or folders) to remove if attest is stopped by a signal before their
 // owners remove them (RemoveRegisteredTempPaths, called from the signal cleanup in
 // kernels/exec/children.h). Registration is by exact path; folders are removed recursively.

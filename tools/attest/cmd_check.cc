@@ -26,6 +26,7 @@ struct CheckCliOptions {
   std::string out = "attest-failures";
   std::string only_check;
   int threads = 0;
+  double time_budget_s = 0;  // 0: none
   bool timings = false;
   bool verbose = false;
 };
@@ -53,6 +54,7 @@ int RunCheck(const CheckCliOptions& opt) {
   ro.oracle.threads = opt.threads;
   ro.only_check = opt.only_check;
   ro.timings = opt.timings;
+  if (opt.time_budget_s > 0) ro.time_budget_s = opt.time_budget_s;
   if (opt.verbose) ro.progress = [](const std::string& line) { std::cerr << line << "\n"; };
 
   auto result = RunSuite(**kernel, *suite, ro);
@@ -86,15 +88,17 @@ Runner SetupCheck(CLI::App& sub) {
       ->required();
   sub.add_option("--suite", opt->suite, "Suite: quick (< 30 s), gate (merge gate), full")
       ->capture_default_str();
-  sub.add_option("--seed", opt->seed, "Run seed (the same seed gives the same report)")
-      ->capture_default_str();
+  AddUnsignedOption(sub, "--seed", opt->seed,
+                    "Run seed (the same seed gives the same report; default 0)");
   sub.add_option("--json", opt->json, "Write the report as JSON");
   sub.add_option("--junit", opt->junit, "Write the report as JUnit XML");
   sub.add_option("--markdown", opt->markdown, "Write the report as Markdown");
   sub.add_option("--out", opt->out, "Directory for failing cases (*.case.json)")
       ->capture_default_str();
   sub.add_option("--check", opt->only_check, "Run only the rows of this check");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
+  AddSecondsOption(sub, "--time-budget", opt->time_budget_s,
+                   "Wall-time budget of the suite: rows not started by then fail as not run");
   sub.add_flag("--timings", opt->timings, "Put wall times into the report");
   sub.add_flag("-v,--verbose", opt->verbose, "Print each case as it starts (stderr)");
   return [opt] { return RunCheck(*opt); };

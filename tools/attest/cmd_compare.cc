@@ -90,7 +90,7 @@ Runner SetupCompare(CLI::App& sub) {
                  "dtype); the profile's bounds count ULPs in the formats they promise");
   sub.add_flag("--lse-pos-inf", opt->lse_pos_inf,
                "The producer declares lse = +inf for empty rows");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
   sub.add_option("--json", opt->json, "Write the report as JSON");
   sub.add_option("--junit", opt->junit, "Write the report as JUnit XML");
   sub.add_option("--markdown", opt->markdown, "Write the report as Markdown");
