@@ -98,11 +98,13 @@ struct Registry {
   uint64_t next_token = 0;
 };
 
-Registry& Children() {
+Registry*& RegistryPointer() {
   // Never destroyed: the signal watcher may use it while static destructors run.
   static Registry* registry = new Registry();
-  return *registry;
+  return registry;
 }
+
+Registry& Children() { return *RegistryPointer(); }
 
 bool Killable(pid_t pid) { return pid > 1 && pid != ::getpid(); }
 
@@ -223,6 +225,12 @@ void Watch(std::chrono::milliseconds grace) {
 }
 
 }  // namespace
+
+void ForgetChildrenAfterFork() {
+  // This copy of the parent's registry is locked (by the parent's StartRegisteredChild) and
+  // lists the parent's children: replace it, leaking the copy (a fork child's memory).
+  RegistryPointer() = new Registry();
+}
 
 bool BecomeSubreaper() { return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0; }
 

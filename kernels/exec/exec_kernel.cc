@@ -40,6 +40,10 @@ constexpr int kMaxConsecutiveStartFailures = 3;
 // that a kernel that hangs costs two timeouts per run instead of one per call.
 constexpr int kTimeoutsUntilHung = 2;
 
+// The longest call timeout accepted (a week): deadlines are steady_clock time points, which a
+// larger (or infinite) limit would overflow.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
 // Room for a safetensors header beyond the outputs' data (names, dtypes, shapes, padding).
 constexpr uint64_t kOutputHeaderAllowance = uint64_t{1} << 20;
 
@@ -375,8 +379,9 @@ class ProtocolKernel final : public Kernel {
 
 Expected<std::unique_ptr<Kernel>> Build(std::string label, bool name_from_worker,
                                         ProtocolKernel::Launch launch, ExecOptions options) {
-  if (!(options.timeout_s > 0)) {
-    return Error{fmt::format("{}: timeout {} s must be positive", label, options.timeout_s)};
+  if (!(options.timeout_s > 0) || !(options.timeout_s <= kMaxTimeoutSeconds)) {
+    return Error{fmt::format("{}: timeout {} s must be in (0, {}]", label, options.timeout_s,
+                             kMaxTimeoutSeconds)};
   }
   auto dir = TempDir::Make(options.tmp_root);
   if (!dir) return Error{label + ": " + dir.error().message};
@@ -424,8 +429,11 @@ void RegisterExecKernels(KernelRegistry& registry) {
     if (const char* t = std::getenv("ATTEST_EXEC_TIMEOUT_S"); t != nullptr && *t != '\0') {
       char* end = nullptr;
       const double v = std::strtod(t, &end);
-      if (end == t || *end != '\0' || !(v > 0)) {
-        return Error{fmt::format("ATTEST_EXEC_TIMEOUT_S: '{}' is not a positive number", t)};
+      // At most a week: a larger (or infinite) limit would overflow the deadline's clock.
+      if (end == t || *end != '\0' || !(v > 0) || !(v <= kMaxTimeoutSeconds)) {
+        return Error{fmt::format("ATTEST_EXEC_TIMEOUT_S: '{}' is not a number of seconds in "
+                                 "(0, {}]",
+                                 t, kMaxTimeoutSeconds)};
       }
       options.timeout_s = v;
     }

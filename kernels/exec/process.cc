@@ -293,6 +293,7 @@ Expected<WorkerProcess> WorkerProcess::Fork(const std::function<int(int, int)>& 
     // protocol on 3 and 4, nothing else (other workers' pipe ends must not stay open here,
     // or those workers never see EOF). 3. Default signal state. 4. Serve, then _exit (no
     // atexit handlers or stdio flushes of the parent's state).
+    ForgetChildrenAfterFork();
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);

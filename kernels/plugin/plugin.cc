@@ -207,6 +207,7 @@ class IsolatedPluginKernel final : public Kernel {
       const pid_t pid = ::fork();
       if (pid < 0) return Error{std::string("fork: ") + std::strerror(errno)};
       if (pid == 0) {
+        ForgetChildrenAfterFork();
         ::close(fds[0]);
         ChildMain(fds[1], parts_, parent);
       }
@@ -420,8 +421,9 @@ Expected<PluginOptions> PluginOptionsFromEnv() {
   if (const char* v = std::getenv("ATTEST_PLUGIN_TIMEOUT"); v != nullptr && *v != '\0') {
     char* end = nullptr;
     const double t = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(t > 0)) {
-      return Error{"ATTEST_PLUGIN_TIMEOUT='" + std::string(v) + "': expected seconds > 0"};
+    // At most a week: a larger (or infinite) limit would overflow the deadline's clock.
+    if (end == v || *end != '\0' || !(t > 0) || !(t <= 7 * 24 * 3600)) {
+      return Error{"ATTEST_PLUGIN_TIMEOUT='" + std::string(v) + "': expected seconds in (0, 604800]"};
     }
     o.timeout_s = t;
   }

@@ -630,7 +630,11 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
   if (!obj.is_object()) {
     return Error{fmt::format("{}: expected an object, got {}", where, JsonExcerpt(obj))};
   }
-  for (const auto& [key, value] : obj.items()) {
+  for (const auto& item : obj.items()) {
+    // Named, not a structured binding: lambdas below capture the key (clang 14, which the
+    // libFuzzer build uses, cannot capture structured bindings).
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     if (allow_tensors && IsTensorName(key)) continue;
     const bool known = std::any_of(row.params.begin(), row.params.end(),
                                    [&](const GeneratorParam& p) { return p.name == key; });
