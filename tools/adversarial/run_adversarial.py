@@ -15,6 +15,7 @@ environment, then asserts
     run failed.
 
 Usage: run_adversarial.py --attest PATH --plugin LIB.so [--python PY] [--only NAME] [--list]
+                          [--time-scale F]
 Standard library only; exit 0 when every test passes, 1 otherwise.
 """
 
@@ -124,6 +125,7 @@ class Context:
                 pass
 
     def finish(self, proc, timeout, t0):
+        timeout *= self.opts.time_scale
         try:
             out, err = proc.communicate(timeout=max(0.1, timeout - (time.time() - t0)))
             return Run(proc.returncode, out, err, time.time() - t0, False)
@@ -158,8 +160,9 @@ class Context:
         for fragment in fragments:
             if not re.search(fragment, run.text):
                 self.failures.append(f"message lacks /{fragment}/")
-        if within is not None and run.seconds > within:
-            self.failures.append(f"took {run.seconds:.1f} s, more than {within} s")
+        if within is not None and run.seconds > within * self.opts.time_scale:
+            self.failures.append(f"took {run.seconds:.1f} s, more than "
+                                 f"{within * self.opts.time_scale:g} s")
         if self.failures:
             self.failures.append("output: " + run.text[-600:].replace("\n", " | "))
 
@@ -356,8 +359,8 @@ def sigterm_worker_escapee(c):
     pid_file = c.path("escapee.pid")
     p = c.start(["check", "--kernel", worker(c.opts, "hang-escape", "--pid-file", pid_file),
                  "--suite", "quick"], extra_env={"ATTEST_EXEC_TIMEOUT_S": "60"})
-    t0 = time.time()
-    c.expect_true(wait_for_file(pid_file, 10), "the worker never started its escapee")
+    c.expect_true(wait_for_file(pid_file, 10 * c.opts.time_scale),
+                  "the worker never started its escapee")
     time.sleep(0.2)
     p.send_signal(signal.SIGTERM)
     r = c.finish(p, 10, time.time())
@@ -370,7 +373,8 @@ def sigterm_plugin_escapee(c):
     pid_file = c.path("escapee.pid")
     p = c.start(["check", "--kernel", f"plugin:{c.opts.plugin}:fork-escape", "--suite", "quick"],
                 extra_env={"ATTEST_PLUGIN_TIMEOUT": "60", "ATTEST_ADVERSARIAL_PID_FILE": pid_file})
-    c.expect_true(wait_for_file(pid_file, 10), "the plugin never started its escapee")
+    c.expect_true(wait_for_file(pid_file, 10 * c.opts.time_scale),
+                  "the plugin never started its escapee")
     time.sleep(0.2)
     p.send_signal(signal.SIGTERM)
     r = c.finish(p, 10, time.time())
@@ -471,7 +475,7 @@ def fuzz_sigint_keeps_the_report(c):
     """SIGINT to `attest fuzz --out D`: D/fuzz-report.json says what ran, and merges."""
     out = c.path("shard0")
     p = c.start(["fuzz", "--kernel", "cpu/flash2-bf16", "--time", "120", "--out", out, "--quiet"])
-    time.sleep(2)
+    time.sleep(2 * c.opts.time_scale)  # long enough for a few cases
     p.send_signal(signal.SIGINT)
     r = c.finish(p, 15, time.time())
     c.expect(r, signal_death=signal.SIGINT, fragments=[r"interrupted by SIGINT"], within=10)
@@ -501,7 +505,8 @@ def fuzz_shared_out(c):
     """Two runs given one --out: the second is refused instead of overwriting the first."""
     out = c.path("shared")
     first = c.start(["fuzz", "--kernel", "cpu/flash2-bf16", "--time", "60", "--out", out, "--quiet"])
-    c.expect_true(wait_for_file(os.path.join(out, ".attest.lock"), 10), "the first run took no lock")
+    c.expect_true(wait_for_file(os.path.join(out, ".attest.lock"), 10 * c.opts.time_scale),
+                  "the first run took no lock")
     r = c.run(["fuzz", "--kernel", "cpu/flash2-bf16", "--cases", "3", "--out", out], timeout=20)
     c.expect(r, rc=2, fragments=[r"in use by another attest run \(pid \d+\)"], within=5)
     first.send_signal(signal.SIGINT)
@@ -553,6 +558,8 @@ def main():
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="multiplies every deadline (a sanitizer build runs slower)")
     opts = parser.parse_args()
     # Each test runs in its own folder: paths given relative to here must stay valid.
     opts.attest, opts.plugin = os.path.abspath(opts.attest), os.path.abspath(opts.plugin)
