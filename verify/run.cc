@@ -171,7 +171,8 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
     } catch (const InfrastructureError& e) {
       return Error{fmt::format("{}: {}", label, e.what())};
     }
-    if (StopSignal() != 0) return Error{fmt::format("{}: interrupted by {}", label, StopSignalName())};
+    if (StopSignal() != 0)
+      return Error{fmt::format("{}: interrupted by {}", label, StopSignalName())};
     for (Verdict& v : verdicts) result.report.verdicts.push_back(std::move(v));
   }
   SortByDiagnosis(result.report.verdicts);

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,8 +17,6 @@
 #include <mutex>
 #include <set>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "reference/io/files.h"
 
@@ -84,7 +83,8 @@ std::string ReadToken(pid_t pid) {
   const std::string key = std::string(kChildTokenVariable) + "=";
   for (size_t at = 0; at < env.size();) {
     const size_t end = env.find('\0', at);
-    const std::string_view entry(env.data() + at, (end == std::string::npos ? env.size() : end) - at);
+    const std::string_view entry(env.data() + at,
+                                 (end == std::string::npos ? env.size() : end) - at);
     if (entry.starts_with(key)) return std::string(entry.substr(key.size()));
     if (end == std::string::npos) break;
     at = end + 1;
@@ -239,9 +239,9 @@ Expected<pid_t> StartRegisteredChild(
   Registry& r = Children();
   std::lock_guard<std::mutex> lock(r.mu);
   if (const int sig = g_stop_signal.load(); sig != 0) {
-    return Error{fmt::format("attest is stopping ({}): no new process is started",
-                             sigabbrev_np(sig) ? std::string("SIG") + sigabbrev_np(sig)
-                                               : std::to_string(sig))};
+    return Error{fmt::format(
+        "attest is stopping ({}): no new process is started",
+        sigabbrev_np(sig) ? std::string("SIG") + sigabbrev_np(sig) : std::to_string(sig))};
   }
   const std::string token = fmt::format("{}-{}", ::getpid(), r.next_token++);
   auto pid = start(token);

@@ -39,7 +39,8 @@ inline constexpr const char* kChildTokenVariable = "ATTEST_CHILD_TOKEN";
 // Creates one child under the registry's lock: `start(token)` must create the process and
 // return its pid (or an Error); it is registered before the lock is released, so that no
 // concurrent ReapStrays can take it for an orphan. Refused once a stop was requested.
-Expected<pid_t> StartRegisteredChild(const std::function<Expected<pid_t>(const std::string&)>& start);
+Expected<pid_t> StartRegisteredChild(
+    const std::function<Expected<pid_t>(const std::string&)>& start);
 // Called first thing in a child that `start` forked (and that does not exec): gives it an
 // empty registry of its own, since the inherited one is locked and lists the parent's
 // children.

@@ -248,7 +248,8 @@ class ProtocolKernel final : public Kernel {
     };
     auto w = launch_();
     if (!w) {
-      if (starts_ > 0) throw InfrastructureError(name() + ": restarting the worker: " + w.error().message);
+      if (starts_ > 0)
+        throw InfrastructureError(name() + ": restarting the worker: " + w.error().message);
       return fail(w.error().message);
     }
     worker_.emplace(std::move(w).value());
@@ -274,7 +275,8 @@ class ProtocolKernel final : public Kernel {
 
   // After a call timed out: what happens next, for its message.
   std::string RecordTimeout() {
-    if (++consecutive_timeouts_ < kTimeoutsUntilHung) return "; the worker is restarted for the next call";
+    if (++consecutive_timeouts_ < kTimeoutsUntilHung)
+      return "; the worker is restarted for the next call";
     hung_ = true;
     return fmt::format("; {} consecutive calls timed out: the kernel is marked hung and no further "
                        "call is made",
@@ -288,7 +290,8 @@ class ProtocolKernel final : public Kernel {
   Reply Call(std::string_view op, const Problem& p, const NamedTensors& inputs,
              uint64_t max_output_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (StopSignal() != 0) return Fail(op, "not run: attest is stopping (" + StopSignalName() + ")");
+    if (StopSignal() != 0)
+      return Fail(op, "not run: attest is stopping (" + StopSignalName() + ")");
     if (hung_) {
       return Fail(op, fmt::format("not run: the kernel hangs ({} consecutive calls timed out after "
                                   "{} s each; no further call is made in this run)",
@@ -345,7 +348,8 @@ class ProtocolKernel final : public Kernel {
       }
       return Fail(op, message);
     }
-    if (!reply->route.empty()) route_ = route_.empty() ? reply->route : route_ + "; " + reply->route;
+    if (!reply->route.empty())
+      route_ = route_.empty() ? reply->route : route_ + "; " + reply->route;
     // The outputs: a regular file exactly where attest said (no FIFO, device or symlink), no
     // larger than the outputs can be, read before the call's deadline.
     ReadLimits limits;

@@ -1,6 +1,6 @@
 // A worker process for the exec protocol (docs/protocol.md): started by posix_spawn (a
-// command) or fork (a function), registered (children.h), in its own process group, with the protocol
-// on two pipes and stderr captured; requests are exchanged one line at a time under a
+// command) or fork (a function), registered (children.h), in its own process group, with
+// the protocol on two pipes and stderr captured; requests are exchanged one line at a time under a
 // deadline, and a dead, hung or babbling worker is described in words (exit code, signal
 // name, the last lines of its stderr) so that the caller can report it as a finding.
 #pragma once

@@ -5,10 +5,9 @@
 // describes the violation with an excerpt of the line, never the whole of it.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/kernel.h"
 #include "reference/status.h"

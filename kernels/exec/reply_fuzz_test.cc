@@ -40,7 +40,9 @@ std::string GenReplyLine(bool* describe) {
   *describe = *rc::gen::arbitrary<bool>();
   Json j;
   if (*describe) {
-    j = {{"status", "ok"}, {"name", "fuzz"}, {"capabilities", CapabilitiesToJson(GenCapabilities())}};
+    j = {{"status", "ok"},
+         {"name", "fuzz"},
+         {"capabilities", CapabilitiesToJson(GenCapabilities())}};
   } else {
     switch (*rc::gen::inRange(0, 4)) {
       case 0:

@@ -232,7 +232,8 @@ class IsolatedPluginKernel final : public Kernel {
       return Error{h.value("message", "plugin " + parts_.path + ": child failed to load")};
     }
     if (!described_) {
-      const nlohmann::json& text = h.contains("capabilities") ? h["capabilities"] : nlohmann::json();
+      const nlohmann::json& text =
+          h.contains("capabilities") ? h["capabilities"] : nlohmann::json();
       auto parsed = ParseJson(text.is_string() ? text.get_ref<const std::string&>() : "{}",
                               "plugin " + parts_.path + ": capabilities");
       if (!parsed.ok()) return parsed.error();
@@ -280,7 +281,8 @@ class IsolatedPluginKernel final : public Kernel {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::string who = "plugin " + parts_.path + (parts_.name.empty() ? "" : ":") +
                             parts_.name + " " + op;
-    if (StopSignal() != 0) return Error{who + ": not run: attest is stopping (" + StopSignalName() + ")"};
+    if (StopSignal() != 0)
+      return Error{who + ": not run: attest is stopping (" + StopSignalName() + ")"};
     if (hung_) {
       return Error{fmt::format("{}: not run: the kernel hangs ({} consecutive calls timed out "
                                "after {} s each; no further call is made in this run)",
@@ -423,7 +425,8 @@ Expected<PluginOptions> PluginOptionsFromEnv() {
     const double t = std::strtod(v, &end);
     // At most a week: a larger (or infinite) limit would overflow the deadline's clock.
     if (end == v || *end != '\0' || !(t > 0) || !(t <= 7 * 24 * 3600)) {
-      return Error{"ATTEST_PLUGIN_TIMEOUT='" + std::string(v) + "': expected seconds in (0, 604800]"};
+      return Error{"ATTEST_PLUGIN_TIMEOUT='" + std::string(v) +
+                   "': expected seconds in (0, 604800]"};
     }
     o.timeout_s = t;
   }

@@ -160,9 +160,10 @@ WireReceive ReceiveWire(int fd, double timeout_s) {
     auto dtype = entry.contains("dtype") && entry["dtype"].is_string()
                      ? ParseDType(entry["dtype"].get<std::string>())
                      : std::nullopt;
-    const bool shape_ok = entry.contains("shape") && entry["shape"].is_array() &&
-                          std::all_of(entry["shape"].begin(), entry["shape"].end(),
-                                      [](const nlohmann::json& d) { return d.is_number_unsigned(); });
+    const bool shape_ok =
+        entry.contains("shape") && entry["shape"].is_array() &&
+        std::all_of(entry["shape"].begin(), entry["shape"].end(),
+                    [](const nlohmann::json& d) { return d.is_number_unsigned(); });
     if (!dtype || !shape_ok) {
       out.failure = WireFailure::kMalformed;
       out.detail = "tensor entry " + JsonExcerpt(entry);

@@ -647,7 +647,8 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
                                     [&](const GeneratorParam& p) { return p.name == key; });
     if (param->is_text()) {
       if (!value.is_string()) {
-        return Error{fmt::format("{}.{}: expected a string, got {}", where, key, JsonExcerpt(value))};
+        return Error{
+            fmt::format("{}.{}: expected a string, got {}", where, key, JsonExcerpt(value))};
       }
       continue;
     }

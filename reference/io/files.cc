@@ -2,6 +2,7 @@
 #include "reference/io/files.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,8 +13,6 @@
 #include <cstring>
 #include <mutex>
 #include <set>
-
-#include <fmt/format.h>
 
 namespace attest {
 namespace {
@@ -93,8 +92,11 @@ Status RegularFile::Read(void* dst, uint64_t count) {
       if (errno == EINTR) continue;
       return Error{fmt::format("{}: read failed: {}", path_, ErrnoText(errno))};
     }
-    if (r == 0) return Error{fmt::format("{}: short read (was the file changed while being "
-                                         "read?)", path_)};
+    if (r == 0)
+      return Error{
+          fmt::format("{}: short read (was the file changed while being "
+                      "read?)",
+                      path_)};
     p += r;
     count -= static_cast<uint64_t>(r);
   }
@@ -110,8 +112,8 @@ Expected<RegularFile> OpenRegularFile(const std::string& path, const ReadLimits&
     const int err = errno;
     if (err == ENOENT) return Error{fmt::format("{}: cannot open: no such file", path)};
     if (err == ELOOP && !limits.follow_symlinks) {
-      return Error{fmt::format("{}: is a symlink; the {} must be a regular file", path,
-                               limits.what)};
+      return Error{
+          fmt::format("{}: is a symlink; the {} must be a regular file", path, limits.what)};
     }
     return Error{fmt::format("{}: cannot open: {}", path, ErrnoText(err))};
   }
@@ -120,11 +122,13 @@ Expected<RegularFile> OpenRegularFile(const std::string& path, const ReadLimits&
   f.path_ = path;
   f.limits_ = limits;
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return Error{fmt::format("{}: cannot stat: {}", path, ErrnoText(errno))};
+  if (::fstat(fd, &st) != 0)
+    return Error{fmt::format("{}: cannot stat: {}", path, ErrnoText(errno))};
   if (!S_ISREG(st.st_mode)) {
-    return Error{fmt::format("{}: cannot open: {}, not a regular file (the {} must be a regular "
-                             "file)",
-                             path, KindOf(st.st_mode), limits.what)};
+    return Error{
+        fmt::format("{}: cannot open: {}, not a regular file (the {} must be a regular "
+                    "file)",
+                    path, KindOf(st.st_mode), limits.what)};
   }
   // Reads of a regular file never wait for a writer; blocking mode again for plain read(2).
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
@@ -153,7 +157,8 @@ Status WriteFileAtomic(const std::filesystem::path& path, std::span<const std::b
       // A device or FIFO (/dev/stdout, /dev/null, a pipe someone reads): nothing to replace.
       // O_NONBLOCK: a FIFO without a reader fails with ENXIO (fifo(7)) instead of waiting.
       const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-      if (fd < 0) return Error{fmt::format("{}: cannot open for writing: {}", target, ErrnoText(errno))};
+      if (fd < 0)
+        return Error{fmt::format("{}: cannot open for writing: {}", target, ErrnoText(errno))};
       ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
       Status s = WriteAll(fd, bytes.data(), bytes.size(), target);
       ::close(fd);
@@ -184,7 +189,8 @@ Status WriteFileAtomic(const std::filesystem::path& path, std::span<const std::b
   };
   // 2. The bytes, flushed to the device (so that a later ENOSPC of delayed allocation is
   //    reported here, not lost at close).
-  if (Status s = WriteAll(fd, bytes.data(), bytes.size(), target); !s) return fail(s.error().message);
+  if (Status s = WriteAll(fd, bytes.data(), bytes.size(), target); !s)
+    return fail(s.error().message);
   if (::fsync(fd) != 0) return fail(fmt::format("{}: write failed: {}", target, ErrnoText(errno)));
   const int closed = ::close(fd);
   fd = -1;
@@ -207,25 +213,29 @@ Expected<FolderLock> FolderLock::Acquire(const std::filesystem::path& dir, std::
     return Error{fmt::format("{} {}: exists and is not a directory", what, dir.string())};
   }
   std::filesystem::create_directories(dir, ec);
-  if (ec) return Error{fmt::format("{} {}: cannot create directory: {}", what, dir.string(), ec.message())};
+  if (ec)
+    return Error{
+        fmt::format("{} {}: cannot create directory: {}", what, dir.string(), ec.message())};
   const std::string path = (dir / ".attest.lock").string();
   // Open, lock, then check that the name still refers to the locked file: a previous owner
   // may have unlinked it between our open and our lock.
   for (int attempt = 0; attempt < 100; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-      return Error{fmt::format("{} {}: cannot create {}: {}", what, dir.string(), path,
-                               ErrnoText(errno))};
+      return Error{
+          fmt::format("{} {}: cannot create {}: {}", what, dir.string(), path, ErrnoText(errno))};
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       char buf[32] = {};
       [[maybe_unused]] const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
       ::close(fd);
-      return Error{fmt::format("{} {}: in use by another attest run (pid {}); give each run its "
-                               "own folder",
-                               what, dir.string(), buf[0] != '\0' ? buf : "unknown")};
+      return Error{
+          fmt::format("{} {}: in use by another attest run (pid {}); give each run its "
+                      "own folder",
+                      what, dir.string(), buf[0] != '\0' ? buf : "unknown")};
     }
-    struct stat by_fd {}, by_name {};
+    struct stat by_fd {
+    }, by_name{};
     if (::fstat(fd, &by_fd) == 0 && ::stat(path.c_str(), &by_name) == 0 &&
         by_fd.st_ino == by_name.st_ino && by_fd.st_dev == by_name.st_dev) {
       const std::string pid = std::to_string(::getpid());
@@ -242,7 +252,8 @@ Expected<FolderLock> FolderLock::Acquire(const std::filesystem::path& dir, std::
   return Error{fmt::format("{} {}: cannot lock {}", what, dir.string(), path)};
 }
 
-FolderLock::FolderLock(FolderLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+FolderLock::FolderLock(FolderLock&& other) noexcept
+    : fd_(other.fd_), path_(std::move(other.path_)) {
   other.fd_ = -1;
 }
 

@@ -61,12 +61,12 @@ TEST_F(FilesTest, ReadsRegularFilesOnly) {
   auto f = ReadRegularFile(fifo, limits);  // must not wait for a writer
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   ASSERT_FALSE(f.ok());
-  EXPECT_EQ(f.error().message, fifo + ": cannot open: a FIFO, not a regular file (the case file "
-                                      "must be a regular file)");
+  EXPECT_EQ(f.error().message, fifo +
+                                   ": cannot open: a FIFO, not a regular file (the case file "
+                                   "must be a regular file)");
   auto zero = ReadRegularFile("/dev/zero", limits);
   ASSERT_FALSE(zero.ok());
-  EXPECT_NE(zero.error().message.find("a character device, not a regular file"),
-            std::string::npos);
+  EXPECT_NE(zero.error().message.find("a character device, not a regular file"), std::string::npos);
   auto folder = ReadRegularFile(dir_.string(), limits);
   ASSERT_FALSE(folder.ok());
   EXPECT_NE(folder.error().message.find("a directory"), std::string::npos);
@@ -140,7 +140,8 @@ TEST_F(FilesTest, AFailedWriteLeavesTheOldFileAndNoTemporary) {
     rlimit lim{1024, 1024};
     ::setrlimit(RLIMIT_FSIZE, &lim);
     const Status s = WriteFileAtomic(p, std::string_view(std::string(1 << 20, 'n')));
-    const bool named = !s.ok() && s.error().message.find(p.string() + ": write failed: File too "
+    const bool named = !s.ok() && s.error().message.find(p.string() +
+                                                         ": write failed: File too "
                                                          "large") == 0;
     ::_exit(named ? 0 : 1);
   }

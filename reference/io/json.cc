@@ -75,9 +75,9 @@ class StrictDomBuilder {
 
  private:
   struct Frame {
-    Json* value;             // the open container
-    Json* pending = nullptr; // objects: the member the next value fills
-    std::string name;        // the key this container sits under ("" at the top level)
+    Json* value;              // the open container
+    Json* pending = nullptr;  // objects: the member the next value fills
+    std::string name;         // the key this container sits under ("" at the top level)
   };
 
   // Stores a value where the innermost open container expects it; returns where it went.
@@ -103,7 +103,7 @@ class StrictDomBuilder {
       defect_.max_depth = max_depth_;
       return false;
     }
-    std::string name = stack_.empty()                   ? std::string()
+    std::string name = stack_.empty()                    ? std::string()
                        : stack_.back().value->is_array() ? stack_.back().name
                                                          : last_key_;
     Json* slot = Put(std::move(empty));
@@ -172,10 +172,9 @@ std::string JsonDefect::Describe() const {
                        : fmt::format("duplicate key {} inside {}", QuotedExcerpt(key),
                                      QuotedExcerpt(parent));
     case Kind::kTooDeep:
-      return parent.empty()
-                 ? fmt::format("containers nested deeper than {} levels", max_depth)
-                 : fmt::format("containers nested deeper than {} levels (under key {})",
-                               max_depth, QuotedExcerpt(parent));
+      return parent.empty() ? fmt::format("containers nested deeper than {} levels", max_depth)
+                            : fmt::format("containers nested deeper than {} levels (under key {})",
+                                          max_depth, QuotedExcerpt(parent));
   }
   return "invalid JSON";
 }
@@ -217,8 +216,7 @@ std::string QuotedExcerpt(std::string_view text, size_t max_chars) {
     text = text.substr(0, end);
     cut = true;
   }
-  std::string quoted = Json(std::string(text)).dump(-1, ' ', false,
-                                                    Json::error_handler_t::replace);
+  std::string quoted = Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
   if (cut) quoted.insert(quoted.size() - 1, "...");
   return quoted;
 }

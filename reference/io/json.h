@@ -14,11 +14,10 @@
 #pragma once
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <variant>
-
-#include <nlohmann/json.hpp>
 
 #include "reference/status.h"
 
@@ -31,19 +30,19 @@ inline constexpr int kJsonDefaultMaxDepth = 32;
 // Why a text was refused, with what the caller needs to word its own message.
 struct JsonDefect {
   enum class Kind {
-    kSyntax,        // not JSON (detail: the parser's explanation)
-    kNumberRange,   // a number literal beyond double's range (1e400)
-    kByteOrderMark, // starts with EF BB BF
-    kDuplicateKey,  // key: the repeated key; parent: the key of the object holding it
-    kTooDeep,       // parent: the key under which the limit was crossed
+    kSyntax,         // not JSON (detail: the parser's explanation)
+    kNumberRange,    // a number literal beyond double's range (1e400)
+    kByteOrderMark,  // starts with EF BB BF
+    kDuplicateKey,   // key: the repeated key; parent: the key of the object holding it
+    kTooDeep,        // parent: the key under which the limit was crossed
   };
   Kind kind = Kind::kSyntax;
-  size_t byte = 0;       // 0-based offset in the text where the defect was seen
-  std::string key;       // kDuplicateKey
-  std::string parent;    // kDuplicateKey, kTooDeep ("" at the top level)
-  bool top_level = true; // kDuplicateKey: the repeated key belongs to the root object
-  int max_depth = 0;     // kTooDeep
-  std::string detail;    // kSyntax, kNumberRange
+  size_t byte = 0;        // 0-based offset in the text where the defect was seen
+  std::string key;        // kDuplicateKey
+  std::string parent;     // kDuplicateKey, kTooDeep ("" at the top level)
+  bool top_level = true;  // kDuplicateKey: the repeated key belongs to the root object
+  int max_depth = 0;      // kTooDeep
+  std::string detail;     // kSyntax, kNumberRange
 
   // "duplicate key "seqlen_q" inside "problem"", "invalid JSON at byte 12: syntax error ...",
   // "containers nested deeper than 32 levels (under key "a")".

@@ -36,12 +36,13 @@ inline void MutateJsonText(std::string& t) {
       break;
     }
     case 2: {  // replace, delete or double a structural token
-      const auto tokens = positions_of([](char c) { return std::strchr("{}[],:\"", c) != nullptr; });
+      const auto tokens =
+          positions_of([](char c) { return std::strchr("{}[],:\"", c) != nullptr; });
       if (tokens.empty()) return;
       const size_t p = *rc::gen::elementOf(tokens);
-      const std::string repl = *rc::gen::elementOf(std::vector<std::string>{
-          "", "{", "}", "[", "]", ",", ":", "\"", "\\", " ", "{}", "[]", ",,", "null",
-          std::string(2, t[p])});
+      const std::string repl = *rc::gen::elementOf(
+          std::vector<std::string>{"", "{", "}", "[", "]", ",", ":", "\"", "\\", " ", "{}", "[]",
+                                   ",,", "null", std::string(2, t[p])});
       t.replace(p, 1, repl);
       break;
     }
@@ -62,20 +63,36 @@ inline void MutateJsonText(std::string& t) {
       }
       if (numbers.empty()) return;
       const auto [b, e] = *rc::gen::elementOf(numbers);
-      t.replace(b, e - b, *rc::gen::elementOf(std::vector<std::string>{
-                              "0", "1", "-1", "2", "3", "64", "1.5", "-0.0", "1e3", "1e400",
-                              "-1e400", "2147483647", "2147483648", "-2147483649",
-                              "9223372036854775807", "9223372036854775808",
-                              "18446744073709551615", "18446744073709551616", "1000000",
-                              std::to_string(*rc::gen::inRange(0, 300))}));
+      t.replace(
+          b, e - b,
+          *rc::gen::elementOf(std::vector<std::string>{"0",
+                                                       "1",
+                                                       "-1",
+                                                       "2",
+                                                       "3",
+                                                       "64",
+                                                       "1.5",
+                                                       "-0.0",
+                                                       "1e3",
+                                                       "1e400",
+                                                       "-1e400",
+                                                       "2147483647",
+                                                       "2147483648",
+                                                       "-2147483649",
+                                                       "9223372036854775807",
+                                                       "9223372036854775808",
+                                                       "18446744073709551615",
+                                                       "18446744073709551616",
+                                                       "1000000",
+                                                       std::to_string(*rc::gen::inRange(0, 300))}));
       break;
     }
     case 4: {  // repeat a key with another value right after an object opens
       const auto opens = positions_of([](char c) { return c == '{'; });
       if (opens.empty()) return;
       const std::string key = *rc::gen::elementOf(std::vector<std::string>{
-          "status", "name", "capabilities", "problem", "generator", "seed", "seqlen_q",
-          "causal", "dtypes", "window", "inputs", "reason", "message", "route", "params"});
+          "status", "name", "capabilities", "problem", "generator", "seed", "seqlen_q", "causal",
+          "dtypes", "window", "inputs", "reason", "message", "route", "params"});
       const std::string value = *rc::gen::elementOf(
           std::vector<std::string>{"1", "true", "\"ok\"", "\"error\"", "null", "[]", "{}"});
       t.insert(*rc::gen::elementOf(opens) + 1, "\"" + key + "\":" + value + ",");
@@ -96,11 +113,28 @@ inline void MutateJsonText(std::string& t) {
       if (quotes.size() < 2) return;
       const size_t i = *rc::gen::inRange<size_t>(0, quotes.size() - 1);
       const size_t b = quotes[i] + 1, e = quotes[i + 1];
-      t.replace(b, e - b, *rc::gen::elementOf(std::vector<std::string>{
-                              "", "x", "\\u0000", "\\ud800", "\xC3\x28", "\xED\xA0\x80", "\xC0\xAF",
-                              "\xE2\x82", "é", "\\\"", std::string(3000, 'a'), "bf16", "f32",
-                              "ok", "unsupported", "error", "-inf", "+inf", "top_left",
-                              "gaussian", "../../etc/passwd"}));
+      t.replace(b, e - b,
+                *rc::gen::elementOf(std::vector<std::string>{"",
+                                                             "x",
+                                                             "\\u0000",
+                                                             "\\ud800",
+                                                             "\xC3\x28",
+                                                             "\xED\xA0\x80",
+                                                             "\xC0\xAF",
+                                                             "\xE2\x82",
+                                                             "é",
+                                                             "\\\"",
+                                                             std::string(3000, 'a'),
+                                                             "bf16",
+                                                             "f32",
+                                                             "ok",
+                                                             "unsupported",
+                                                             "error",
+                                                             "-inf",
+                                                             "+inf",
+                                                             "top_left",
+                                                             "gaussian",
+                                                             "../../etc/passwd"}));
       break;
     }
     case 7: {  // replace a value by one of another type
@@ -113,18 +147,25 @@ inline void MutateJsonText(std::string& t) {
       for (; e < t.size(); ++e) {
         const char c = t[e];
         if (in_string) {
-          if (c == '\\') ++e;
-          else if (c == '"') in_string = false;
+          if (c == '\\')
+            ++e;
+          else if (c == '"')
+            in_string = false;
           continue;
         }
-        if (c == '"') in_string = true;
-        else if (c == '[' || c == '{') ++depth;
-        else if ((c == ']' || c == '}') && depth-- == 0) break;
-        else if (c == ',' && depth == 0) break;
+        if (c == '"')
+          in_string = true;
+        else if (c == '[' || c == '{')
+          ++depth;
+        else if ((c == ']' || c == '}') && depth-- == 0)
+          break;
+        else if (c == ',' && depth == 0)
+          break;
       }
-      t.replace(p, e - p, *rc::gen::elementOf(std::vector<std::string>{
-                              "null", "true", "false", "0", "-1", "1e400", "\"\"", "\"x\"",
-                              "[]", "{}", "[1,2]", "{\"a\":1}", "[[[[[]]]]]"}));
+      t.replace(p, e - p,
+                *rc::gen::elementOf(std::vector<std::string>{"null", "true", "false", "0", "-1",
+                                                             "1e400", "\"\"", "\"x\"", "[]", "{}",
+                                                             "[1,2]", "{\"a\":1}", "[[[[[]]]]]"}));
       break;
     }
     case 8: {  // insert junk bytes

@@ -56,8 +56,8 @@ TEST(StrictJson, RefusesDuplicateKeysNamingThem) {
 
 TEST(StrictJson, RefusesNestingBeyondTheLimitWithoutRecursing) {
   // 200 000 levels: the DOM parser's own stack would not matter, a dump into a message would.
-  const std::string deep = R"({"problem": )" + std::string(200000, '[') +
-                           std::string(200000, ']') + "}";
+  const std::string deep =
+      R"({"problem": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
   JsonDefect d = DefectOf(deep);
   EXPECT_EQ(d.kind, Kind::kTooDeep);
   EXPECT_EQ(d.Describe(), R"(containers nested deeper than 32 levels (under key "problem"))");

@@ -231,8 +231,9 @@ Expected<SafetensorsEntry> ParseEntry(const std::string& name, const Json& value
   uint64_t nbytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel, size, &nbytes) || nbytes > kMaxExtent;
   if (overflow) {
-    return TensorError(source, name,
-                       fmt::format("element count of shape {} overflows 64 bits", JsonExcerpt(shape, 200)));
+    return TensorError(
+        source, name,
+        fmt::format("element count of shape {} overflows 64 bits", JsonExcerpt(shape, 200)));
   }
 
   // data_offsets

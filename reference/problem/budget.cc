@@ -1,11 +1,11 @@
 // The memory budget (see budget.h).
 #include "reference/problem/budget.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cstdlib>
 #include <limits>
-
-#include <fmt/format.h>
 
 namespace attest {
 namespace {
@@ -72,12 +72,12 @@ uint64_t EstimatedProblemBytes(const Problem& p) {
   const uint64_t hq = U(p.heads_q), hkv = U(p.heads_kv);
   const uint64_t d = U(p.head_dim), dv = U(p.head_dim_v);
   // q, do/o, dq and k, v, dk, dv: elements of each, then lse.
-  uint64_t elements = Mul(Mul(tq, hq), d);               // q
-  elements = Add(elements, Mul(Mul(tq, hq), d));         // dq
-  elements = Add(elements, Mul(Mul(Mul(tq, hq), dv), 2));  // o, do
-  elements = Add(elements, Mul(Mul(Mul(tk, hkv), d), 2));  // k, dk
-  elements = Add(elements, Mul(Mul(Mul(tk, hkv), dv), 2)); // v, dv
-  elements = Add(elements, Mul(tq, hq));                 // lse
+  uint64_t elements = Mul(Mul(tq, hq), d);                  // q
+  elements = Add(elements, Mul(Mul(tq, hq), d));            // dq
+  elements = Add(elements, Mul(Mul(Mul(tq, hq), dv), 2));   // o, do
+  elements = Add(elements, Mul(Mul(Mul(tk, hkv), d), 2));   // k, dk
+  elements = Add(elements, Mul(Mul(Mul(tk, hkv), dv), 2));  // v, dv
+  elements = Add(elements, Mul(tq, hq));                    // lse
   return Mul(Mul(elements, sizeof(double)), kWorkingCopies);
 }
 

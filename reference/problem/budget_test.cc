@@ -16,8 +16,8 @@ TEST(MemoryBudget, ParsesByteCounts) {
   EXPECT_EQ(*ParseByteCount("1024"), 1024u);
   EXPECT_EQ(*ParseByteCount("8G"), uint64_t{8} << 30);
   EXPECT_EQ(*ParseByteCount("512MiB"), uint64_t{512} << 20);
-  for (const char* bad : {"", "-1", "1.5G", "8X", "G", "0", "99999999999999999999",
-                          "20000000000T", " 8G"}) {
+  for (const char* bad :
+       {"", "-1", "1.5G", "8X", "G", "0", "99999999999999999999", "20000000000T", " 8G"}) {
     EXPECT_FALSE(ParseByteCount(bad).ok()) << bad;
   }
 }

@@ -37,7 +37,8 @@ Status CheckFields(const json& obj, std::string_view where, const std::string_vi
 }
 
 Expected<GeneratorSpec> GeneratorFromJson(const json& g) {
-  if (!g.is_object()) return Error{fmt::format("generator: expected an object, got {}", JsonExcerpt(g))};
+  if (!g.is_object())
+    return Error{fmt::format("generator: expected an object, got {}", JsonExcerpt(g))};
   if (Status s = CheckFields(g, "generator", kGeneratorFields); !s) return s.error();
   GeneratorSpec spec;
   if (!g.contains("name") || !g.at("name").is_string()) {
@@ -85,7 +86,8 @@ Expected<Case> CaseFromJson(const json& j, const std::filesystem::path& base_dir
   if (has_inputs) {
     const json& in = j.at("inputs");
     if (!in.is_string() || in.get<std::string>().empty()) {
-      return Error{fmt::format("inputs: expected a non-empty path string, got {}", JsonExcerpt(in))};
+      return Error{
+          fmt::format("inputs: expected a non-empty path string, got {}", JsonExcerpt(in))};
     }
     std::filesystem::path path(in.get<std::string>());
     if (path.is_relative() && !base_dir.empty()) path = base_dir / path;

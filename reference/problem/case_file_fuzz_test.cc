@@ -56,8 +56,9 @@ Case GenCase() {
   if (*rc::gen::arbitrary<bool>()) {
     c.inputs = "data/x.safetensors";
   } else {
-    c.generator = GeneratorSpec{*rc::gen::elementOf(std::vector<std::string>{"gaussian", "uniform"}),
-                                *rc::gen::arbitrary<uint64_t>(), nlohmann::json::object()};
+    c.generator =
+        GeneratorSpec{*rc::gen::elementOf(std::vector<std::string>{"gaussian", "uniform"}),
+                      *rc::gen::arbitrary<uint64_t>(), nlohmann::json::object()};
   }
   return c;
 }

@@ -222,7 +222,8 @@ std::string F(std::string_view name) { return fmt::format("problem.{}", name); }
 }  // namespace
 
 Expected<Problem> ProblemFromJson(const json& j) {
-  if (!j.is_object()) return Error{fmt::format("problem: expected an object, got {}", JsonExcerpt(j))};
+  if (!j.is_object())
+    return Error{fmt::format("problem: expected an object, got {}", JsonExcerpt(j))};
   if (Status s = CheckKnownFields(j, "problem", kFields); !s) return s.error();
 
   Problem p;
@@ -318,8 +319,8 @@ Expected<Problem> ProblemFromJson(const json& j) {
           const json& pair = blocks[n];
           const std::string field = fmt::format("problem.block_sparse.blocks[{}]", n);
           if (!pair.is_array() || pair.size() != 2) {
-            r.Fail(
-                fmt::format("{}: expected [query block, key block], got {}", field, JsonExcerpt(pair)));
+            r.Fail(fmt::format("{}: expected [query block, key block], got {}", field,
+                               JsonExcerpt(pair)));
             break;
           }
           const int64_t qb = r.Int(pair[0], field + "[0]");

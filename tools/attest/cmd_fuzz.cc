@@ -107,7 +107,8 @@ int RunMerge(const FuzzCliOptions& opt) {
     std::error_code ec;
     std::filesystem::create_directories(opt.out, ec);
     const auto path = std::filesystem::path(opt.out) / "fuzz-merged.json";
-    if (Status s = WriteTextFile(path, j.dump(2) + "\n"); !s.ok()) throw UsageError(s.error().message);
+    if (Status s = WriteTextFile(path, j.dump(2) + "\n"); !s.ok())
+      throw UsageError(s.error().message);
     std::cout << "wrote " << path.string() << "\n";
   }
   return j["failures"].empty() ? kExitPass : kExitFinding;
@@ -194,8 +195,10 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
 Runner SetupFuzz(CLI::App& sub) {
   auto opt = std::make_shared<FuzzCliOptions>();
   sub.add_option("--kernel", opt->kernel, "Kernel to fuzz (see `attest list kernels`)");
-  AddUnsignedOption(sub, "--seed", opt->seed, "Run seed: the same seed draws the same cases anywhere");
-  AddIntegerOption(sub, "--cases", opt->cases, 1, int64_t{1} << 62, "Number of cases (over all shards)");
+  AddUnsignedOption(sub, "--seed", opt->seed,
+                    "Run seed: the same seed draws the same cases anywhere");
+  AddIntegerOption(sub, "--cases", opt->cases, 1, int64_t{1} << 62,
+                   "Number of cases (over all shards)");
   AddSecondsOption(sub, "--time", opt->seconds, "Wall-time budget in seconds (instead of --cases)");
   sub.add_option("--shard", opt->shard, "I/N: run the cases n with n mod N = I (default 0/1)");
   sub.add_option("--out", opt->out,
@@ -209,7 +212,8 @@ Runner SetupFuzz(CLI::App& sub) {
   sub.add_option("--generator", opt->generators,
                  "Value distributions to draw (repeatable; default: the calibrated domain, "
                  "see docs/fuzz.md)");
-  AddIntegerOption(sub, "--max-seqlen", opt->max_seqlen, 2, 2147483647, "Largest Sq, Sk drawn (default 160)");
+  AddIntegerOption(sub, "--max-seqlen", opt->max_seqlen, 2, 2147483647,
+                   "Largest Sq, Sk drawn (default 160)");
   AddIntegerOption(sub, "--max-failures", opt->max_failures, 1, 1000000,
                  "Stop after this many failing cases (default 1)");
   sub.add_flag("--no-shrink", opt->no_shrink, "Save failing cases as drawn");

@@ -377,8 +377,8 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
       }
       const Tensor* extra =
           dp_allowance && std::string_view(name) == "dk" ? &dp_allowance->dk : nullptr;
-      out.push_back(Agree(kCheck, name, p, ctx.profile, sum, gqa_grad, static_cast<double>(r) / 2 + 1, &mag,
-                          extra));
+      out.push_back(Agree(kCheck, name, p, ctx.profile, sum, gqa_grad,
+                          static_cast<double>(r) / 2 + 1, &mag, extra));
     }
   }
   for (Verdict& v : out) {
@@ -473,9 +473,10 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   std::string dp_note;
   const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, ctx.profile, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
-  out.push_back(Agree(kCheck, "lse", p, ctx.profile, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
-                      rel.fwd.lse, ulps));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, perm(base.fwd.o, src_q, ha, src_q_rows, 0),
+                      rel.fwd.o, ulps));
+  out.push_back(Agree(kCheck, "lse", p, ctx.profile,
+                      perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows), rel.fwd.lse, ulps));
   if (bwd) {
     // The allowance is per element of the case's problem: permuted like its gradients.
     const Tensor dq_extra = dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor();
@@ -484,8 +485,8 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
                         rel.bwd->dq, ulps, nullptr, dpa ? &dq_extra : nullptr));
     out.push_back(Agree(kCheck, "dk", p, ctx.profile, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
                         rel.bwd->dk, ulps, nullptr, dpa ? &dk_extra : nullptr));
-    out.push_back(
-        Agree(kCheck, "dv", p, ctx.profile, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0), rel.bwd->dv, ulps));
+    out.push_back(Agree(kCheck, "dv", p, ctx.profile, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0),
+                        rel.bwd->dv, ulps));
   }
   // Locations are those of the permuted problem; say how to map them back.
   for (Verdict& v : out) {
@@ -742,15 +743,19 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   const double o_ulps = exact ? 0 : 2, lse_ulps = exact ? 0 : 4, g_ulps = exact ? 0 : 2;
   const int64_t nq = packed ? p.TotalQ() : p.seqlen_q, nk = packed ? p.TotalK() : p.seqlen_k;
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
-  out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
-                      lse_ulps));
+  out.push_back(
+      Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
+  out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse,
+                      Rows(rel.fwd.lse, lse_axis, q_off, nq), lse_ulps));
   if (bwd) {
-    out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq, Rows(rel.bwd->dq, q_axis, q_off, nq),
-                        g_ulps, nullptr, dpa ? &dpa->dq : nullptr));
-    out.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk, Rows(rel.bwd->dk, k_axis, k_off, nk),
-                        g_ulps, nullptr, dpa ? &dpa->dk : nullptr));
-    out.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv, Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
+    out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq,
+                        Rows(rel.bwd->dq, q_axis, q_off, nq), g_ulps, nullptr,
+                        dpa ? &dpa->dq : nullptr));
+    out.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk,
+                        Rows(rel.bwd->dk, k_axis, k_off, nk), g_ulps, nullptr,
+                        dpa ? &dpa->dk : nullptr));
+    out.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv,
+                        Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
   }
   for (Verdict& v : out) v.message += " (" + what + "; real tokens only" + dp_note + ")";
   return out;
