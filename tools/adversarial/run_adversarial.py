@@ -501,6 +501,15 @@ def fuzz_out_is_a_file(c):
 
 
 @test
+def check_out_is_a_file(c):
+    """`attest check --out` naming a file: refused before the suite runs."""
+    f = write(c.path("not-a-dir"), "x")
+    r = c.run(["check", "--kernel", "mutant/causal-top-left", "--suite", "quick", "--out", f],
+              timeout=60)
+    c.expect(r, rc=2, fragments=[r"--out .*not-a-dir: exists and is not a directory"], within=3)
+
+
+@test
 def fuzz_shared_out(c):
     """Two runs given one --out: the second is refused instead of overwriting the first."""
     out = c.path("shared")

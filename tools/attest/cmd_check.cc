@@ -3,6 +3,7 @@
 // gate. One console line per verdict with its margin, reports, every failing case saved under
 // DIR with its one-line `attest repro`. Exit 0 all pass, 1 any failure (kernel errors and
 // refusals of claimed features included), 2 bad usage or an unknown kernel.
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -37,6 +38,11 @@ void WriteOrThrow(const std::string& path, const std::string& text) {
 }
 
 int RunCheck(const CheckCliOptions& opt) {
+  // Before the run, not when the first failing case is saved.
+  if (std::error_code ec; std::filesystem::exists(opt.out, ec) &&
+                          !std::filesystem::is_directory(opt.out, ec)) {
+    throw UsageError("--out " + opt.out + ": exists and is not a directory");
+  }
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
   const Suite* suite = FindSuite(opt.suite);

@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
     std::cout.flush();
     // Stopped by a signal: the run said what it could; end by that signal.
     FinishIfStopped();
+    // Every kernel is gone by now, and with it its processes; whatever a child left behind
+    // that reached attest through the subreaper goes too.
+    KillAllChildren();
     return code;
   }
   return kExitUsage;
