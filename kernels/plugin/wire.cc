@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "reference/io/json.h"
+#include "reference/problem/budget.h"
 
 namespace attest {
 namespace {
@@ -156,6 +157,9 @@ WireReceive ReceiveWire(int fd, double timeout_s) {
     out.detail = "header is not a JSON object with a tensors array";
     return out;
   }
+  const auto budget_or = MemoryBudgetBytes();
+  const uint64_t budget = budget_or.ok() ? *budget_or : kDefaultMemoryBudgetBytes;
+  uint64_t total = 0;
   for (const auto& entry : h["tensors"]) {
     auto dtype = entry.contains("dtype") && entry["dtype"].is_string()
                      ? ParseDType(entry["dtype"].get<std::string>())
@@ -178,7 +182,10 @@ WireReceive ReceiveWire(int fd, double timeout_s) {
       overflow = overflow || v > (uint64_t{1} << 62) || __builtin_mul_overflow(bytes, v, &bytes);
       shape.push_back(static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62)));
     }
-    if (overflow || bytes > kMaxTensorBytes) {
+    // Within the frame's share of the memory budget (reference/problem/budget.h), before
+    // anything is allocated: a frame is a problem's inputs or outputs, never more.
+    total += bytes;
+    if (overflow || bytes > kMaxTensorBytes || total > budget) {
       out.failure = WireFailure::kMalformed;
       out.detail = "tensor of " + JsonExcerpt(entry);
       return out;
