@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reference/io/json.h"
+
 namespace attest {
 namespace {
 
@@ -125,7 +127,11 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
     for (const auto& d : j["dtypes"]) {
       if (!d.is_string()) return Error{"capabilities.dtypes: entries must be strings"};
       auto dt = ParseDType(d.get<std::string>());
-      if (!dt) return Error{"capabilities.dtypes: unknown dtype '" + d.get<std::string>() + "'"};
+      if (!dt) {
+        const std::string quoted = QuotedExcerpt(d.get<std::string>());  // never all of it
+        return Error{"capabilities.dtypes: unknown dtype '" + quoted.substr(1, quoted.size() - 2) +
+                     "'"};
+      }
       caps.dtypes.push_back(*dt);
     }
   }

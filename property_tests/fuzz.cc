@@ -9,7 +9,10 @@
 #include <map>
 #include <set>
 
+#include "kernels/exec/children.h"
 #include "reference/golden/sha256.h"
+#include "reference/io/files.h"
+#include "reference/io/json.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"
@@ -120,8 +123,25 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
     options.progress(progress);
   };
 
+  // The output folder is this run's alone (a second run sharing it is refused now, not after
+  // its first failure), and a file given as --out is refused before any case runs.
+  std::optional<FolderLock> out_lock;
+  if (options.out_dir) {
+    auto lock = FolderLock::Acquire(*options.out_dir, "--out");
+    if (!lock) return lock.error();
+    out_lock.emplace(std::move(lock).value());
+  }
+  // A stop requested by a signal ends the loop; the case in progress is not counted (its
+  // kernel processes were killed by the stop, not by a fault).
+  auto interrupted = [&] {
+    if (StopSignal() == 0) return false;
+    report.interrupted = StopSignalName();
+    return true;
+  };
+
   int64_t n = options.shard_index;
   for (;; n += options.shard_count) {
+    if (interrupted()) break;
     if (options.cases && n >= *options.cases) break;
     if (options.seconds && Since(start) >= *options.seconds) break;
     if (static_cast<int>(report.failures.size()) >= options.max_failures) break;
@@ -131,6 +151,10 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
     ++stats.cases;
     auto outcome =
         RunCheckOnCase(kernel, options.kernel_spec, fc.c, *fc.check, options.oracle_threads);
+    if (interrupted()) {
+      --stats.cases;
+      break;
+    }
     if (!outcome.ok()) {
       return Error{fmt::format("case {} ({}: {}): {}", n, fc.check->name,
                                DescribeProblem(fc.c.problem), outcome.error().message)};
@@ -164,6 +188,7 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
           original_margin = std::max(original_margin, v.margin);
         const double min_margin = std::min(options.shrink_min_margin, original_margin);
         auto fails = [&](const Case& cand) {
+          if (StopSignal() != 0) return false;  // keep the best case so far
           auto o =
               RunCheckOnCase(kernel, options.kernel_spec, cand, *fc.check, options.oracle_threads);
           if (!o.ok() || !o->failed()) return false;
@@ -183,12 +208,6 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
       f.message = worst.message;
       f.margin = worst.margin;
       if (options.out_dir) {
-        std::error_code ec;
-        std::filesystem::create_directories(*options.out_dir, ec);
-        if (ec) {
-          return Error{fmt::format("{}: cannot create directory: {}", options.out_dir->string(),
-                                   ec.message())};
-        }
         const auto path = FuzzCasePath(*options.out_dir, f.check, f.shrunk);
         if (Status s = SaveCase(path, f.shrunk); !s.ok()) return s.error();
         f.case_file = path;
@@ -215,8 +234,6 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
   report.next_index = n;
   report.seconds = Since(start);
   if (options.out_dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(*options.out_dir, ec);
     if (Status s =
             WriteTextFile(*options.out_dir / kFuzzReportFile, report.ToJson().dump(2) + "\n");
         !s.ok()) {
@@ -265,10 +282,13 @@ nlohmann::json FuzzReport::ToJson(bool with_timings) const {
     j["failures"].push_back(fj);
   }
   if (with_timings) j["seconds"] = seconds;
+  j["interrupted"] = interrupted.empty() ? nlohmann::json(nullptr) : nlohmann::json(interrupted);
   return j;
 }
 
-Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::path>& dirs) {
+namespace {
+
+Expected<nlohmann::json> MergeReports(const std::vector<std::filesystem::path>& dirs) {
   if (dirs.empty()) return Error{"--merge: give at least one directory"};
   nlohmann::json merged;
   std::set<int64_t> seen;
@@ -279,16 +299,17 @@ Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::pat
   double seconds = 0;
   for (const auto& dir : dirs) {
     const auto path = dir / kFuzzReportFile;
-    std::ifstream in(path);
-    if (!in)
-      return Error{fmt::format("{}: cannot open (is {} a fuzz --out directory?)", path.string(),
+    ReadLimits limits;
+    limits.max_bytes = uint64_t{256} << 20;
+    limits.what = "fuzz report";
+    auto text = ReadRegularFile(path.string(), limits);
+    if (!text) {
+      return Error{fmt::format("{} (is {} a fuzz --out directory?)", text.error().message,
                                dir.string())};
-    nlohmann::json j;
-    try {
-      in >> j;
-    } catch (const std::exception& e) {
-      return Error{fmt::format("{}: not valid JSON: {}", path.string(), e.what())};
     }
+    auto parsed = ParseJson(*text, path.string());
+    if (!parsed) return parsed.error();
+    nlohmann::json j = std::move(parsed).value();
     for (const char* key : {"kernel", "seed", "shard", "cases_run", "checks", "failures"}) {
       if (!j.contains(key))
         return Error{fmt::format("{}: missing field \"{}\"", path.string(), key)};
@@ -304,7 +325,7 @@ Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::pat
       for (const char* key : {"kernel", "seed"}) {
         if (j[key] != merged[key]) {
           return Error{fmt::format("{}: {} {} differs from {} in the first report", path.string(),
-                                   key, j[key].dump(), merged[key].dump())};
+                                   key, JsonExcerpt(j[key]), JsonExcerpt(merged[key]))};
         }
       }
       if (count != merged["shard_count"].get<int64_t>()) {
@@ -317,6 +338,9 @@ Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::pat
     }
     if (!seen.insert(index).second) {
       return Error{fmt::format("{}: shard {}/{} given twice", path.string(), index, count)};
+    }
+    if (j.contains("interrupted") && j["interrupted"].is_string()) {
+      merged["interrupted_shards"].push_back(index);
     }
     cases_run += j["cases_run"].get<int64_t>();
     seconds += j.value("seconds", 0.0);
@@ -353,6 +377,18 @@ Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::pat
   merged["failures"] = failures;
   merged["seconds"] = seconds;
   return merged;
+}
+
+}  // namespace
+
+Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::path>& dirs) {
+  // A report is a file anyone could have edited: a field of the wrong type is an Error naming
+  // the problem, not an exception out of the merge.
+  try {
+    return MergeReports(dirs);
+  } catch (const nlohmann::json::exception& e) {
+    return Error{fmt::format("--merge: malformed fuzz report: {}", e.what())};
+  }
 }
 
 }  // namespace attest

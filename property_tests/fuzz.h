@@ -94,6 +94,9 @@ struct FuzzReport {
   std::vector<std::pair<std::string, FuzzCheckStats>> per_check;  // in registry order
   std::vector<FuzzFailure> failures;
   double seconds = 0;
+  // "SIGINT" when a signal stopped the run (kernels/exec/children.h StopSignal): the report
+  // then covers the cases run until then, and --merge still accepts it; "" otherwise.
+  std::string interrupted;
   // Deterministic part (no timings) as JSON; the file adds "seconds" fields.
   nlohmann::json ToJson(bool with_timings = true) const;
 };

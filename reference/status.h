@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cassert>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <variant>
@@ -66,6 +67,14 @@ class [[nodiscard]] Status {
  private:
   Error error_;
   bool ok_ = true;
+};
+
+// A failure of attest's own environment (a full disk or TMPDIR, no process could be
+// started), thrown out of code that otherwise turns everything a kernel does into a
+// finding: runners stop and report it as an infrastructure error (exit code 2), so that a
+// full disk is never blamed on the kernel under test.
+struct InfrastructureError : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 }  // namespace attest

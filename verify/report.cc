@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "reference/io/files.h"
 #include "verify/checks/check.h"
 
 #ifndef ATTEST_VERSION
@@ -685,12 +686,7 @@ std::string ToMarkdown(const Report& r) {
 }
 
 Status WriteTextFile(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return Error{fmt::format("{}: cannot open for writing", path.string())};
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  f.close();
-  if (!f) return Error{fmt::format("{}: write failed", path.string())};
-  return {};
+  return WriteFileAtomic(path, text);
 }
 
 std::string ReproCommand(std::string_view kernel, const std::filesystem::path& case_file) {

@@ -74,7 +74,8 @@ std::string ToMarkdown(const Report& report);
 // as a visible "\xNN".
 std::string XmlEscape(std::string_view text);
 
-// Writes `text` to `path`, naming the path on failure. Every report file goes through it.
+// Writes `text` to `path` whole or not at all (reference/io/files.h WriteFileAtomic), naming
+// the path on failure.
 Status WriteTextFile(const std::filesystem::path& path, std::string_view text);
 
 // The one-line repro of a failing check: "attest repro --kernel K --case F".

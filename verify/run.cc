@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/exec/children.h"
 #include "reference/problem/inputs.h"
 #include "verify/report.h"
 #include "verify/tolerance.h"
@@ -24,7 +25,7 @@ std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   std::vector<Verdict> out;
   try {
     out = check.run(ctx);
-  } catch (const HarnessError&) {
+  } catch (const InfrastructureError&) {
     throw;  // the runner turns it into an Error (exit code 2)
   } catch (const std::exception& e) {
     out = {KernelError(*ctx.kernel, fmt::format("{} (the check threw)", check.name), e.what())};
@@ -152,6 +153,10 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   size_t index = 0;
   for (const SuiteRow& row : rows) {
     ++index;
+    if (StopSignal() != 0) {
+      return Error{fmt::format("interrupted by {} before row {} of {}", StopSignalName(), index,
+                               suite.rows.size())};
+    }
     if (!options.only_check.empty() && row.check != options.only_check) continue;
     ++report.rows;
     const CheckInfo* check = FindCheck(row.check);
@@ -165,6 +170,15 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     ++progress.done;
     if (!inst.c) {
       report.skipped.push_back({row.check, inst.label, inst.skipped});
+      continue;
+    }
+    if (options.time_budget_s && Since(start) >= *options.time_budget_s) {
+      Verdict v = Failure(row.check, "", "runs within the suite's time budget",
+                          fmt::format("[{}] not run: the suite's time budget of {} s ran out",
+                                      inst.label, *options.time_budget_s));
+      v.repro = fmt::format("attest check --kernel {} --suite {} --seed {}", options.kernel_spec,
+                            suite.name, options.seed);
+      result.report.verdicts.push_back(std::move(v));
       continue;
     }
     // Consecutive rows on the same case share inputs, oracle and kernel answers.
@@ -182,8 +196,13 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, *ctx);
-    } catch (const HarnessError& e) {  // the oracle rejected the case: a harness fault
+    } catch (const InfrastructureError& e) {  // the oracle rejected the case, a full disk
       return Error{fmt::format("{}: {}", inst.label, e.what())};
+    }
+    // A stop kills the kernel's processes: what this row saw is not the kernel's doing.
+    if (StopSignal() != 0) {
+      return Error{fmt::format("interrupted by {} during row {} of {}", StopSignalName(), index,
+                               suite.rows.size())};
     }
     const double seconds = Since(t0);
     if (options.timings) {
@@ -244,8 +263,11 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, ctx);
-    } catch (const HarnessError& e) {
+    } catch (const InfrastructureError& e) {
       return Error{fmt::format("{}: {}", label, e.what())};
+    }
+    if (StopSignal() != 0) {
+      return Error{fmt::format("{}: interrupted by {}", label, StopSignalName())};
     }
     if (!folder.Fold(verdicts, text, check->name, report.verdicts) && verdicts.empty()) {
       report.skipped.push_back({std::string(check->name), label, "not applicable to this case"});

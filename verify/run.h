@@ -42,6 +42,11 @@ struct RunOptions {
     std::string what;  // the row about to run: "accuracy: causal Sq<Sk: B1 H2:2 ..."
   };
   std::function<void(const Progress&)> progress;
+  // Wall-clock budget of a suite, checked before each row: once spent, every remaining row
+  // that applies to the kernel is a failing verdict "not run: the suite's time budget ... ran
+  // out", so that a slow or hanging kernel ends the run in bounded time with every verdict
+  // recorded. Unset: no budget.
+  std::optional<double> time_budget_s;
 };
 
 struct RunResult {
@@ -51,10 +56,12 @@ struct RunResult {
 };
 
 // Runs a suite. Errors (exit code 2) are infrastructure faults: a case whose inputs cannot be
-// made, a kernel whose profile is unknown, a suite naming an unknown check. Everything the
-// kernel does (errors, crashes as exceptions, refusals of claimed features) is a verdict; a
-// kernel error is one check.h kKernelErrorCheck verdict per case, however many of the case's
-// checks met it (the first call's; its detail names the checks that met it).
+// made, a kernel whose profile is unknown, a suite naming an unknown check, a full disk
+// (reference/status.h InfrastructureError), a stop requested by a signal (kernels/exec/
+// children.h StopSignal). Everything the kernel does (errors, crashes as exceptions,
+// refusals of claimed features, hangs) is a verdict; a kernel error is one check.h
+// kKernelErrorCheck verdict per case, however many of the case's checks met it (the first
+// call's; its detail names the checks that met it).
 Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOptions& options);
 
 // Orders verdicts by check.h DiagnosisRank (stable): RunSuite and RunCase return their

@@ -11,25 +11,51 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/exec/children.h"
 #include "kernels/exec/process.h"
+#include "kernels/exec/reply.h"
 #include "reference/formats/format.h"
+#include "reference/io/files.h"
+#include "reference/io/json.h"
 #include "reference/io/safetensors.h"
 
 namespace attest {
 namespace {
 
-using nlohmann::json;
 using Clock = WorkerProcess::Clock;
 
 // Consecutive failed starts (spawn or describe) after which calls fail at once instead of
 // paying a worker's start-up (seconds for a PyTorch import) again for every case.
 constexpr int kMaxConsecutiveStartFailures = 3;
+
+// A call that times out restarts the worker for the next call; this many consecutive
+// timeouts mark the kernel hung, and every later call fails at once without a worker, so
+// that a kernel that hangs costs two timeouts per run instead of one per call.
+constexpr int kTimeoutsUntilHung = 2;
+
+// The longest call timeout accepted (a week): deadlines are steady_clock time points, which a
+// larger (or infinite) limit would overflow.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
+// Room for a safetensors header beyond the outputs' data (names, dtypes, shapes, padding).
+constexpr uint64_t kOutputHeaderAllowance = uint64_t{1} << 20;
+
+// The most bytes the outputs file of a call can hold: the outputs' elements in f64 (the
+// widest dtype a worker may answer in) plus a header.
+uint64_t MaxOutputBytes(std::initializer_list<Shape> shapes) {
+  uint64_t bytes = kOutputHeaderAllowance;
+  for (const Shape& s : shapes) {
+    bytes += static_cast<uint64_t>(Tensor::NumElements(s)) * sizeof(double);
+  }
+  return bytes;
+}
 
 // A private directory (mkdtemp: mode 0700, unique) removed with everything in it.
 class TempDir {
@@ -45,11 +71,14 @@ class TempDir {
       return Error{fmt::format("cannot create a temporary directory under {}: {}", root,
                                std::strerror(errno))};
     }
+    // Registered, so that attest stopped by a signal removes it too (files.h).
+    RegisterTempPath(templ);
     return std::shared_ptr<TempDir>(new TempDir(templ));
   }
   ~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
+    UnregisterTempPath(path_);
   }
   const std::string& path() const { return path_; }
 
@@ -66,10 +95,6 @@ struct FileCleanup {
     for (const auto& p : paths) std::filesystem::remove(p, ec);
   }
 };
-
-std::string Abbreviate(const std::string& s, size_t n = 200) {
-  return s.size() <= n ? s : s.substr(0, n) + "...";
-}
 
 std::string ShapeText(const Shape& s) {
   std::string out = "[";
@@ -153,7 +178,7 @@ class ProtocolKernel final : public Kernel {
       if (!c) return Fail("forward", c.error().message);
       in.Add(n, *c);
     }
-    auto reply = Call("forward", p, in);
+    auto reply = Call("forward", p, in, MaxOutputBytes({p.OShape(), p.LseShape()}));
     if (auto* e = std::get_if<Error>(&reply)) return *e;
     if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
     const NamedTensors& out = std::get<NamedTensors>(reply);
@@ -184,7 +209,7 @@ class ProtocolKernel final : public Kernel {
     }
     in.Add("o", o);
     if (caps_.lse) in.Add("lse", lse);  // a worker without lse gets none (docs/protocol.md)
-    auto reply = Call("backward", p, in);
+    auto reply = Call("backward", p, in, MaxOutputBytes({p.QShape(), p.KShape(), p.VShape()}));
     if (auto* e = std::get_if<Error>(&reply)) return *e;
     if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
     const NamedTensors& out = std::get<NamedTensors>(reply);
@@ -211,7 +236,9 @@ class ProtocolKernel final : public Kernel {
 
   // Starts the worker if it is not running and checks its describe reply; on a restart
   // the reply must equal the first one (a kernel does not change what it claims mid-run).
-  Status EnsureRunning(Clock::time_point deadline) {
+  // `timed_out` (optional) is set when describe did not answer in time. A worker that cannot
+  // be started once the run is under way (fork or spawn failing) is an infrastructure fault.
+  Status EnsureRunning(Clock::time_point deadline, bool* timed_out = nullptr) {
     if (worker_ && worker_->running()) return {};
     worker_.reset();
     if (start_failures_ >= kMaxConsecutiveStartFailures) {
@@ -226,98 +253,117 @@ class ProtocolKernel final : public Kernel {
       return Error{std::move(what)};
     };
     auto w = launch_();
-    if (!w) return fail(w.error().message);
+    if (!w) {
+      if (starts_ > 0)
+        throw InfrastructureError(name() + ": restarting the worker: " + w.error().message);
+      return fail(w.error().message);
+    }
     worker_.emplace(std::move(w).value());
     ++starts_;
     auto line = worker_->Exchange(R"({"op":"describe"})", deadline);
-    if (!line) return fail("describe: worker " + line.error().message);
-    const json reply = json::parse(*line, nullptr, /*allow_exceptions=*/false);
-    if (reply.is_discarded() || !reply.is_object()) {
-      return fail("describe: reply is not a JSON object: '" + Abbreviate(*line) + "'");
+    if (!line) {
+      if (timed_out != nullptr) *timed_out = worker_->timed_out();
+      return fail("describe: worker " + line.error().message);
     }
-    if (!reply.contains("status") || reply["status"] != "ok") {
-      return fail("describe: reply status is not \"ok\": " + Abbreviate(reply.dump()));
-    }
-    if (!reply.contains("name") || !reply["name"].is_string()) {
-      return fail("describe: reply has no string \"name\"");
-    }
-    if (!reply.contains("capabilities")) return fail("describe: reply has no \"capabilities\"");
-    auto caps = CapabilitiesFromJson(reply["capabilities"]);
-    if (!caps) return fail("describe: " + caps.error().message);
+    auto reply = ParseDescribeReply(*line);
+    if (!reply) return fail("describe: " + reply.error().message);
     if (starts_ == 1) {
-      caps_ = *caps;
-      caps_json_ = reply["capabilities"];
-      worker_name_ = reply["name"].get<std::string>();
-    } else if (reply["capabilities"] != caps_json_ || reply["name"] != worker_name_) {
+      caps_ = reply->capabilities;
+      caps_json_ = reply->capabilities_json;
+      worker_name_ = reply->name;
+    } else if (reply->capabilities_json != caps_json_ || reply->name != worker_name_) {
       return fail("describe: after a restart the worker describes itself differently (" +
-                  Abbreviate(reply.dump()) + ")");
+                  JsonExcerpt(reply->capabilities_json) + ")");
     }
     start_failures_ = 0;
     return {};
   }
 
+  // After a call timed out: what happens next, for its message.
+  std::string RecordTimeout() {
+    if (++consecutive_timeouts_ < kTimeoutsUntilHung)
+      return "; the worker is restarted for the next call";
+    hung_ = true;
+    return fmt::format("; {} consecutive calls timed out: the kernel is marked hung and no further "
+                       "call is made",
+                       consecutive_timeouts_);
+  }
+
   using Reply = std::variant<NamedTensors, Unsupported, Error>;
 
-  // One forward/backward request: inputs written, request sent, reply checked, outputs read.
-  Reply Call(std::string_view op, const Problem& p, const NamedTensors& inputs) {
+  // One forward/backward request: inputs written, request sent, reply checked, outputs read,
+  // all before one deadline.
+  Reply Call(std::string_view op, const Problem& p, const NamedTensors& inputs,
+             uint64_t max_output_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (StopSignal() != 0)
+      return Fail(op, "not run: attest is stopping (" + StopSignalName() + ")");
+    if (hung_) {
+      return Fail(op, fmt::format("not run: the kernel hangs ({} consecutive calls timed out after "
+                                  "{} s each; no further call is made in this run)",
+                                  consecutive_timeouts_, options_.timeout_s));
+    }
     const auto deadline = Clock::now() + Timeout();
     route_.clear();
     const bool restarted = starts_ > 0 && !(worker_ && worker_->running());
-    if (Status s = EnsureRunning(deadline); !s) return Fail(op, s.error().message);
+    bool describe_timed_out = false;
+    if (Status s = EnsureRunning(deadline, &describe_timed_out); !s) {
+      std::string message = s.error().message;
+      if (describe_timed_out) message += RecordTimeout();
+      return Fail(op, message);
+    }
     if (restarted) route_ = fmt::format("worker restarted (start #{})", starts_);
     const uint64_t n = ++calls_;
     FileCleanup cleanup;
     const std::string in_path = fmt::format("{}/{}-{}-inputs.safetensors", dir_->path(), n, op);
     const std::string out_path = fmt::format("{}/{}-{}-outputs.safetensors", dir_->path(), n, op);
     cleanup.paths = {in_path, out_path};
+    // A full disk or TMPDIR is attest's problem, not the kernel's: stop the run (exit 2).
     if (Status s = WriteSafetensors(in_path, inputs); !s) {
-      return Fail(op, "cannot write the inputs file: " + s.error().message);
+      throw InfrastructureError(fmt::format("{}: {}: cannot write the inputs file: {}", name(), op,
+                                            s.error().message));
     }
-    const json request = {
+    const nlohmann::json request = {
         {"op", op}, {"problem", ProblemToJson(p)}, {"inputs", in_path}, {"outputs", out_path}};
     auto line = worker_->Exchange(request.dump(), deadline);
     if (!line) {
+      const bool timed_out = worker_->timed_out();
       worker_.reset();  // Exchange killed and reaped it; the next call starts a fresh one
-      return Fail(op, "worker " + line.error().message);
+      std::string message = "worker " + line.error().message;
+      if (timed_out) {
+        message += RecordTimeout();
+      } else {
+        consecutive_timeouts_ = 0;
+      }
+      return Fail(op, message);
     }
+    consecutive_timeouts_ = 0;
     // A reply we cannot read means the worker's state is unknown: replace it.
     auto violation = [&](std::string what) {
       worker_->Kill();
       worker_.reset();
       return Fail(op, "protocol violation: " + what + " (worker killed; restarted on the next call)");
     };
-    const json reply = json::parse(*line, nullptr, /*allow_exceptions=*/false);
-    if (reply.is_discarded() || !reply.is_object()) {
-      return violation("reply is not a JSON object: '" + Abbreviate(*line) + "'");
-    }
-    if (!reply.contains("status") || !reply["status"].is_string()) {
-      return violation("reply has no string \"status\": " + Abbreviate(reply.dump()));
-    }
-    const std::string status = reply["status"].get<std::string>();
-    if (status == "unsupported") {
-      if (!reply.contains("reason") || !reply["reason"].is_string()) {
-        return violation("\"unsupported\" reply without a string \"reason\"");
-      }
-      return Unsupported{reply["reason"].get<std::string>()};
-    }
-    if (status == "error") {
-      if (!reply.contains("message") || !reply["message"].is_string()) {
-        return violation("\"error\" reply without a string \"message\"");
-      }
-      std::string message = "worker reported an error: " + reply["message"].get<std::string>();
+    auto reply = ParseCallReply(*line);
+    if (!reply) return violation(reply.error().message);
+    if (reply->status == CallReply::Status::kUnsupported) return Unsupported{reply->text};
+    if (reply->status == CallReply::Status::kError) {
+      std::string message = "worker reported an error: " + reply->text;
       if (const std::string tail = worker_->StderrText(); !tail.empty()) {
         message += "; stderr: " + tail;
       }
       return Fail(op, message);
     }
-    if (status != "ok") return violation("unknown status \"" + Abbreviate(status) + "\"");
-    // Optional: which code path the worker took (shown as last_route()).
-    if (reply.contains("route") && reply["route"].is_string()) {
-      const std::string note = reply["route"].get<std::string>();
-      route_ = route_.empty() ? note : route_ + "; " + note;
-    }
-    auto out = ReadSafetensors(out_path);
+    if (!reply->route.empty())
+      route_ = route_.empty() ? reply->route : route_ + "; " + reply->route;
+    // The outputs: a regular file exactly where attest said (no FIFO, device or symlink), no
+    // larger than the outputs can be, read before the call's deadline.
+    ReadLimits limits;
+    limits.max_bytes = max_output_bytes;
+    limits.follow_symlinks = false;
+    limits.deadline = deadline;
+    limits.what = "outputs file";
+    auto out = ReadSafetensors(out_path, limits);
     if (!out) return Fail(op, "reply \"ok\" but the outputs file is unusable: " + out.error().message);
     return std::move(out).value();
   }
@@ -330,19 +376,22 @@ class ProtocolKernel final : public Kernel {
   std::mutex mu_;
   std::optional<WorkerProcess> worker_;
   Capabilities caps_;
-  json caps_json_;
+  nlohmann::json caps_json_;
   std::string worker_name_;
   std::string route_;
   std::string last_start_error_;
   int starts_ = 0;
   int start_failures_ = 0;
+  int consecutive_timeouts_ = 0;
+  bool hung_ = false;
   uint64_t calls_ = 0;
 };
 
 Expected<std::unique_ptr<Kernel>> Build(std::string label, bool name_from_worker,
                                         ProtocolKernel::Launch launch, ExecOptions options) {
-  if (!(options.timeout_s > 0)) {
-    return Error{fmt::format("{}: timeout {} s must be positive", label, options.timeout_s)};
+  if (!(options.timeout_s > 0) || !(options.timeout_s <= kMaxTimeoutSeconds)) {
+    return Error{fmt::format("{}: timeout {} s must be in (0, {}]", label, options.timeout_s,
+                             kMaxTimeoutSeconds)};
   }
   auto dir = TempDir::Make(options.tmp_root);
   if (!dir) return Error{label + ": " + dir.error().message};
@@ -390,8 +439,11 @@ void RegisterExecKernels(KernelRegistry& registry) {
     if (const char* t = std::getenv("ATTEST_EXEC_TIMEOUT_S"); t != nullptr && *t != '\0') {
       char* end = nullptr;
       const double v = std::strtod(t, &end);
-      if (end == t || *end != '\0' || !(v > 0)) {
-        return Error{fmt::format("ATTEST_EXEC_TIMEOUT_S: '{}' is not a positive number", t)};
+      // At most a week: a larger (or infinite) limit would overflow the deadline's clock.
+      if (end == t || *end != '\0' || !(v > 0) || !(v <= kMaxTimeoutSeconds)) {
+        return Error{fmt::format("ATTEST_EXEC_TIMEOUT_S: '{}' is not a number of seconds in "
+                                 "(0, {}]",
+                                 t, kMaxTimeoutSeconds)};
       }
       options.timeout_s = v;
     }

@@ -398,7 +398,7 @@ INSTANTIATE_TEST_SUITE_P(
         Misbehaviour{"exit", "backward", "faulty_worker: fault 'exit' on backward"},
         Misbehaviour{"garbage", "forward", "reply is not a JSON object"},
         Misbehaviour{"partial", "forward", "after a partial reply '{\"status\": \"o'"},
-        Misbehaviour{"noise", "forward", "'loading weights... done'"},
+        Misbehaviour{"noise", "forward", R"("loading weights... done")"},
         Misbehaviour{"no-file", "forward", "outputs file is unusable"},
         Misbehaviour{"missing", "forward", "output 'lse' missing from the outputs file (it holds: o)"},
         Misbehaviour{"wrong-shape", "forward", "output 'o' has shape [16, 2, 13, 1], expected "

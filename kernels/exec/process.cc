@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/exec/children.h"
+
 extern char** environ;
 
 namespace attest {
@@ -207,9 +209,8 @@ Expected<WorkerProcess> WorkerProcess::Spawn(const CommandLine& command, int std
     if (!replaced) env_strings.emplace_back(entry);
   }
   env_strings.insert(env_strings.end(), command.env.begin(), command.env.end());
-  std::vector<char*> envp, argv;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
+  // The token (children.h) is added per spawn, below, so that orphans stay attributable.
+  std::vector<char*> argv;
   std::vector<std::string> args = command.argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -237,20 +238,30 @@ Expected<WorkerProcess> WorkerProcess::Spawn(const CommandLine& command, int std
   posix_spawnattr_setsigdefault(&attr, &defaults);
 
   WorkerProcess w(stderr_tail_lines);
-  pid_t pid = -1;
-  const int rc =
-      posix_spawnp(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
+  int spawn_error = 0;
+  auto started = StartRegisteredChild([&](const std::string& token) -> Expected<pid_t> {
+    std::vector<std::string> env_with_token = env_strings;
+    env_with_token.push_back(std::string(kChildTokenVariable) + "=" + token);
+    std::vector<char*> envp;
+    for (auto& s : env_with_token) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    pid_t pid = -1;
+    spawn_error = posix_spawnp(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
+    if (spawn_error != 0) return Error{Errno(spawn_error)};
+    return pid;
+  });
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   close(in->read);
   close(out->write);
   close(err->write);
-  if (rc != 0) {
+  if (!started) {
     close(in->write);
     close(out->read);
     close(err->read);
-    return Error{fmt::format("cannot start '{}': {}", command.argv[0], Errno(rc))};
+    return Error{fmt::format("cannot start '{}': {}", command.argv[0], started.error().message)};
   }
+  const pid_t pid = *started;
   w.pid_ = pid;
   w.to_child_ = in->write;
   w.from_child_ = out->read;
@@ -270,18 +281,19 @@ Expected<WorkerProcess> WorkerProcess::Fork(const std::function<int(int, int)>& 
   auto err = MakePipe();
   if (!err) return err.error();
   const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    for (int fd : {req->read, req->write, rep->read, rep->write, err->read, err->write}) close(fd);
-    return Error{"fork: " + Errno(errno)};
-  }
-  if (pid == 0) {
+  auto forked = StartRegisteredChild([&](const std::string&) -> Expected<pid_t> {
+    const pid_t pid = fork();
+    if (pid != 0) {
+      if (pid < 0) return Error{"fork: " + Errno(errno)};
+      return pid;
+    }
     // The child: only the forking thread exists here. 1. Own process group, and die with
     // the parent. 2. Descriptors: stdin /dev/null, stdout and stderr to the captured pipe
     // (a plugin that prints must not corrupt the protocol or the harness's output), the
     // protocol on 3 and 4, nothing else (other workers' pipe ends must not stay open here,
     // or those workers never see EOF). 3. Default signal state. 4. Serve, then _exit (no
     // atexit handlers or stdio flushes of the parent's state).
+    ForgetChildrenAfterFork();
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
@@ -302,7 +314,7 @@ Expected<WorkerProcess> WorkerProcess::Fork(const std::function<int(int, int)>& 
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
     int rc = 3;
     try {
       rc = serve(3, 4);
@@ -310,7 +322,12 @@ Expected<WorkerProcess> WorkerProcess::Fork(const std::function<int(int, int)>& 
       rc = 3;
     }
     _exit(rc);
+  });
+  if (!forked) {
+    for (int fd : {req->read, req->write, rep->read, rep->write, err->read, err->write}) close(fd);
+    return forked.error();
   }
+  const pid_t pid = *forked;
   // Also set the group from the parent so that a kill right after fork cannot miss it.
   setpgid(pid, pid);
   close(req->read);
@@ -333,6 +350,7 @@ WorkerProcess::WorkerProcess(WorkerProcess&& other) noexcept
       from_child_(other.from_child_),
       err_(other.err_),
       buffer_(std::move(other.buffer_)),
+      timed_out_(other.timed_out_),
       tail_(std::move(other.tail_)) {
   other.pid_ = -1;
   other.to_child_ = other.from_child_ = other.err_ = -1;
@@ -347,6 +365,7 @@ WorkerProcess& WorkerProcess::operator=(WorkerProcess&& other) noexcept {
     from_child_ = other.from_child_;
     err_ = other.err_;
     buffer_ = std::move(other.buffer_);
+    timed_out_ = other.timed_out_;
     tail_ = std::move(other.tail_);
     other.pid_ = -1;
     other.to_child_ = other.from_child_ = other.err_ = -1;
@@ -400,7 +419,10 @@ std::string WorkerProcess::WaitUntil(Clock::time_point deadline) {
     if (r == pid_ || (r < 0 && errno == ECHILD)) {
       const pid_t group = pid_;
       pid_ = -1;
-      kill(-group, SIGKILL);  // helpers the worker left behind in its group
+      UnregisterChild(group);
+      // Helpers the worker left behind: in its group, or orphans that reached attest.
+      kill(-group, SIGKILL);
+      ReapStrays();
       DrainStderr();
       return r > 0 ? Describe(status) : std::string("ended (exit status unavailable)");
     }
@@ -433,17 +455,59 @@ std::string WorkerProcess::WaitUntil(Clock::time_point deadline) {
 
 std::string WorkerProcess::Kill() {
   if (pid_ <= 0) return "not running";
-  kill(-pid_, SIGKILL);
-  kill(pid_, SIGKILL);  // in case it left its group
+  // The worker, its group and every descendant (children.h), then the worker is reaped.
+  KillProcessTree(pid_);
   int status = 0;
   pid_t r;
   do {
     r = waitpid(pid_, &status, 0);
   } while (r < 0 && errno == EINTR);
+  UnregisterChild(pid_);
   pid_ = -1;
+  ReapStrays();
   DrainStderr();
   CloseFds();
   return r < 0 ? "killed" : Describe(status);
+}
+
+Expected<std::string> WorkerProcess::ReadToEnd(Clock::time_point deadline, size_t max_bytes) {
+  CloseFd(to_child_);
+  while (from_child_ >= 0) {
+    const int ms = MillisUntil(deadline);
+    if (ms <= 0) return Failure("timed out (killed: " + Kill() + ")");
+    pollfd fds[2];
+    nfds_t nfds = 0;
+    fds[nfds++] = {from_child_, POLLIN, 0};
+    if (err_ >= 0) fds[nfds++] = {err_, POLLIN, 0};
+    if (poll(fds, nfds, ms) <= 0) continue;
+    if (err_ >= 0) DrainStderr();
+    char buf[4096];
+    const ssize_t n = read(from_child_, buf, sizeof buf);
+    if (n > 0) {
+      buffer_.append(buf, static_cast<size_t>(n));
+      if (buffer_.size() > max_bytes) {
+        return Failure(fmt::format("wrote more than {} bytes (killed: {})", max_bytes, Kill()));
+      }
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      CloseFd(from_child_);
+    }
+  }
+  std::string how = WaitUntil(deadline);
+  if (how.empty()) return Failure("timed out after closing its output (killed: " + Kill() + ")");
+  if (how != "exited with code 0") return Failure(how);
+  return std::move(buffer_);
+}
+
+Expected<std::string> CaptureOutput(const std::vector<std::string>& argv, double timeout_s) {
+  if (argv.empty()) return Error{"no command to run"};
+  const auto deadline = WorkerProcess::Clock::now() +
+                        std::chrono::duration_cast<WorkerProcess::Clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  auto w = WorkerProcess::Spawn(CommandLine{{}, argv}, 4);
+  if (!w) return w.error();
+  auto out = w->ReadToEnd(deadline);
+  if (!out) return Error{argv[0] + ": " + out.error().message};
+  return out;
 }
 
 Error WorkerProcess::Failure(const std::string& what) const {
@@ -454,6 +518,7 @@ Error WorkerProcess::Failure(const std::string& what) const {
 
 Expected<std::string> WorkerProcess::Exchange(const std::string& request,
                                               Clock::time_point deadline, size_t max_reply_bytes) {
+  timed_out_ = false;
   if (!running()) return Error{"worker is not running"};
   const auto start = Clock::now();
   const std::string line = request + "\n";
@@ -476,6 +541,7 @@ Expected<std::string> WorkerProcess::Exchange(const std::string& request,
     const int ms = MillisUntil(deadline);
     if (ms <= 0) {
       const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      timed_out_ = true;
       const std::string how = Kill();
       return Failure(fmt::format("timed out: no reply within {:.1f} s (process group killed; {})",
                                  waited, how));

@@ -1,6 +1,6 @@
-// A worker process for the exec protocol (DESIGN.md "External kernels"): started by
-// posix_spawn (a command) or fork (a function), in its own process group, with the protocol
-// on two pipes and stderr captured; requests are exchanged one line at a time under a
+// A worker process for the exec protocol (docs/protocol.md): started by posix_spawn (a
+// command) or fork (a function), registered (children.h), in its own process group, with
+// the protocol on two pipes and stderr captured; requests are exchanged one line at a time under a
 // deadline, and a dead, hung or babbling worker is described in words (exit code, signal
 // name, the last lines of its stderr) so that the caller can report it as a finding.
 #pragma once
@@ -43,6 +43,11 @@ class StderrTail {
   std::string partial_;
 };
 
+// Runs `argv` (argv[0] looked up in PATH; no shell, so no word of it is ever interpreted)
+// with stdin closed and returns its stdout, or an Error (cannot start, non-zero exit, not
+// done within `timeout_s`, then killed with its descendants).
+Expected<std::string> CaptureOutput(const std::vector<std::string>& argv, double timeout_s);
+
 // "SIGSEGV (11)", "signal 77" for unnamed numbers.
 std::string SignalName(int sig);
 
@@ -76,8 +81,17 @@ class WorkerProcess {
   Expected<std::string> Exchange(const std::string& request, Clock::time_point deadline,
                                  size_t max_reply_bytes = size_t{64} << 20);
 
-  // Kills the process group (SIGKILL), reaps the worker and returns how it ended.
+  // Closes the worker's stdin, reads its stdout until EOF and waits for it to exit, all
+  // before `deadline`; the output, or an Error saying how it failed (non-zero exit, signal,
+  // timeout: then it is killed). For helper commands run without a shell (CaptureOutput).
+  Expected<std::string> ReadToEnd(Clock::time_point deadline, size_t max_bytes = size_t{1} << 20);
+
+  // Kills the worker with its process group and every descendant (children.h
+  // KillProcessTree), reaps it and returns how it ended.
   std::string Kill();
+  // Whether the last Exchange failed because its deadline passed (a hang, as opposed to a
+  // crash or a protocol violation).
+  bool timed_out() const { return timed_out_; }
   // The worker's last stderr lines, " | "-joined ("" if none).
   std::string StderrText() const { return tail_.Joined(); }
 
@@ -97,6 +111,7 @@ class WorkerProcess {
   int from_child_ = -1;  // the worker's stdout (protocol replies)
   int err_ = -1;         // the worker's stderr
   std::string buffer_;   // reply bytes read but not yet returned
+  bool timed_out_ = false;
   StderrTail tail_;
 };
 

@@ -7,6 +7,7 @@
 #include "kernels/plugin/plugin.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -23,13 +24,19 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/exec/children.h"
 #include "kernels/plugin/device.h"
 #include "kernels/plugin/library.h"
 #include "kernels/plugin/wire.h"
 #include "reference/formats/format.h"
+#include "reference/io/json.h"
 
 namespace attest {
 namespace {
+
+// As for exec workers (kernels/exec/exec_kernel.cc): a timeout restarts the child for the
+// next call, this many consecutive timeouts mark the kernel hung for the rest of the run.
+constexpr int kTimeoutsUntilHung = 2;
 
 // A kernel on a device needs that device at load time: "no CUDA runtime" / "no CUDA
 // device" is an infrastructure error (exit 2), not a finding on every case.
@@ -86,10 +93,17 @@ void CloseOtherDescriptors(int keep) {
 }
 
 // Serves one kernel of one library on `fd` until the parent closes it; never returns.
-[[noreturn]] void ChildMain(int fd, const PluginSpec& spec) {
+[[noreturn]] void ChildMain(int fd, const PluginSpec& spec, pid_t parent) {
+  // Own process group (killed with everything it starts: kernels/exec/children.h), and
+  // killed if attest dies without cleaning up.
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(0);
   // A crash must end the child with its signal (the parent reports it), whatever handlers
   // the parent installed; the kernel's own prints go to stderr, never into attest's stdout.
-  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM}) ::signal(sig, SIG_DFL);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM, SIGINT, SIGHUP, SIGPIPE}) {
+    ::signal(sig, SIG_DFL);
+  }
   ::dup2(STDERR_FILENO, STDOUT_FILENO);
   // Keep only stdio and this child's socket: a sibling kernel's socket inherited here would
   // keep that sibling's child from seeing its parent close it.
@@ -173,27 +187,40 @@ class IsolatedPluginKernel final : public Kernel {
       : spec_(std::move(spec)), parts_(std::move(parts)), options_(options) {}
   ~IsolatedPluginKernel() override { Stop(); }
 
-  // Starts a child and reads its describe frame; errors are load errors.
+  // Starts a child and reads its describe frame; errors are load errors. A child that
+  // cannot be created once the run is under way (a restart) is an infrastructure fault.
   Status Start() {
+    auto infrastructure = [&](std::string what) -> Status {
+      const std::string message = "plugin " + parts_.path + ": " + what;
+      if (described_) throw InfrastructureError(message);
+      return Error{message};
+    };
     int fds[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-      return Error{"plugin " + parts_.path + ": socketpair: " + std::strerror(errno)};
+      return infrastructure(std::string("socketpair: ") + std::strerror(errno));
     }
     // Output buffered in this process must not be written again by the child.
     std::fflush(nullptr);
     std::cout.flush();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(fds[0]);
-      ::close(fds[1]);
-      return Error{"plugin " + parts_.path + ": fork: " + std::strerror(errno)};
-    }
-    if (pid == 0) {
-      ::close(fds[0]);
-      ChildMain(fds[1], parts_);
-    }
+    const pid_t parent = ::getpid();
+    auto forked = StartRegisteredChild([&](const std::string&) -> Expected<pid_t> {
+      const pid_t pid = ::fork();
+      if (pid < 0) return Error{std::string("fork: ") + std::strerror(errno)};
+      if (pid == 0) {
+        ForgetChildrenAfterFork();
+        ::close(fds[0]);
+        ChildMain(fds[1], parts_, parent);
+      }
+      return pid;
+    });
     ::close(fds[1]);
-    pid_ = pid;
+    if (!forked.ok()) {
+      ::close(fds[0]);
+      return infrastructure(forked.error().message);
+    }
+    pid_ = *forked;
+    // Also from the parent, so that a kill right after fork reaches the group.
+    ::setpgid(pid_, pid_);
     fd_ = fds[0];
     WireReceive in = ReceiveWire(fd_, options_.timeout_s);
     if (in.failure != WireFailure::kNone) {
@@ -205,8 +232,12 @@ class IsolatedPluginKernel final : public Kernel {
       return Error{h.value("message", "plugin " + parts_.path + ": child failed to load")};
     }
     if (!described_) {
-      auto caps = CapabilitiesFromJson(nlohmann::json::parse(
-          h.value("capabilities", std::string("{}")), nullptr, false));
+      const nlohmann::json& text =
+          h.contains("capabilities") ? h["capabilities"] : nlohmann::json();
+      auto parsed = ParseJson(text.is_string() ? text.get_ref<const std::string&>() : "{}",
+                              "plugin " + parts_.path + ": capabilities");
+      if (!parsed.ok()) return parsed.error();
+      auto caps = CapabilitiesFromJson(*parsed);
       if (!caps.ok()) return caps.error();
       caps_ = *caps;
       described_ = true;
@@ -250,6 +281,21 @@ class IsolatedPluginKernel final : public Kernel {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::string who = "plugin " + parts_.path + (parts_.name.empty() ? "" : ":") +
                             parts_.name + " " + op;
+    if (StopSignal() != 0)
+      return Error{who + ": not run: attest is stopping (" + StopSignalName() + ")"};
+    if (hung_) {
+      return Error{fmt::format("{}: not run: the kernel hangs ({} consecutive calls timed out "
+                               "after {} s each; no further call is made in this run)",
+                               who, consecutive_timeouts_, options_.timeout_s)};
+    }
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(options_.timeout_s));
+    auto left = [&] {
+      return std::max(0.0, std::chrono::duration<double>(deadline -
+                                                         std::chrono::steady_clock::now())
+                               .count());
+    };
     if (pid_ < 0) {
       if (Status s = Start(); !s.ok()) return Error{who + ": restarting: " + s.error().message};
     }
@@ -263,13 +309,23 @@ class IsolatedPluginKernel final : public Kernel {
       }
     }
     nlohmann::json request = {{"op", op}, {"problem", ProblemToJson(p)}};
-    if (!SendWire(fd_, request, inputs).ok()) {
-      WireReceive eof;
-      eof.failure = WireFailure::kEof;
-      return Error{who + ": " + Reap(eof, op)};
+    // Send and receive share the call's deadline: a child that stops reading its socket is
+    // a hang like one that stops answering.
+    if (Status sent = SendWire(fd_, request, inputs, left()); !sent.ok()) {
+      WireReceive failed;
+      const bool timeout = sent.error().message.rfind("timed out", 0) == 0;
+      failed.failure = timeout ? WireFailure::kTimeout : WireFailure::kEof;
+      std::string message = who + ": " + Reap(failed, op);
+      if (timeout) message += " (it stopped reading its socket)" + RecordTimeout();
+      return Error{message};
     }
-    WireReceive in = ReceiveWire(fd_, options_.timeout_s);
-    if (in.failure != WireFailure::kNone) return Error{who + ": " + Reap(in, op)};
+    WireReceive in = ReceiveWire(fd_, left());
+    if (in.failure != WireFailure::kNone) {
+      std::string message = who + ": " + Reap(in, op);
+      if (in.failure == WireFailure::kTimeout) message += RecordTimeout();
+      return Error{message};
+    }
+    consecutive_timeouts_ = 0;
     const nlohmann::json& h = in.message.header;
     const std::string status = h.value("status", "");
     if (status == "unsupported") return Unsupported{h.value("reason", "")};
@@ -279,21 +335,30 @@ class IsolatedPluginKernel final : public Kernel {
     }
     if (status != "ok" || in.message.tensors.size() != n_out) {
       Stop();
-      return Error{who + ": malformed reply from the kernel process: " + h.dump()};
+      return Error{who + ": malformed reply from the kernel process: " + JsonExcerpt(h)};
     }
     return std::move(in.message.tensors);
+  }
+
+  // After a call timed out: what happens next, for its message.
+  std::string RecordTimeout() {
+    if (++consecutive_timeouts_ < kTimeoutsUntilHung) return "; restarted for the next call";
+    hung_ = true;
+    return fmt::format("; {} consecutive calls timed out: the kernel is marked hung and no "
+                       "further call is made",
+                       consecutive_timeouts_);
   }
 
   // Ends the child after a failed exchange and says why it failed.
   std::string Reap(const WireReceive& in, const char* op) {
     std::string why;
     if (in.failure == WireFailure::kTimeout) {
-      ::kill(pid_, SIGKILL);
+      KillProcessTree(pid_);
       why = fmt::format("no answer to {} within {} s; the kernel process was killed (a hang; "
                         "ATTEST_PLUGIN_TIMEOUT sets the limit)",
                         op, options_.timeout_s);
     } else if (in.failure == WireFailure::kMalformed || in.failure == WireFailure::kIo) {
-      ::kill(pid_, SIGKILL);
+      KillProcessTree(pid_);
       why = "broken exchange with the kernel process (" + in.detail + ")";
     }
     const int status = WaitChild(/*grace_s=*/5.0);
@@ -301,7 +366,9 @@ class IsolatedPluginKernel final : public Kernel {
     return why;
   }
 
-  // Waits up to grace_s for the child to end, then kills it; returns its wait status.
+  // Waits up to grace_s for the child to end, then kills it with its descendants; reaps it,
+  // then whatever it left behind (its group, orphans that reached attest); returns its wait
+  // status.
   int WaitChild(double grace_s) {
     int status = 0;
     if (fd_ >= 0) ::close(fd_);
@@ -312,13 +379,16 @@ class IsolatedPluginKernel final : public Kernel {
       const pid_t r = ::waitpid(pid_, &status, WNOHANG);
       if (r == pid_ || (r < 0 && errno != EINTR)) break;
       if (std::chrono::steady_clock::now() >= until) {
-        ::kill(pid_, SIGKILL);
+        KillProcessTree(pid_);
         ::waitpid(pid_, &status, 0);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    UnregisterChild(pid_);
+    ::kill(-pid_, SIGKILL);
     pid_ = -1;
+    ReapStrays();
     return status;
   }
 
@@ -332,6 +402,8 @@ class IsolatedPluginKernel final : public Kernel {
   int fd_ = -1;
   bool described_ = false;
   Capabilities caps_;
+  int consecutive_timeouts_ = 0;
+  bool hung_ = false;
 };
 
 }  // namespace
@@ -351,8 +423,10 @@ Expected<PluginOptions> PluginOptionsFromEnv() {
   if (const char* v = std::getenv("ATTEST_PLUGIN_TIMEOUT"); v != nullptr && *v != '\0') {
     char* end = nullptr;
     const double t = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(t > 0)) {
-      return Error{"ATTEST_PLUGIN_TIMEOUT='" + std::string(v) + "': expected seconds > 0"};
+    // At most a week: a larger (or infinite) limit would overflow the deadline's clock.
+    if (end == v || *end != '\0' || !(t > 0) || !(t <= 7 * 24 * 3600)) {
+      return Error{"ATTEST_PLUGIN_TIMEOUT='" + std::string(v) +
+                   "': expected seconds in (0, 604800]"};
     }
     o.timeout_s = t;
   }

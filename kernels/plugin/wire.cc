@@ -7,7 +7,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <cstring>
+
+#include "reference/io/json.h"
+#include "reference/problem/budget.h"
 
 namespace attest {
 namespace {
@@ -18,12 +22,35 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMaxHeaderBytes = 64ull << 20;
 constexpr uint64_t kMaxTensorBytes = 64ull << 30;
 
-Status SendAll(int fd, const void* data, size_t n) {
+Clock::time_point DeadlineAfter(double timeout_s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+// Milliseconds left before `deadline` for poll(2) (-1: no deadline), or 0 once it passed.
+int PollMillis(const Clock::time_point* deadline) {
+  if (deadline == nullptr) return -1;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+// Sends n bytes before `deadline` (nullptr: no deadline): non-blocking sends (MSG_DONTWAIT)
+// with poll(2) for room, so that a peer that stops reading cannot block us in send(2).
+Status SendAll(int fd, const void* data, size_t n, const Clock::time_point* deadline) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0));
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        const int ms = PollMillis(deadline);
+        if (ms == 0) return Error{"timed out: the peer stopped reading"};
+        pollfd pfd{fd, POLLOUT, 0};
+        if (::poll(&pfd, 1, ms) < 0 && errno != EINTR) {
+          return Error{std::string("poll: ") + std::strerror(errno)};
+        }
+        continue;
+      }
       return Error{std::string("send: ") + std::strerror(errno)};
     }
     p += w;
@@ -68,7 +95,14 @@ WireFailure ReadAll(int fd, void* data, size_t n, const Clock::time_point* deadl
 
 }  // namespace
 
-Status SendWire(int fd, nlohmann::json header, const std::vector<Tensor>& tensors) {
+Status SendWire(int fd, nlohmann::json header, const std::vector<Tensor>& tensors,
+                double timeout_s) {
+  Clock::time_point deadline{};
+  const Clock::time_point* dl = nullptr;
+  if (timeout_s >= 0) {
+    deadline = DeadlineAfter(timeout_s);
+    dl = &deadline;
+  }
   nlohmann::json list = nlohmann::json::array();
   for (const Tensor& t : tensors) {
     list.push_back({{"dtype", std::string(Name(t.dtype()))}, {"shape", t.shape()}});
@@ -78,11 +112,11 @@ Status SendWire(int fd, nlohmann::json header, const std::vector<Tensor>& tensor
   const uint64_t size = text.size();
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(size >> (8 * i));
-  if (Status s = SendAll(fd, prefix, sizeof prefix); !s.ok()) return s;
-  if (Status s = SendAll(fd, text.data(), text.size()); !s.ok()) return s;
+  if (Status s = SendAll(fd, prefix, sizeof prefix, dl); !s.ok()) return s;
+  if (Status s = SendAll(fd, text.data(), text.size(), dl); !s.ok()) return s;
   for (const Tensor& t : tensors) {
     const Tensor c = t.contiguous() ? t : t.Clone();
-    if (Status s = SendAll(fd, c.bytes(), static_cast<size_t>(c.nbytes())); !s.ok()) return s;
+    if (Status s = SendAll(fd, c.bytes(), static_cast<size_t>(c.nbytes()), dl); !s.ok()) return s;
   }
   return Status::Ok();
 }
@@ -92,8 +126,7 @@ WireReceive ReceiveWire(int fd, double timeout_s) {
   Clock::time_point deadline{};
   const Clock::time_point* dl = nullptr;
   if (timeout_s >= 0) {
-    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(timeout_s));
+    deadline = DeadlineAfter(timeout_s);
     dl = &deadline;
   }
   unsigned char prefix[8];
@@ -111,26 +144,50 @@ WireReceive ReceiveWire(int fd, double timeout_s) {
   if ((out.failure = ReadAll(fd, text.data(), size, dl, &out.detail)) != WireFailure::kNone) {
     return out;
   }
-  out.message.header = nlohmann::json::parse(text, nullptr, false);
+  auto parsed = ParseJsonText(text);
+  if (auto* defect = std::get_if<JsonDefect>(&parsed)) {
+    out.failure = WireFailure::kMalformed;
+    out.detail = "header: " + defect->Describe();
+    return out;
+  }
+  out.message.header = std::get<nlohmann::json>(std::move(parsed));
   const nlohmann::json& h = out.message.header;
-  if (h.is_discarded() || !h.is_object() || !h.contains("tensors") || !h["tensors"].is_array()) {
+  if (!h.is_object() || !h.contains("tensors") || !h["tensors"].is_array()) {
     out.failure = WireFailure::kMalformed;
     out.detail = "header is not a JSON object with a tensors array";
     return out;
   }
+  const auto budget_or = MemoryBudgetBytes();
+  const uint64_t budget = budget_or.ok() ? *budget_or : kDefaultMemoryBudgetBytes;
+  uint64_t total = 0;
   for (const auto& entry : h["tensors"]) {
     auto dtype = entry.contains("dtype") && entry["dtype"].is_string()
                      ? ParseDType(entry["dtype"].get<std::string>())
                      : std::nullopt;
-    if (!dtype || !entry.contains("shape") || !entry["shape"].is_array()) {
+    const bool shape_ok =
+        entry.contains("shape") && entry["shape"].is_array() &&
+        std::all_of(entry["shape"].begin(), entry["shape"].end(),
+                    [](const nlohmann::json& d) { return d.is_number_unsigned(); });
+    if (!dtype || !shape_ok) {
       out.failure = WireFailure::kMalformed;
-      out.detail = "tensor entry " + entry.dump();
+      out.detail = "tensor entry " + JsonExcerpt(entry);
       return out;
     }
-    Shape shape = entry["shape"].get<Shape>();
-    if (static_cast<uint64_t>(Tensor::NumElements(shape)) * SizeOf(*dtype) > kMaxTensorBytes) {
+    // The byte count, checked for overflow before anything is allocated.
+    Shape shape;
+    uint64_t bytes = static_cast<uint64_t>(SizeOf(*dtype));
+    bool overflow = false;
+    for (const auto& d : entry["shape"]) {
+      const auto v = d.get<uint64_t>();
+      overflow = overflow || v > (uint64_t{1} << 62) || __builtin_mul_overflow(bytes, v, &bytes);
+      shape.push_back(static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62)));
+    }
+    // Within the frame's share of the memory budget (reference/problem/budget.h), before
+    // anything is allocated: a frame is a problem's inputs or outputs, never more.
+    total += bytes;
+    if (overflow || bytes > kMaxTensorBytes || total > budget) {
       out.failure = WireFailure::kMalformed;
-      out.detail = "tensor of " + entry.dump();
+      out.detail = "tensor of " + JsonExcerpt(entry);
       return out;
     }
     Tensor t = Tensor::Zeros(*dtype, shape);

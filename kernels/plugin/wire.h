@@ -27,9 +27,13 @@ struct WireReceive {
   WireMessage message;
 };
 
-// Sends one frame (non-contiguous tensors are copied first). Never raises SIGPIPE.
-Status SendWire(int fd, nlohmann::json header, const std::vector<Tensor>& tensors);
-// Receives one frame; timeout_s < 0 waits forever.
+// Sends one frame (non-contiguous tensors are copied first). Never raises SIGPIPE. With a
+// timeout (timeout_s >= 0) the frame must be on its way within it: a peer that stops reading
+// cannot block the sender in send(2); the Error then starts with "timed out".
+Status SendWire(int fd, nlohmann::json header, const std::vector<Tensor>& tensors,
+                double timeout_s = -1);
+// Receives one frame; timeout_s < 0 waits forever. The header is strict JSON
+// (reference/io/json.h) and is never quoted whole in `detail`.
 WireReceive ReceiveWire(int fd, double timeout_s);
 
 }  // namespace attest

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "reference/formats/format.h"
+#include "reference/io/json.h"
 
 // Every double operation must round to double once (no x87 80-bit intermediates).
 static_assert(FLT_EVAL_METHOD == 0, "generators need IEEE double evaluation (e.g. SSE2)");
@@ -273,7 +274,7 @@ Expected<Format> ResolveFormat(const FillContext* ctx, const nlohmann::json& par
     return Error{fmt::format("{}.format: the problem's dtype has no float format", where)};
   }
   if (auto f = ParseFormat(name)) return *f;
-  return Error{fmt::format("{}.format: unknown format \"{}\"", where, name)};
+  return Error{fmt::format("{}.format: unknown format {}", where, QuotedExcerpt(name))};
 }
 
 // outlier-channels: N(0, std^2) entries, except `count` channels of the last axis (per
@@ -627,28 +628,33 @@ std::string ParamNames(const GeneratorRow& row) {
 Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
                         const std::string& where, bool allow_tensors) {
   if (!obj.is_object()) {
-    return Error{fmt::format("{}: expected an object, got {}", where, obj.dump())};
+    return Error{fmt::format("{}: expected an object, got {}", where, JsonExcerpt(obj))};
   }
-  for (const auto& [key, value] : obj.items()) {
+  for (const auto& item : obj.items()) {
+    // Named, not a structured binding: lambdas below capture the key (clang 14, which the
+    // libFuzzer build uses, cannot capture structured bindings).
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     if (allow_tensors && IsTensorName(key)) continue;
     const bool known = std::any_of(row.params.begin(), row.params.end(),
                                    [&](const GeneratorParam& p) { return p.name == key; });
     if (!known) {
-      return Error{fmt::format("{}: unknown parameter \"{}\" for generator {} (parameters: {}{})",
-                               where, key, row.name, ParamNames(row),
+      return Error{fmt::format("{}: unknown parameter {} for generator {} (parameters: {}{})",
+                               where, QuotedExcerpt(key), row.name, ParamNames(row),
                                allow_tensors ? "; per-tensor overrides: q, k, v, do" : "")};
     }
     const auto param = std::find_if(row.params.begin(), row.params.end(),
                                     [&](const GeneratorParam& p) { return p.name == key; });
     if (param->is_text()) {
       if (!value.is_string()) {
-        return Error{fmt::format("{}.{}: expected a string, got {}", where, key, value.dump())};
+        return Error{
+            fmt::format("{}.{}: expected a string, got {}", where, key, JsonExcerpt(value))};
       }
       continue;
     }
     if (!value.is_number() || !std::isfinite(value.get<double>())) {
       return Error{
-          fmt::format("{}.{}: expected a finite number, got {}", where, key, value.dump())};
+          fmt::format("{}.{}: expected a finite number, got {}", where, key, JsonExcerpt(value))};
     }
   }
   return {};
@@ -693,7 +699,8 @@ Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec) {
     std::string known;
     for (const auto& n : GeneratorNames()) known += (known.empty() ? "" : ", ") + n;
     return Error{
-        fmt::format("generator.name: unknown generator \"{}\" (known: {})", spec.name, known)};
+        fmt::format("generator.name: unknown generator {} (known: {})", QuotedExcerpt(spec.name),
+                    known)};
   }
   if (Status s = CheckParamObject(*row, spec.params, "generator.params", true); !s) return s;
   for (const auto& t : kTensors) {

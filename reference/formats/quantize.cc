@@ -109,7 +109,11 @@ Expected<int64_t> ResolveAxis(int64_t axis, int64_t rank, std::string_view what)
 
 Shape BlockGridShape(const Shape& shape, const Shape& block) {
   Shape grid(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) grid[d] = (shape[d] + block[d] - 1) / block[d];
+  // ceil(shape / block) without forming shape + block - 1, which overflows int64 for the
+  // dims up to 2^63 - 1 that a zero-size tensor may carry ([0, 2^63 - 1] holds no element).
+  for (size_t d = 0; d < shape.size(); ++d) {
+    grid[d] = shape[d] / block[d] + (shape[d] % block[d] != 0 ? 1 : 0);
+  }
   return grid;
 }
 

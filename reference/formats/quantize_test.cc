@@ -62,6 +62,25 @@ TEST(ElementCodec, EqualsEncodeF32OnEveryTableBucketMidpointAndAStratifiedSample
   std::printf("checked %zu fp32 inputs\n", checked);
 }
 
+// A zero-size tensor may have any other dim up to 2^63 - 1 (the safetensors reader accepts
+// [0, 2^63 - 1]); the scale grid is then zero-size too, with ceil(dim / block) there, never a
+// negative dim from an overflowing shape + block - 1.
+TEST(Schemes, ZeroSizeTensorsGiveZeroSizeScalesOfNonNegativeShape) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(BlockGridShape({0, kHuge}, {1, 32}), (Shape{0, kHuge / 32 + 1}));
+  EXPECT_EQ(BlockGridShape({0, 64}, {1, 32}), (Shape{0, 2}));
+  EXPECT_EQ(BlockGridShape({65, 0}, {32, 1}), (Shape{3, 0}));
+  for (const Scheme& scheme : AllSchemes()) {
+    SchemeOptions o;
+    o.scheme = std::string(scheme.name);
+    auto q = Quantize(Tensor::Zeros(DType::kF32, {0, kHuge}), o);
+    ASSERT_TRUE(q.ok()) << scheme.name << ": " << q.error().message;
+    EXPECT_EQ(q->codes.numel(), 0) << scheme.name;
+    EXPECT_EQ(q->scales.numel(), 0) << scheme.name;
+    for (int64_t d : q->scales.shape()) EXPECT_GE(d, 0) << scheme.name;
+  }
+}
+
 TEST(Schemes, RegistryHoldsExactlyTheDesignNames) {
   std::set<std::string> names;
   for (const Scheme& s : AllSchemes()) names.insert(std::string(s.name));

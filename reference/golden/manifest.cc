@@ -2,13 +2,21 @@
 #include "reference/golden/manifest.h"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "reference/io/files.h"
+#include "reference/io/json.h"
+
 namespace attest {
+namespace {
+
+// A manifest lists a few dozen cases; anything near this size is not one.
+constexpr uint64_t kMaxManifestBytes = uint64_t{16} << 20;
+
+}  // namespace
 
 using nlohmann::json;
 
@@ -162,20 +170,18 @@ json ManifestToJson(const GoldenManifest& m) {
 }
 
 Expected<GoldenManifest> LoadManifest(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return Error{path.string() + ": cannot open manifest"};
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Error{path.string() + ": not valid JSON"};
-  return ManifestFromJson(j, path.string());
+  ReadLimits limits;
+  limits.max_bytes = kMaxManifestBytes;
+  limits.what = "manifest";
+  auto text = ReadRegularFile(path.string(), limits);
+  if (!text) return text.error();
+  auto j = ParseJson(*text, path.string());
+  if (!j) return j.error();
+  return ManifestFromJson(*j, path.string());
 }
 
 Status SaveManifest(const std::filesystem::path& path, const GoldenManifest& m) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Error{path.string() + ": cannot write manifest"};
-  out << ManifestToJson(m).dump(2) << "\n";
-  out.close();
-  if (!out) return Error{path.string() + ": write failed"};
-  return Status::Ok();
+  return WriteFileAtomic(path, ManifestToJson(m).dump(2) + "\n");
 }
 
 }  // namespace attest

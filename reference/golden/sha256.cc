@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
+#include <limits>
 #include <vector>
+
+#include "reference/io/files.h"
 
 namespace attest {
 namespace {
@@ -124,16 +126,19 @@ std::string Sha256Hex(std::string_view text) {
 }
 
 Expected<std::string> Sha256File(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{path.string() + ": cannot open for hashing"};
+  ReadLimits limits;
+  limits.max_bytes = std::numeric_limits<uint64_t>::max();  // streamed in chunks
+  limits.what = "file to hash";
+  auto f = OpenRegularFile(path.string(), limits);
+  if (!f) return f.error();
   Sha256 hasher;
-  std::vector<char> chunk(1 << 16);
-  while (in) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    const auto got = static_cast<size_t>(in.gcount());
-    if (got > 0) hasher.Update(std::as_bytes(std::span<const char>(chunk.data(), got)));
+  std::vector<std::byte> chunk(1 << 16);
+  for (uint64_t left = f->size(); left > 0;) {
+    const auto got = static_cast<size_t>(std::min<uint64_t>(left, chunk.size()));
+    if (Status s = f->Read(chunk.data(), got); !s) return s.error();
+    hasher.Update(std::span<const std::byte>(chunk.data(), got));
+    left -= got;
   }
-  if (in.bad()) return Error{path.string() + ": read error while hashing"};
   return DigestHex(hasher.Final());
 }
 

@@ -8,15 +8,15 @@
 #include <array>
 #include <bit>
 #include <cassert>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
-#include <unordered_set>
+
+#include "reference/io/files.h"
+#include "reference/io/json.h"
+#include "reference/problem/budget.h"
 
 namespace attest {
 
@@ -130,19 +130,13 @@ Expected<uint64_t> CheckLengthPrefix(std::span<const std::byte> first_bytes, uin
   return n;
 }
 
-// A defect found while the JSON is being parsed; thrown out of the parser callback to stop
-// the parse at once (before a hostile header can grow the document further).
-struct HeaderDefect {
-  std::string message;
-};
-
 // A safetensors header nests at most three containers deep (header object, entry object,
 // shape or data_offsets list); anything deeper is malformed, and refusing it at once bounds
 // the parser's stack to the header's legitimate shape.
 constexpr int kMaxContainerDepth = 3;
 
-// Parses the header text, rejecting duplicate keys at any level (nlohmann::json would keep
-// one of them silently) and containers nested deeper than a header can be.
+// Parses the header text (reference/io/json.h: duplicate keys at any level refused, since a
+// JSON DOM would keep one of them silently; no container deeper than a header can hold).
 Expected<Json> ParseHeaderJson(std::string_view text, std::string_view source) {
   // UTF-8 first, as tensor.rs does (`from_utf8` before `serde_json::from_str`), so that the
   // message is about the encoding rather than a JSON token.
@@ -151,69 +145,33 @@ Expected<Json> ParseHeaderJson(std::string_view text, std::string_view source) {
     return FileError(
         source, fmt::format("invalid UTF-8 in header at byte {} of the file", kLengthBytes + bad));
   }
-  // nlohmann::json skips a leading UTF-8 byte-order mark; serde_json (and RFC 8259 §8.1
-  // for JSON texts exchanged between systems) does not accept one.
-  if (text.starts_with("\xEF\xBB\xBF")) {
-    return FileError(source, "invalid JSON in header: starts with a byte-order mark");
+  auto parsed = ParseJsonText(text, kMaxContainerDepth);
+  const auto* d = std::get_if<JsonDefect>(&parsed);
+  if (d == nullptr) return std::get<Json>(std::move(parsed));
+  using Kind = JsonDefect::Kind;
+  switch (d->kind) {
+    case Kind::kByteOrderMark:
+      // serde_json (and RFC 8259 §8.1 for JSON texts exchanged between systems) does not
+      // accept one.
+      return FileError(source, "invalid JSON in header: starts with a byte-order mark");
+    case Kind::kDuplicateKey:
+      return FileError(source, d->top_level
+                                   ? fmt::format("duplicate key {} in header", JsonString(d->key))
+                                   : fmt::format("duplicate key {} inside {}", JsonString(d->key),
+                                                 JsonString(d->parent)));
+    case Kind::kTooDeep:
+      return FileError(source, fmt::format("header nests containers deeper than a safetensors "
+                                           "header can (under key {})",
+                                           JsonString(d->parent)));
+    case Kind::kNumberRange:
+      // serde_json calls a float literal beyond double's range (1e400) a JSON error; so do we.
+      return FileError(source,
+                       fmt::format("invalid JSON in header: number out of range ({})", d->detail));
+    case Kind::kSyntax:
+      break;
   }
-  std::vector<std::unordered_set<std::string>> keys;  // one set per open object
-  std::vector<std::string> path;                      // key of each open object, for messages
-  std::string last_key;
-  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (depth >= kMaxContainerDepth) {
-          throw HeaderDefect{
-              fmt::format("header nests containers deeper than a safetensors "
-                          "header can (under key {})",
-                          JsonString(last_key))};
-        }
-        if (event == Json::parse_event_t::object_start) {
-          keys.emplace_back();
-          path.push_back(last_key);
-        }
-        break;
-      case Json::parse_event_t::key: {
-        last_key = parsed.get<std::string>();
-        if (!keys.back().insert(last_key).second) {
-          const bool top = keys.size() == 1;
-          throw HeaderDefect{top ? fmt::format("duplicate key {} in header", JsonString(last_key))
-                                 : fmt::format("duplicate key {} inside {}", JsonString(last_key),
-                                               JsonString(path.back()))};
-        }
-        break;
-      }
-      case Json::parse_event_t::object_end:
-        keys.pop_back();
-        path.pop_back();
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
-  } catch (const HeaderDefect& defect) {
-    return FileError(source, defect.message);
-  } catch (const Json::parse_error& e) {
-    // e.byte is 1-based within the header text.
-    std::string what = e.what();
-    if (const auto colon = what.find("syntax error"); colon != std::string::npos) {
-      what = what.substr(colon);
-    }
-    return FileError(source, fmt::format("invalid JSON in header (byte {} of the file): {}",
-                                         kLengthBytes + e.byte - 1, what));
-  } catch (const Json::out_of_range& e) {
-    // nlohmann::json reports a float literal beyond double's range (1e400) this way, while
-    // serde_json calls it a JSON error; so do we.
-    return FileError(source,
-                     fmt::format("invalid JSON in header: number out of range ({})", e.what()));
-  } catch (const Json::exception& e) {
-    return FileError(source, fmt::format("invalid JSON in header: {}", e.what()));
-  }
+  return FileError(source, fmt::format("invalid JSON in header (byte {} of the file): {}",
+                                       kLengthBytes + d->byte, d->detail));
 }
 
 bool IsUnsignedInteger(const Json& j) { return j.is_number_unsigned(); }
@@ -273,8 +231,9 @@ Expected<SafetensorsEntry> ParseEntry(const std::string& name, const Json& value
   uint64_t nbytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel, size, &nbytes) || nbytes > kMaxExtent;
   if (overflow) {
-    return TensorError(source, name,
-                       fmt::format("element count of shape {} overflows 64 bits", shape.dump()));
+    return TensorError(
+        source, name,
+        fmt::format("element count of shape {} overflows 64 bits", JsonExcerpt(shape, 200)));
   }
 
   // data_offsets
@@ -447,72 +406,53 @@ Expected<NamedTensors> ParseSafetensors(std::span<const std::byte> bytes,
 
 namespace {
 
-// An open file and its size, or an Error naming the path.
-struct OpenFile {
-  std::ifstream stream;
-  uint64_t size = 0;
-};
-
-Expected<OpenFile> Open(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) {
-    return FileError(path, "cannot open: no such file");
-  }
-  if (std::filesystem::is_directory(status)) return FileError(path, "cannot open: a directory");
-  OpenFile f;
-  f.stream.open(path, std::ios::binary);
-  if (!f.stream) return FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  f.stream.seekg(0, std::ios::end);
-  const auto end = f.stream.tellg();
-  f.stream.seekg(0, std::ios::beg);
-  if (end < 0 || !f.stream) return FileError(path, "cannot determine the file size");
-  f.size = static_cast<uint64_t>(end);
-  return f;
-}
-
-Status ReadExactly(OpenFile& f, void* dst, uint64_t count, std::string_view path) {
-  if (count == 0) return Status::Ok();
-  f.stream.read(static_cast<char*>(dst), static_cast<std::streamsize>(count));
-  if (static_cast<uint64_t>(f.stream.gcount()) != count) {
-    return FileError(path, "short read (was the file changed while being read?)");
-  }
-  return Status::Ok();
-}
-
 // Reads the length prefix and the header of an open file (positioned at its start).
-Expected<SafetensorsHeader> ReadHeader(OpenFile& f, const std::string& path) {
+Expected<SafetensorsHeader> ReadHeader(RegularFile& f, const std::string& path) {
   std::array<std::byte, kLengthBytes> prefix{};
-  if (f.size >= kLengthBytes) {
-    if (auto s = ReadExactly(f, prefix.data(), kLengthBytes, path); !s.ok()) return s.error();
+  if (f.size() >= kLengthBytes) {
+    if (auto s = f.Read(prefix.data(), kLengthBytes); !s.ok()) return s.error();
   }
-  auto n = CheckLengthPrefix(prefix, f.size, path);
+  auto n = CheckLengthPrefix(prefix, f.size(), path);
   if (!n.ok()) return n.error();
   std::string text(*n, '\0');  // N <= min(file size - 8, 100 MB), checked above
-  if (auto s = ReadExactly(f, text.data(), *n, path); !s.ok()) return s.error();
-  return ParseHeaderText(text, f.size - kLengthBytes - *n, path);
+  if (auto s = f.Read(text.data(), *n); !s.ok()) return s.error();
+  return ParseHeaderText(text, f.size() - kLengthBytes - *n, path);
 }
 
 }  // namespace
 
 Expected<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  auto f = Open(path);
+  // Only the header is read, so the file's size is not capped; it must still be a file.
+  ReadLimits limits;
+  limits.max_bytes = std::numeric_limits<uint64_t>::max();
+  limits.what = "safetensors file";
+  auto f = OpenRegularFile(path, limits);
   if (!f.ok()) return f.error();
   return ReadHeader(*f, path);
 }
 
 Expected<NamedTensors> ReadSafetensors(const std::string& path) {
-  auto f = Open(path);
+  auto budget = MemoryBudgetBytes();
+  if (!budget) return budget.error();
+  ReadLimits limits;
+  limits.max_bytes = *budget;
+  limits.what = "safetensors file";
+  return ReadSafetensors(path, limits);
+}
+
+Expected<NamedTensors> ReadSafetensors(const std::string& path, const ReadLimits& limits) {
+  auto f = OpenRegularFile(path, limits);
   if (!f.ok()) return f.error();
   auto header = ReadHeader(*f, path);
   if (!header.ok()) return header.error();
-  // The entries are sorted and cover the buffer exactly, so the data is read in one pass.
+  // The entries are sorted and cover the buffer exactly, so the data is read in one pass;
+  // their total is the file's size, which the limits capped before anything was allocated.
   NamedTensors out;
   out.metadata = std::move(header->metadata);
   out.tensors.reserve(header->entries.size());
   for (const auto& e : header->entries) {
     Tensor t = AllocateFor(e);
-    if (auto s = ReadExactly(*f, t.bytes(), e.end - e.begin, path); !s.ok()) return s.error();
+    if (auto s = f->Read(t.bytes(), e.end - e.begin); !s.ok()) return s.error();
     out.Add(e.name, std::move(t));
   }
   return out;
@@ -605,13 +545,7 @@ Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensor
 Status WriteSafetensors(const std::string& path, const NamedTensors& tensors) {
   auto bytes = SerializeSafetensors(tensors);
   if (!bytes.ok()) return Error{path + ": " + bytes.error().message};
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return FileError(path, fmt::format("cannot open for writing: {}", std::strerror(errno)));
-  f.write(reinterpret_cast<const char*>(bytes->data()),
-          static_cast<std::streamsize>(bytes->size()));
-  f.close();
-  if (!f) return FileError(path, "write failed");
-  return Status::Ok();
+  return WriteFileAtomic(path, *bytes);
 }
 
 }  // namespace attest

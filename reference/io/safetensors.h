@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "reference/dtype.h"
+#include "reference/io/files.h"
 #include "reference/status.h"
 #include "reference/tensor.h"
 
@@ -74,13 +75,18 @@ Expected<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
 Expected<NamedTensors> ParseSafetensors(std::span<const std::byte> bytes,
                                         std::string_view source_name);
 // Reads the file at `path`: the header first, then each tensor straight into its storage.
+// The file must be a regular file no larger than the memory budget (reference/problem/
+// budget.h); the overload takes other limits (a kernel's outputs: their expected size, no
+// symlink, the call's deadline).
 Expected<NamedTensors> ReadSafetensors(const std::string& path);
+Expected<NamedTensors> ReadSafetensors(const std::string& path, const ReadLimits& limits);
 
 // The file's bytes. Fails (naming the tensor) on duplicate or reserved names, undefined
 // tensors and names or metadata that are not valid UTF-8. Strided views are written as their
 // row-major contiguous copies. The same input gives the same bytes.
 Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensors);
-// Serializes and writes `path` (replacing it), reporting I/O failures with the path.
+// Serializes and writes `path` whole or not at all (files.h WriteFileAtomic), reporting I/O
+// failures with the path.
 Status WriteSafetensors(const std::string& path, const NamedTensors& tensors);
 
 // Whether `text` is well-formed UTF-8 (Unicode 15 §3.9 table 3-7: no overlong forms, no

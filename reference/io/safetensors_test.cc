@@ -4,9 +4,11 @@
 #include "reference/io/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +21,14 @@
 
 namespace attest {
 namespace {
+
+// AddressSanitizer (GCC's __SANITIZE_ADDRESS__, the asan preset) slows parsing several-fold;
+// the time limits are for the Release build.
+#ifdef __SANITIZE_ADDRESS__
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 namespace fs = std::filesystem;
 
@@ -224,6 +234,50 @@ TEST(Safetensors, FileRoundTripAndFileErrors) {
   auto unwritable = WriteSafetensors((dir / "no/such/dir/x.safetensors").string(), nt);
   ASSERT_FALSE(unwritable.ok());
   EXPECT_NE(unwritable.error().message.find("cannot open for writing"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// A header listing 50 000 tensors parses in well under a second: the header JSON is parsed
+// in linear time (reference/io/json.h; nlohmann's callback parser took 42 s here).
+TEST(Safetensors, AFiftyThousandTensorHeaderParsesInUnderASecond) {
+  NamedTensors nt;
+  for (int i = 0; i < 50000; ++i) nt.Add("t" + std::to_string(i), Tensor::Zeros(DType::kF32, {1}));
+  auto bytes = SerializeSafetensors(nt);
+  ASSERT_TRUE(bytes.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto header = ParseSafetensorsHeader(*bytes, "wide.safetensors");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(header.ok()) << header.error().message;
+  EXPECT_EQ(header->entries.size(), 50000u);
+  std::printf("50000-tensor header (%llu bytes) parsed in %.3f s\n",
+              static_cast<unsigned long long>(header->header_bytes), s);
+  EXPECT_LT(s, kSanitized ? 10.0 : 1.0);
+}
+
+TEST(Safetensors, OnlyRegularFilesAreRead) {
+  const fs::path dir = fs::temp_directory_path() / ("attest_st_fifo_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "outputs.safetensors").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = ReadSafetensors(fifo);  // would block forever in open(2) or read(2)
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("a FIFO, not a regular file"), std::string::npos);
+  auto h = ReadSafetensorsHeader("/dev/zero");
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.error().message.find("a character device"), std::string::npos);
+  // A cap below the file's size is refused before anything is allocated.
+  const std::string small = (dir / "s.safetensors").string();
+  NamedTensors nt;
+  nt.Add("x", Tensor::Zeros(DType::kF32, {16}));
+  ASSERT_TRUE(WriteSafetensors(small, nt).ok());
+  ReadLimits limits;
+  limits.max_bytes = 32;
+  limits.what = "outputs file";
+  auto capped = ReadSafetensors(small, limits);
+  ASSERT_FALSE(capped.ok());
+  EXPECT_NE(capped.error().message.find("over the 32-byte limit for this outputs file"),
+            std::string::npos)
+      << capped.error().message;
   fs::remove_all(dir);
 }
 

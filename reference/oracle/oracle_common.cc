@@ -31,11 +31,36 @@ Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Ten
     }
     return t.contiguous() ? t : t.Clone();
   };
+  // Non-finite inputs have no attention value to certify: a NaN q or k makes its scores
+  // NaN, which the softmax's max-subtraction would otherwise turn into an "empty" row (o = 0,
+  // lse = -inf, a finite bound) while dq came out NaN. Refused, naming the element
+  // (docs/semantics.md "Non-finite inputs").
+  auto finite = [](const Tensor& t, const char* name) {
+    const auto values = t.span<const double>();
+    for (size_t e = 0; e < values.size(); ++e) {
+      if (std::isfinite(values[e])) continue;
+      std::string index;
+      auto rest = static_cast<int64_t>(e);
+      for (auto a = static_cast<int64_t>(t.rank()) - 1; a >= 0; --a) {
+        const int64_t extent = t.shape()[static_cast<size_t>(a)];
+        index.insert(0, (a > 0 ? ", " : "") + std::to_string(rest % extent));
+        rest /= extent;
+      }
+      throw std::invalid_argument(fmt::format(
+          "oracle: input {}[{}] is {}: the oracle refuses non-finite inputs (NaN or infinity in "
+          "q, k, v or do)",
+          name, index, std::isnan(values[e]) ? "NaN" : (values[e] > 0 ? "+inf" : "-inf")));
+    }
+  };
   Inputs in;
   in.q = contiguous_f64(q, "q");
   in.k = contiguous_f64(k, "k");
   in.v = contiguous_f64(v, "v");
   if (dout != nullptr) in.dout = contiguous_f64(*dout, "do");
+  finite(in.q, "q");
+  finite(in.k, "k");
+  finite(in.v, "v");
+  if (dout != nullptr) finite(in.dout, "do");
   return in;
 }
 

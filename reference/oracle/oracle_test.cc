@@ -379,6 +379,34 @@ TEST(OracleTest, RejectsBadShapesAndDtypes) {
   EXPECT_THROW(Forward(Precision::kMp128, bad, in.q, in.k, in.v), std::invalid_argument);
 }
 
+// docs/semantics.md "Non-finite inputs": NaN or infinity in q, k, v or do is refused (every
+// precision, forward and backward), naming the tensor and element, instead of a NaN row
+// passing as an empty one (o = 0, lse = -inf) beside a NaN dq.
+TEST(OracleTest, RefusesNonFiniteInputsNamingTheElement) {
+  Problem p = Base(1, 2, 2, 4, 5, 8, 8);
+  const auto in = RandomInputs(p, 11);
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  Tensor q = in.q.Clone();
+  q.span<double>()[1 * 2 * 8 + 1 * 8 + 3] = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(message([&] { Forward<double>(p, q, in.k, in.v); }),
+            "oracle: input q[0, 1, 1, 3] is NaN: the oracle refuses non-finite inputs (NaN or "
+            "infinity in q, k, v or do)");
+  EXPECT_NE(message([&] { Forward(Precision::kMp128, p, q, in.k, in.v); }).find("q[0, 1, 1, 3]"),
+            std::string::npos);
+  Tensor dout = in.dout.Clone();
+  dout.span<double>()[0] = -std::numeric_limits<double>::infinity();
+  EXPECT_NE(message([&] { Backward<double>(p, in.q, in.k, in.v, dout); })
+                .find("input do[0, 0, 0, 0] is -inf"),
+            std::string::npos);
+}
+
 // The tile exp kernel: at most 1 ulp from the correctly rounded exp (MPFR at 200 bits) over
 // the softmax range, exact specials, subnormal results within one subnormal ulp.
 TEST(OracleTest, ExpKernelIsWithinOneUlp) {

@@ -2,13 +2,13 @@
 #include "reference/problem/case_file.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "reference/data/generate.h"
+#include "reference/io/files.h"
+#include "reference/io/json.h"
 
 namespace attest {
 
@@ -30,14 +30,15 @@ template <size_t N>
 Status CheckFields(const json& obj, std::string_view where, const std::string_view (&known)[N]) {
   for (const auto& item : obj.items()) {
     if (std::find(std::begin(known), std::end(known), item.key()) == std::end(known)) {
-      return Error{fmt::format("{}: unknown field \"{}\"", where, item.key())};
+      return Error{fmt::format("{}: unknown field {}", where, QuotedExcerpt(item.key()))};
     }
   }
   return {};
 }
 
 Expected<GeneratorSpec> GeneratorFromJson(const json& g) {
-  if (!g.is_object()) return Error{fmt::format("generator: expected an object, got {}", g.dump())};
+  if (!g.is_object())
+    return Error{fmt::format("generator: expected an object, got {}", JsonExcerpt(g))};
   if (Status s = CheckFields(g, "generator", kGeneratorFields); !s) return s.error();
   GeneratorSpec spec;
   if (!g.contains("name") || !g.at("name").is_string()) {
@@ -52,13 +53,13 @@ Expected<GeneratorSpec> GeneratorFromJson(const json& g) {
       seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0);
   if (!non_negative_int) {
     return Error{
-        fmt::format("generator.seed: expected an integer in [0, 2^64), got {}", seed.dump())};
+        fmt::format("generator.seed: expected an integer in [0, 2^64), got {}", JsonExcerpt(seed))};
   }
   spec.seed = seed.get<uint64_t>();
   if (g.contains("params")) {
     if (!g.at("params").is_object()) {
       return Error{
-          fmt::format("generator.params: expected an object, got {}", g.at("params").dump())};
+          fmt::format("generator.params: expected an object, got {}", JsonExcerpt(g.at("params")))};
     }
     spec.params = g.at("params");
   }
@@ -68,7 +69,7 @@ Expected<GeneratorSpec> GeneratorFromJson(const json& g) {
 }  // namespace
 
 Expected<Case> CaseFromJson(const json& j, const std::filesystem::path& base_dir) {
-  if (!j.is_object()) return Error{fmt::format("case: expected an object, got {}", j.dump())};
+  if (!j.is_object()) return Error{fmt::format("case: expected an object, got {}", JsonExcerpt(j))};
   if (Status s = CheckFields(j, "case", kCaseFields); !s) return s.error();
   if (!j.contains("problem")) return Error{"problem: missing"};
   auto problem = ProblemFromJson(j.at("problem"));
@@ -85,7 +86,8 @@ Expected<Case> CaseFromJson(const json& j, const std::filesystem::path& base_dir
   if (has_inputs) {
     const json& in = j.at("inputs");
     if (!in.is_string() || in.get<std::string>().empty()) {
-      return Error{fmt::format("inputs: expected a non-empty path string, got {}", in.dump())};
+      return Error{
+          fmt::format("inputs: expected a non-empty path string, got {}", JsonExcerpt(in))};
     }
     std::filesystem::path path(in.get<std::string>());
     if (path.is_relative() && !base_dir.empty()) path = base_dir / path;
@@ -99,20 +101,22 @@ Expected<Case> CaseFromJson(const json& j, const std::filesystem::path& base_dir
   return c;
 }
 
-Expected<Case> LoadCase(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{fmt::format("{}: cannot open case file", path.string())};
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(buffer.str());
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
-    return Error{fmt::format("{}: invalid JSON: {}", path.string(), e.what())};
-  }
-  auto c = CaseFromJson(j, path.parent_path());
-  if (!c) return Error{fmt::format("{}: {}", path.string(), c.error().message)};
+Expected<Case> ParseCaseText(std::string_view text, std::string_view source,
+                             const std::filesystem::path& base_dir) {
+  auto j = ParseJson(text, source);
+  if (!j) return j.error();
+  auto c = CaseFromJson(*j, base_dir);
+  if (!c) return Error{fmt::format("{}: {}", source, c.error().message)};
   return c;
+}
+
+Expected<Case> LoadCase(const std::filesystem::path& path) {
+  ReadLimits limits;
+  limits.max_bytes = kMaxCaseFileBytes;
+  limits.what = "case file";
+  auto text = ReadRegularFile(path.string(), limits);
+  if (!text) return text.error();
+  return ParseCaseText(*text, path.string(), path.parent_path());
 }
 
 json CaseToJson(const Case& c) {
@@ -159,12 +163,7 @@ Status SaveCase(const std::filesystem::path& path, const Case& c) {
     const auto rel = target.lexically_relative(dir);
     copy.inputs = (rel.empty() ? target : rel).generic_string();
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Error{fmt::format("{}: cannot open for writing", path.string())};
-  out << CaseToText(copy);
-  out.close();
-  if (!out) return Error{fmt::format("{}: write failed", path.string())};
-  return {};
+  return WriteFileAtomic(path, CaseToText(copy));
 }
 
 }  // namespace attest

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 namespace attest {
 namespace {
@@ -131,7 +132,7 @@ TEST_F(CaseFileTest, LoadResolvesRelativeInputsAgainstTheCaseFileDirectory) {
 
 TEST_F(CaseFileTest, LoadErrorsNameTheFile) {
   const fs::path missing = dir_ / "nope.case.json";
-  EXPECT_EQ(LoadCase(missing).error().message, missing.string() + ": cannot open case file");
+  EXPECT_EQ(LoadCase(missing).error().message, missing.string() + ": cannot open: no such file");
   const fs::path bad = dir_ / "bad.case.json";
   WriteFile(bad, "{\"problem\": ");
   const auto b = LoadCase(bad);
@@ -145,6 +146,43 @@ TEST_F(CaseFileTest, LoadErrorsNameTheFile) {
   // Numbers too large for a double are a JSON error, not an infinite scale.
   WriteFile(bad, R"({"problem": {"scale": 1e999}, "generator": {"name": "uniform", "seed": 1}})");
   EXPECT_FALSE(LoadCase(bad).ok());
+}
+
+// Untrusted case files: a repeated key is refused (it would silently win), deep nesting is
+// refused before anything recursive touches it, and only a regular file of bounded size is
+// read (a FIFO would block, /dev/zero would be read until memory ran out).
+TEST_F(CaseFileTest, HostileFilesAreRefusedNamingTheDefect) {
+  const fs::path dup = dir_ / "dup.case.json";
+  WriteFile(dup, R"({"problem": {"seqlen_q": 4, "causal": true, "seqlen_q": 8},
+                     "generator": {"name": "gaussian", "seed": 1}})");
+  EXPECT_EQ(LoadCase(dup).error().message,
+            dup.string() + R"(: duplicate key "seqlen_q" inside "problem")");
+  WriteFile(dup, R"({"problem": {}, "generator": {"name": "gaussian", "seed": 1, "seed": 2}})");
+  EXPECT_EQ(LoadCase(dup).error().message,
+            dup.string() + R"(: duplicate key "seed" inside "generator")");
+  const fs::path deep = dir_ / "deep.case.json";
+  WriteFile(deep, "{\"problem\": " + std::string(60000, '[') + std::string(60000, ']') + "}");
+  const auto d = LoadCase(deep);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().message,
+            deep.string() + R"(: containers nested deeper than 32 levels (under key "problem"))");
+  const fs::path fifo = dir_ / "fifo.case.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto f = LoadCase(fifo);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("a FIFO, not a regular file"), std::string::npos);
+  const auto z = LoadCase("/dev/zero");
+  ASSERT_FALSE(z.ok());
+  EXPECT_NE(z.error().message.find("a character device"), std::string::npos);
+  // Messages quote at most an excerpt of a wrong value, however large.
+  json j = DesignCase();
+  j["problem"]["window"] = json::array();
+  for (int i = 0; i < 100000; ++i) j["problem"]["window"].push_back(i);
+  const fs::path big = dir_ / "big.case.json";
+  WriteFile(big, j.dump());
+  const auto b = LoadCase(big);
+  ASSERT_FALSE(b.ok());
+  EXPECT_LT(b.error().message.size(), 300u) << b.error().message.substr(0, 300);
 }
 
 TEST_F(CaseFileTest, SaveWritesCanonicalStableBytes) {

@@ -10,6 +10,7 @@
 #include "reference/data/generate.h"
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
+#include "reference/problem/budget.h"
 
 namespace attest {
 namespace {
@@ -75,6 +76,8 @@ Expected<CaseInputs> FromFile(const Case& c) {
 }  // namespace
 
 Expected<CaseInputs> MakeCaseInputs(const Case& c) {
+  // Before anything of the problem's size is allocated or read.
+  if (Status s = CheckProblemBudget(c.problem); !s) return s.error();
   if (c.inputs) return FromFile(c);
   if (!c.generator) return Error{"case: neither 'inputs' nor 'generator' is set"};
   auto gen = GenerateInputs(c.problem, *c.generator);

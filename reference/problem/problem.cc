@@ -13,6 +13,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "reference/io/json.h"
+
 namespace attest {
 
 using nlohmann::json;
@@ -138,7 +140,7 @@ Status CheckKnownFields(const json& obj, std::string_view where,
       const size_t d = EditDistance(key, k);
       if (d < best_d) best_d = d, best = k;
     }
-    std::string msg = fmt::format("{}: unknown field \"{}\"", where, key);
+    std::string msg = fmt::format("{}: unknown field {}", where, QuotedExcerpt(key));
     if (!best.empty()) msg += fmt::format(" (did you mean \"{}\"?)", best);
     return Error{msg};
   }
@@ -158,13 +160,13 @@ class Reader {
     if (v.is_number_unsigned()) {
       const auto u = v.get<uint64_t>();
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        Fail(fmt::format("{}: {} is out of range", field, v.dump()));
+        Fail(fmt::format("{}: {} is out of range", field, JsonExcerpt(v)));
         return 0;
       }
       return static_cast<int64_t>(u);
     }
     if (v.is_number_integer()) return v.get<int64_t>();
-    Fail(fmt::format("{}: expected an integer, got {}", field, v.dump()));
+    Fail(fmt::format("{}: expected an integer, got {}", field, JsonExcerpt(v)));
     return 0;
   }
 
@@ -179,25 +181,25 @@ class Reader {
 
   double Number(const json& v, const std::string& field) {
     if (v.is_number()) return v.get<double>();
-    Fail(fmt::format("{}: expected a number, got {}", field, v.dump()));
+    Fail(fmt::format("{}: expected a number, got {}", field, JsonExcerpt(v)));
     return 0;
   }
 
   bool Bool(const json& v, const std::string& field) {
     if (v.is_boolean()) return v.get<bool>();
-    Fail(fmt::format("{}: expected true or false, got {}", field, v.dump()));
+    Fail(fmt::format("{}: expected true or false, got {}", field, JsonExcerpt(v)));
     return false;
   }
 
   std::string String(const json& v, const std::string& field) {
     if (v.is_string()) return v.get<std::string>();
-    Fail(fmt::format("{}: expected a string, got {}", field, v.dump()));
+    Fail(fmt::format("{}: expected a string, got {}", field, JsonExcerpt(v)));
     return {};
   }
 
   const json* Array(const json& v, const std::string& field) {
     if (v.is_array()) return &v;
-    Fail(fmt::format("{}: expected an array, got {}", field, v.dump()));
+    Fail(fmt::format("{}: expected an array, got {}", field, JsonExcerpt(v)));
     return nullptr;
   }
 
@@ -220,7 +222,8 @@ std::string F(std::string_view name) { return fmt::format("problem.{}", name); }
 }  // namespace
 
 Expected<Problem> ProblemFromJson(const json& j) {
-  if (!j.is_object()) return Error{fmt::format("problem: expected an object, got {}", j.dump())};
+  if (!j.is_object())
+    return Error{fmt::format("problem: expected an object, got {}", JsonExcerpt(j))};
   if (Status s = CheckKnownFields(j, "problem", kFields); !s) return s.error();
 
   Problem p;
@@ -241,9 +244,9 @@ Expected<Problem> ProblemFromJson(const json& j) {
       const auto d = ParseDType(name);
       if (!d) {
         r.Fail(
-            fmt::format("problem.dtype: unknown dtype \"{}\" (expected one of f64 f32 bf16 "
+            fmt::format("problem.dtype: unknown dtype {} (expected one of f64 f32 bf16 "
                         "f16 e4m3fn e5m2)",
-                        name));
+                        QuotedExcerpt(name)));
       } else {
         p.dtype = *d;
       }
@@ -259,13 +262,14 @@ Expected<Problem> ProblemFromJson(const json& j) {
       p.causal_align = CausalAlign::kTopLeft;
     } else if (!r.failed()) {
       r.Fail(
-          fmt::format("problem.causal_align: \"{}\" is not \"bottom_right\" or \"top_left\"", a));
+          fmt::format("problem.causal_align: {} is not \"bottom_right\" or \"top_left\"",
+                      QuotedExcerpt(a)));
     }
   }
   if (has("window")) {
     const json& w = j.at("window");
     if (!w.is_array() || w.size() != 2) {
-      r.Fail(fmt::format("problem.window: expected [left, right], got {}", w.dump()));
+      r.Fail(fmt::format("problem.window: expected [left, right], got {}", JsonExcerpt(w)));
     } else {
       p.window_left = r.Int(w[0], F("window[0]"));
       p.window_right = r.Int(w[1], F("window[1]"));
@@ -298,7 +302,7 @@ Expected<Problem> ProblemFromJson(const json& j) {
   if (has_value("block_sparse")) {
     const json& bs = j.at("block_sparse");
     if (!bs.is_object()) {
-      r.Fail(fmt::format("problem.block_sparse: expected an object, got {}", bs.dump()));
+      r.Fail(fmt::format("problem.block_sparse: expected an object, got {}", JsonExcerpt(bs)));
     } else if (Status s = CheckKnownFields(bs, "problem.block_sparse", kBlockSparseFields); !s) {
       r.Fail(s.error().message);
     } else if (!bs.contains("blocks")) {
@@ -315,8 +319,8 @@ Expected<Problem> ProblemFromJson(const json& j) {
           const json& pair = blocks[n];
           const std::string field = fmt::format("problem.block_sparse.blocks[{}]", n);
           if (!pair.is_array() || pair.size() != 2) {
-            r.Fail(
-                fmt::format("{}: expected [query block, key block], got {}", field, pair.dump()));
+            r.Fail(fmt::format("{}: expected [query block, key block], got {}", field,
+                               JsonExcerpt(pair)));
             break;
           }
           const int64_t qb = r.Int(pair[0], field + "[0]");

@@ -116,11 +116,11 @@ Runner SetupAudit(CLI::App& sub) {
   sub.add_option("--baseline", opt->baseline, "Kernel plotted beside it")->capture_default_str();
   sub.add_option("--out", opt->out, "Directory for report.html, report.md, report.json")
       ->required();
-  sub.add_option("--seed", opt->seed, "Run seed (same seed, same data)")->capture_default_str();
+  AddUnsignedOption(sub, "--seed", opt->seed, "Run seed (same seed, same data; default 0)");
   sub.add_flag("--quick", opt->quick, "Smaller sweeps (seconds instead of minutes)");
   sub.add_option("--distributions", opt->distributions,
                  "Comma-separated generator names (default: the ten value families)");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
   return [opt] { return RunAuditCli(*opt); };
 }
 

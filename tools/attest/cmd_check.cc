@@ -6,7 +6,9 @@
 // that left a required family unjudged or skipped too many rows, unless --allow-skips.
 // Reports are written also when the run cannot finish (exit 2: the report says why). Exit 0
 // all pass, 1 any failure (kernel errors, refusals of claimed features and coverage
-// included), 2 bad usage, an unknown kernel or an infrastructure error.
+// included), 2 bad usage, an unknown kernel or an infrastructure error. --time-budget bounds
+// the suite's wall time (rows not started by then fail as not run).
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -33,6 +35,7 @@ struct CheckCliOptions {
   std::string out = "attest-failures";
   std::string only_check;
   int threads = 0;
+  double time_budget_s = 0;  // 0: none
   bool timings = false;
   bool verbose = false;
   bool quiet = false;
@@ -40,11 +43,18 @@ struct CheckCliOptions {
   double max_skipped = CoveragePolicy{}.max_skipped_share;
 };
 
+// A report file that could not be written (exit 2). The error report of an exit 2 is then not
+// attempted: the file keeps what it held (whole, WriteTextFile writes atomically), rather than
+// an error report replacing a previous run's report because it happens to be smaller.
+struct ReportWriteError : UsageError {
+  using UsageError::UsageError;
+};
+
 // Writes every requested report of `report`; a report that cannot be written is a usage error.
 void WriteReports(const CheckCliOptions& opt, const Report& report) {
   const auto write = [](const std::string& path, const std::string& text) {
     if (path.empty()) return;
-    if (Status s = WriteTextFile(path, text); !s.ok()) throw UsageError(s.error().message);
+    if (Status s = WriteTextFile(path, text); !s.ok()) throw ReportWriteError(s.error().message);
   };
   write(opt.json, ToJson(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
                       "\n");
@@ -66,6 +76,11 @@ int RunCheck(const CheckCliOptions& opt) {
   if (opt.verbose && opt.quiet) throw UsageError("-v and --quiet exclude each other");
   if (!(opt.max_skipped >= 0 && opt.max_skipped <= 1)) {
     throw UsageError(fmt::format("--max-skipped: {} is not a share in [0, 1]", opt.max_skipped));
+  }
+  // Before the run, not when the first failing case is saved.
+  if (std::error_code ec; std::filesystem::exists(opt.out, ec) &&
+                          !std::filesystem::is_directory(opt.out, ec)) {
+    throw UsageError("--out " + opt.out + ": exists and is not a directory");
   }
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
@@ -91,6 +106,7 @@ int RunCheck(const CheckCliOptions& opt) {
                     fmt::format("rows, {} failing verdict{}; {}", p.failures,
                                 p.failures == 1 ? "" : "s", p.what));
   };
+  if (opt.time_budget_s > 0) ro.time_budget_s = opt.time_budget_s;
 
   auto result = RunSuite(**kernel, *suite, ro);
   progress.Finish();
@@ -118,15 +134,17 @@ Runner SetupCheck(CLI::App& sub) {
       ->required();
   sub.add_option("--suite", opt->suite, "Suite: quick (< 30 s), gate (merge gate), full")
       ->capture_default_str();
-  sub.add_option("--seed", opt->seed, "Run seed (the same seed gives the same report)")
-      ->capture_default_str();
+  AddUnsignedOption(sub, "--seed", opt->seed,
+                    "Run seed (the same seed gives the same report; default 0)");
   sub.add_option("--json", opt->json, "Write the report as JSON (docs/report.schema.json)");
   sub.add_option("--junit", opt->junit, "Write the report as JUnit XML");
   sub.add_option("--markdown", opt->markdown, "Write the report as Markdown");
   sub.add_option("--out", opt->out, "Directory for failing cases (*.case.json)")
       ->capture_default_str();
   sub.add_option("--check", opt->only_check, "Run only the rows of this check");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
+  AddSecondsOption(sub, "--time-budget", opt->time_budget_s,
+                   "Wall-time budget of the suite: rows not started by then fail as not run");
   sub.add_flag("--timings", opt->timings, "Put wall times into the JSON report");
   sub.add_flag("-v,--verbose", opt->verbose, "Print every verdict and every skipped row");
   sub.add_flag("-q,--quiet", opt->quiet, "Print the verdict line alone (no progress)");
@@ -139,6 +157,8 @@ Runner SetupCheck(CLI::App& sub) {
   return [opt] {
     try {
       return RunCheck(*opt);
+    } catch (const ReportWriteError&) {
+      throw;
     } catch (const UsageError& e) {
       // Exit 2 still leaves the reports CI asked for, saying why the run did not finish.
       Report r = EmptyReport(*opt);

@@ -104,7 +104,7 @@ Runner SetupCompare(CLI::App& sub) {
   sub.add_flag("--no-lse", opt->no_lse,
                "The producer returns no lse (capabilities \"lse\": false): judge o and the "
                "gradients only");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
   sub.add_option("--json", opt->json, "Write the report as JSON");
   sub.add_option("--junit", opt->junit, "Write the report as JUnit XML");
   sub.add_option("--markdown", opt->markdown, "Write the report as Markdown");

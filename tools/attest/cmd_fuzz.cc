@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <regex>
@@ -19,6 +18,7 @@
 #include "reference/problem/case_file.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
+#include "verify/report.h"
 #include "verify/suite.h"
 
 namespace attest::cli {
@@ -71,7 +71,8 @@ int RunMerge(const FuzzCliOptions& opt) {
     std::error_code ec;
     std::filesystem::create_directories(opt.out, ec);
     const auto path = std::filesystem::path(opt.out) / "fuzz-merged.json";
-    std::ofstream(path) << j.dump(2) << "\n";
+    if (Status s = WriteTextFile(path, j.dump(2) + "\n"); !s.ok())
+      throw UsageError(s.error().message);
     std::cout << "wrote " << path.string() << "\n";
   }
   return j["failures"].empty() ? kExitPass : kExitFinding;
@@ -97,8 +98,12 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
   fo.seed = opt.seed;
   if (opt.cases >= 0) fo.cases = opt.cases;
   if (opt.seconds >= 0) fo.seconds = opt.seconds;
-  fo.shard_index = std::stoll(m[1]);
-  fo.shard_count = std::stoll(m[2]);
+  auto count = ParseInteger(m[2].str(), 1, int64_t{1} << 40);
+  if (!count) throw UsageError("--shard: the count N: " + count.error().message);
+  auto index = ParseInteger(m[1].str(), 0, *count - 1);
+  if (!index) throw UsageError("--shard: the index I: " + index.error().message);
+  fo.shard_index = *index;
+  fo.shard_count = *count;
   if (!opt.out.empty()) fo.out_dir = opt.out;
   fo.checks = opt.checks;
   fo.limits.max_seqlen = opt.max_seqlen;
@@ -135,6 +140,11 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
       "{} failure(s)\n",
       opt.kernel, opt.seed, fo.shard_index, fo.shard_count, report->cases_run, report->seconds,
       rate, report->failures.size());
+  if (!report->interrupted.empty()) {
+    std::cout << fmt::format("interrupted by {}: the report covers the {} cases run{}\n",
+                             report->interrupted, report->cases_run,
+                             opt.out.empty() ? "" : " (" + opt.out + "/fuzz-report.json)");
+  }
   for (const FuzzFailure& f : report->failures) {
     std::cout << fmt::format("FAIL {} {} (case {}; shrunk in {} steps from {} to {}): {}\n",
                              f.check, f.tensor.empty() ? "" : f.tensor, f.case_index,
@@ -149,9 +159,11 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
 Runner SetupFuzz(CLI::App& sub) {
   auto opt = std::make_shared<FuzzCliOptions>();
   sub.add_option("--kernel", opt->kernel, "Kernel to fuzz (see `attest list kernels`)");
-  sub.add_option("--seed", opt->seed, "Run seed: the same seed draws the same cases anywhere");
-  sub.add_option("--cases", opt->cases, "Number of cases (over all shards)");
-  sub.add_option("--time", opt->seconds, "Wall-time budget in seconds (instead of --cases)");
+  AddUnsignedOption(sub, "--seed", opt->seed,
+                    "Run seed: the same seed draws the same cases anywhere");
+  AddIntegerOption(sub, "--cases", opt->cases, 1, int64_t{1} << 62,
+                   "Number of cases (over all shards)");
+  AddSecondsOption(sub, "--time", opt->seconds, "Wall-time budget in seconds (instead of --cases)");
   sub.add_option("--shard", opt->shard, "I/N: run the cases n with n mod N = I (default 0/1)");
   sub.add_option("--out", opt->out,
                  "Directory for <check>-<hash>.case.json files and fuzz-report.json");
@@ -164,8 +176,9 @@ Runner SetupFuzz(CLI::App& sub) {
   sub.add_option("--generator", opt->generators,
                  "Value distributions to draw (repeatable; default: the calibrated domain, "
                  "see docs/fuzz.md)");
-  sub.add_option("--max-seqlen", opt->max_seqlen, "Largest Sq, Sk drawn (default 160)");
-  sub.add_option("--max-failures", opt->max_failures,
+  AddIntegerOption(sub, "--max-seqlen", opt->max_seqlen, 2, 2147483647,
+                   "Largest Sq, Sk drawn (default 160)");
+  AddIntegerOption(sub, "--max-failures", opt->max_failures, 1, 1000000,
                  "Stop after this many failing cases (default 1)");
   sub.add_flag("--no-shrink", opt->no_shrink, "Save failing cases as drawn");
   sub.add_flag("--quiet", opt->quiet, "No progress output");

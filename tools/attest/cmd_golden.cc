@@ -3,14 +3,15 @@
 // oracle, or regenerate them from reference/golden/catalog.cc. Exit 0 all hold, 1 drift
 // (inputs no longer reproduce, or the oracle left its certified bound), 2 a missing or
 // corrupt file.
-#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kernels/exec/process.h"
 #include "reference/golden/golden.h"
 #include "tools/attest/command.h"
 
@@ -25,25 +26,26 @@ struct GoldenOptions {
   std::string commit;
 };
 
-// The output of a shell command, trailing newlines removed ("" if it cannot run).
-std::string Capture(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  if (!pipe) return "";
-  char buf[256] = {};
-  std::string out;
-  while (fgets(buf, sizeof buf, pipe.get()) != nullptr) out += buf;
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
+// The first line of a git command's output ("" if it cannot run or fails). argv-based
+// (kernels/exec/process.h CaptureOutput): no shell sees the folder name, so a quote or `;` in
+// it is just a character of the path.
+std::string GitFirstLine(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"git"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto out = CaptureOutput(argv, /*timeout_s=*/60);
+  if (!out) return "";
+  std::string line = out->substr(0, out->find('\n'));
+  while (!line.empty() && line.back() == '\r') line.pop_back();
+  return line;
 }
 
 // `git rev-parse HEAD` of the tree holding `dir`, "+dirty" when it has uncommitted changes
 // outside the golden folder itself, or "unknown" outside a checkout.
 std::string GitCommit(const std::string& dir) {
-  const std::string head = Capture(fmt::format("git -C '{}' rev-parse HEAD 2>/dev/null", dir));
+  const std::string head = GitFirstLine({"-C", dir, "rev-parse", "HEAD"});
   if (head.size() != 40) return "unknown";
-  const std::string dirty = Capture(fmt::format(
-      "git -C '{}' status --porcelain --untracked-files=no -- ':/' ':!:golden/cases' "
-      "2>/dev/null | head -1", dir));
+  const std::string dirty = GitFirstLine({"-C", dir, "status", "--porcelain",
+                                          "--untracked-files=no", "--", ":/", ":!:golden/cases"});
   return dirty.empty() ? head : head + "+dirty";
 }
 
@@ -109,8 +111,7 @@ Runner SetupGolden(CLI::App& sub) {
   sub.add_option("--dir", opt->dir, "Folder of the golden cases and manifest.json")
       ->capture_default_str();
   sub.add_option("--only", opt->only, "Only this case (its name, without suffixes)");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)")
-      ->capture_default_str();
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
   sub.add_option("--commit", opt->commit,
                  "regen: commit recorded in the provenance (default: git rev-parse HEAD)");
   return [opt] { return opt->action == "verify" ? RunVerify(*opt) : RunRegen(*opt); };

@@ -117,7 +117,7 @@ Runner SetupOracle(CLI::App& sub) {
   sub.add_option("--out", opt->out, "Output safetensors file (o, lse, dq, dk, dv, delta as F64)")
       ->required();
   sub.add_option("--precision", opt->precision, "double (tiled float64), mp128 or mp256 (MPFR)");
-  sub.add_option("--threads", opt->threads, "Worker threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Worker threads (0: all cores)");
   sub.add_flag("--quiet", opt->quiet, "Print nothing on success");
   return [opt] { return RunOracle(*opt); };
 }

@@ -103,11 +103,11 @@ Runner SetupQuantize(CLI::App& sub) {
   sub.add_option("--scale-mode", opt->scale_mode,
                  "MX scale exponent: floor (OCP, default), ceil, rceil (TE/cuDNN), even (torchao)")
       ->check(CLI::IsMember({"floor", "ceil", "rceil", "even"}));
-  sub.add_option("--axis", opt->axis, "Axis the blocks run along (default -1, the last)");
-  sub.add_option("--block-size", opt->block_size,
-                 "Elements per block along --axis (default: the scheme's, 32 MX, 16 NVFP4, "
-                 "128 fp8-block)")
-      ->check(CLI::PositiveNumber);
+  AddIntegerOption(sub, "--axis", opt->axis, -64, 63,
+                   "Axis the blocks run along (default -1, the last)");
+  AddIntegerOption(sub, "--block-size", opt->block_size, 1, 2147483647,
+                   "Elements per block along --axis (default: the scheme's, 32 MX, 16 NVFP4, "
+                   "128 fp8-block)");
   sub.add_option("--nan", opt->nan,
                  "MX blocks holding NaN/Inf: propagate (microxcaling; default), scale (torchao, "
                  "same result), ignore (TransformerEngine fmaxf amax)")

@@ -135,7 +135,7 @@ Runner SetupRepro(CLI::App& sub) {
                  "Check to run (default: the one in the file name, else all)");
   sub.add_option("--dump", opt->dump,
                  "Write inputs/outputs/oracle .safetensors into this directory");
-  sub.add_option("--threads", opt->threads, "Oracle threads (0: all cores)");
+  AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
   return [opt] { return RunRepro(*opt); };
 }
 

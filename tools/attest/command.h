@@ -7,10 +7,12 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "reference/status.h"
 #include "verify/exit_codes.h"
 
 namespace attest::cli {
@@ -20,6 +22,23 @@ namespace attest::cli {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Numeric options parsed strictly: the whole word must be a number of the option's type
+// inside [min, max] (std::from_chars: no sign on unsigned options, no blanks, no trailing
+// characters, no wrap-around), so that "--seed -1", "--seed 18446744073709551616",
+// "--seed ''" and "--shard 0/99999999999999999999" are usage errors naming the option
+// instead of 2^64 - 1, 0 or an internal error.
+CLI::Option* AddUnsignedOption(CLI::App& app, const std::string& name, uint64_t& target,
+                               const std::string& help);
+CLI::Option* AddIntegerOption(CLI::App& app, const std::string& name, int64_t& target,
+                              int64_t min, int64_t max, const std::string& help);
+CLI::Option* AddIntegerOption(CLI::App& app, const std::string& name, int& target, int min,
+                              int max, const std::string& help);
+// A finite number of seconds > 0.
+CLI::Option* AddSecondsOption(CLI::App& app, const std::string& name, double& target,
+                              const std::string& help);
+// Parses a whole word as an integer in [min, max]; the Error says what is wrong with it.
+Expected<int64_t> ParseInteger(std::string_view text, int64_t min, int64_t max);
 
 using Runner = std::function<int()>;
 using Setup = std::function<Runner(CLI::App& sub)>;

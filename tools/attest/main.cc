@@ -1,5 +1,8 @@
 // attest: numerical verification of attention kernels. Registers every subcommand and maps
 // outcomes to the fixed exit codes: 0 pass, 1 finding, 2 usage or infrastructure error.
+// Before anything runs, attest becomes a child subreaper and installs the signal cleanup
+// (kernels/exec/children.h): nothing it starts outlives it, and a SIGINT/SIGTERM/SIGHUP ends
+// it by that signal after its children are killed and its temporary files removed.
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -9,11 +12,14 @@
 #include <fmt/format.h>
 
 #include "tools/attest/build_info.h"
+#include "kernels/exec/children.h"
 #include "tools/attest/command.h"
 
 int main(int argc, char** argv) {
   using namespace attest;
   using namespace attest::cli;
+  BecomeSubreaper();
+  InstallSignalCleanup();
   CLI::App app{"attest: verify attention kernels against a high-precision oracle.\n"
                "Exit codes: 0 all checks hold, 1 a check failed, 2 usage or infrastructure "
                "error."};
@@ -46,15 +52,23 @@ int main(int argc, char** argv) {
 
   for (auto& [sub, run] : runners) {
     if (!sub->parsed()) continue;
+    int code = kExitUsage;
     try {
-      return run();
+      code = run();
     } catch (const UsageError& e) {
       std::cerr << "attest " << sub->get_name() << ": " << e.what() << "\n";
-      return kExitUsage;
+    } catch (const InfrastructureError& e) {
+      std::cerr << "attest " << sub->get_name() << ": " << e.what() << "\n";
     } catch (const std::exception& e) {
       std::cerr << "attest " << sub->get_name() << ": internal error: " << e.what() << "\n";
-      return kExitUsage;
     }
+    std::cout.flush();
+    // Stopped by a signal: the run said what it could; end by that signal.
+    FinishIfStopped();
+    // Every kernel is gone by now, and with it its processes; whatever a child left behind
+    // that reached attest through the subreaper goes too.
+    KillAllChildren();
+    return code;
   }
   return kExitUsage;
 }

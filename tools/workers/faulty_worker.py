@@ -24,6 +24,13 @@ except that a chosen request triggers a fault:
                  (as torch_worker.py does for a kernel called with a wrong keyword)
   raise          the worker itself dies of an uncaught TypeError (traceback on stderr,
                  exit code 1) before replying
+  widen          answers correctly, with every output widened exactly from float32 to float64
+                 (a worker's container is not its precision)
+  chaos          the soak test's worker (docs/reliability.md): on a seeded random fraction
+                 (--rate) of forward/backward calls, chosen from the call number in the
+                 request's inputs path (so the same calls fault after a restart), crashes
+                 (SIGSEGV), hangs or replies garbage, one of the three by the same hash;
+                 each call is logged as "<call> <op> <fault or none>" to --log
 
 --op selects which request (describe, forward, backward; default forward) and
 --when-seqlen-q N restricts the fault to problems with that seqlen_q, so that a test can
@@ -31,6 +38,7 @@ check that the next call, on a fresh worker, succeeds.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -71,7 +79,23 @@ def main():
     parser.add_argument("--op", default="forward")
     parser.add_argument("--when-seqlen-q", type=int, default=None)
     parser.add_argument("--pid-file", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=0.1)
+    parser.add_argument("--log", default=None)
     args = parser.parse_args()
+
+    def chaos_fault(request):
+        """The fault of this call, or None: a hash of (seed, call number), not a stream, so
+        that a restarted worker agrees with the one it replaces."""
+        call = int(os.path.basename(request["inputs"]).split("-")[0])
+        digest = hashlib.sha256(f"{args.seed}:{call}".encode()).digest()
+        fault = None
+        if int.from_bytes(digest[:8], "little") / 2.0**64 < args.rate:
+            fault = ("crash", "hang", "garbage")[digest[8] % 3]
+        if args.log:
+            with open(args.log, "a") as f:
+                f.write(f"{call} {request['op']} {fault or 'none'}\n")
+        return fault
 
     def triggered(op, problem):
         if op != args.op:
@@ -98,6 +122,28 @@ def main():
                 os._exit(0)
             continue
         handler = nw.forward if op == "forward" else nw.backward
+        if args.mode == "widen":
+            outputs = handler(problem, aw.read_safetensors(request["inputs"]))
+            aw.write_safetensors(request["outputs"],
+                                 {k: np.asarray(v, dtype=np.float64) for k, v in outputs.items()})
+            proto.write('{"status": "ok"}\n')
+            proto.flush()
+            continue
+        if args.mode == "chaos":
+            fault = chaos_fault(request)
+            if fault == "crash":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            elif fault == "hang":
+                while True:
+                    time.sleep(60)
+            elif fault == "garbage":
+                proto.write("\x00\x01 this is not JSON\n")
+            else:
+                aw.write_safetensors(request["outputs"],
+                                     handler(problem, aw.read_safetensors(request["inputs"])))
+                proto.write('{"status": "ok"}\n')
+            proto.flush()
+            continue
         if not triggered(op, problem):
             aw.write_safetensors(request["outputs"],
                                  handler(problem, aw.read_safetensors(request["inputs"])))

@@ -311,7 +311,7 @@ Expected<AuditCase> Auditor::Measure(const std::string& label, const Case& c, bo
         if (Status s = SaveRepro(v, c); !s.ok()) return s.error();
       }
     }
-  } catch (const HarnessError& e) {
+  } catch (const InfrastructureError& e) {  // the oracle rejected the case, a full disk
     return Error{label + ": " + e.what()};
   }
   return a;

@@ -57,9 +57,10 @@ struct CheckContext {
 };
 
 // Thrown by CheckContext when the oracle rejects the case (a harness fault, exit code 2),
-// so that runners can tell it from an exception thrown by the kernel (a finding).
-struct HarnessError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// so that runners can tell it from an exception thrown by the kernel (a finding); runners
+// catch its base, reference/status.h InfrastructureError, which adapters throw too.
+struct HarnessError : InfrastructureError {
+  using InfrastructureError::InfrastructureError;
 };
 
 // ---- Helpers shared by the checks (check.cc) ----

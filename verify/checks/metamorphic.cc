@@ -20,6 +20,7 @@
 #include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
 #include "verify/metrics.h"
+#include "verify/tolerance.h"
 
 namespace attest {
 namespace {
@@ -75,13 +76,29 @@ RunOutputs BaseRun(std::string_view check, CheckContext& ctx, bool with_backward
   return r;
 }
 
+// The format a relation's ULPs are counted in: the precision the kernel declares for
+// `tensor` (the first policy of its profile that names a format: bf16 o and gradients for a
+// bf16 kernel, fp32 lse), not the container the values came in: fp32 results widened to
+// f64 would otherwise be held to f64 ULPs, 2^29 times finer than the kernel computes. Only
+// a profile that declares none (the low-precision families) falls back to the container.
+Format UlpFormat(const Profile* profile, std::string_view tensor, const Tensor& got) {
+  if (profile != nullptr) {
+    if (const std::vector<Policy>* policies = profile->For(tensor)) {
+      for (const Policy& policy : *policies) {
+        if (policy.format) return *policy.format;
+      }
+    }
+  }
+  return FormatOf(got.dtype()).value_or(Format::kF64);
+}
+
 // Whether `got` agrees with what the relation predicts (`expected`): bitwise when ulps is 0,
-// else |got - expected| <= ulps * Quantum(row scale) in got's format, the row scale being
+// else |got - expected| <= ulps * Quantum(row scale) in UlpFormat, the row scale being
 // max |scale| over the element's row (rows along the last axis; lse element by element).
 // Non-finite values must match: equal infinities, or NaN on both sides (any payload).
 // `extra` (f64, expected's shape) adds a per-element allowance on top of the ulps budget.
 Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
-              const Tensor& expected, const Tensor& got, double ulps,
+              const Profile* profile, const Tensor& expected, const Tensor& got, double ulps,
               const Tensor* scale = nullptr, const Tensor* extra = nullptr) {
   if (!expected.defined() || !got.defined()) {  // a claimed output missing (unwritten-outputs)
     return Failure(check, tensor, "outputs the kernel claims",
@@ -92,7 +109,7 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
                    fmt::format("{}: shape {} where the relation predicts {}", tensor,
                                ShapeString(got.shape()), ShapeString(expected.shape())));
   }
-  const Format f = FormatOf(got.dtype()).value_or(Format::kF64);
+  const Format f = UlpFormat(profile, tensor, got);
   const Tensor e = ToF64(expected), g = ToF64(got);
   const Tensor s = scale != nullptr ? ToF64(*scale) : e;
   const auto se = e.span<const double>(), sg = g.span<const double>(), ss = s.span<const double>();
@@ -333,16 +350,16 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
   // o, lse, dq: one query head's computation is the same in both problems (the 2-ULP budget
   // admits kernels that tile the GQA case differently).
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, base.fwd.o, rel.fwd.o, 2));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2));
   if (JudgesLse(*ctx.kernel)) {
-    out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+    out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4));
   }
   // A kernel that declares another dP rounding point for the MHA problem runs another
   // backward there: dq and dk then also differ by what that rounding moves (DpRoundingBound).
   std::string dp_note;
   const std::optional<DpRoundingAllowance> dp_allowance = DpAllowance(ctx, mha, base, &dp_note);
   if (bwd) {
-    out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2, nullptr,
+    out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq, rel.bwd->dq, 2, nullptr,
                         dp_allowance ? &dp_allowance->dq : nullptr));
     // dk, dv of a kv head: the sum over its query heads of the MHA gradients (each rounded to
     // the output dtype; the GQA kernel may round once after summing): r/2 + 1 ULPs at the
@@ -369,8 +386,8 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
       }
       const Tensor* extra =
           dp_allowance && std::string_view(name) == "dk" ? &dp_allowance->dk : nullptr;
-      out.push_back(Agree(kCheck, name, p, sum, gqa_grad, static_cast<double>(r) / 2 + 1, &mag,
-                          extra));
+      out.push_back(Agree(kCheck, name, p, ctx.profile, sum, gqa_grad,
+                          static_cast<double>(r) / 2 + 1, &mag, extra));
     }
   }
   for (Verdict& v : out) {
@@ -465,21 +482,21 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   std::string dp_note;
   const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
   if (JudgesLse(*ctx.kernel)) {
-    out.push_back(Agree(kCheck, "lse", p, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
+    out.push_back(Agree(kCheck, "lse", p, ctx.profile, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
                         rel.fwd.lse, ulps));
   }
   if (bwd) {
     // The allowance is per element of the case's problem: permuted like its gradients.
     const Tensor dq_extra = dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor();
     const Tensor dk_extra = dpa ? perm(dpa->dk, src_kv, ha, src_k_rows, 0) : Tensor();
-    out.push_back(Agree(kCheck, "dq", p, perm(base.bwd->dq, src_q, ha, src_q_rows, 0),
+    out.push_back(Agree(kCheck, "dq", p, ctx.profile, perm(base.bwd->dq, src_q, ha, src_q_rows, 0),
                         rel.bwd->dq, ulps, nullptr, dpa ? &dq_extra : nullptr));
-    out.push_back(Agree(kCheck, "dk", p, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
+    out.push_back(Agree(kCheck, "dk", p, ctx.profile, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
                         rel.bwd->dk, ulps, nullptr, dpa ? &dk_extra : nullptr));
-    out.push_back(
-        Agree(kCheck, "dv", p, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0), rel.bwd->dv, ulps));
+    out.push_back(Agree(kCheck, "dv", p, ctx.profile, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0),
+                        rel.bwd->dv, ulps));
   }
   // Locations are those of the permuted problem; say how to map them back.
   for (Verdict& v : out) {
@@ -545,16 +562,16 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     std::string dp_note;
     const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, rel_case.w, base, &dp_note);
     std::vector<Verdict> part;
-    part.push_back(Agree(kCheck, "o", p, base.fwd.o, rel.fwd.o, 2));
+    part.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2));
     if (JudgesLse(*ctx.kernel)) {
-      part.push_back(Agree(kCheck, "lse", p, base.fwd.lse, rel.fwd.lse, 4));
+      part.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4));
     }
     if (bwd) {
-      part.push_back(Agree(kCheck, "dq", p, base.bwd->dq, rel.bwd->dq, 2, nullptr,
+      part.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq, rel.bwd->dq, 2, nullptr,
                            dpa ? &dpa->dq : nullptr));
-      part.push_back(Agree(kCheck, "dk", p, base.bwd->dk, rel.bwd->dk, 2, nullptr,
+      part.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk, rel.bwd->dk, 2, nullptr,
                            dpa ? &dpa->dk : nullptr));
-      part.push_back(Agree(kCheck, "dv", p, base.bwd->dv, rel.bwd->dv, 2));
+      part.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv, rel.bwd->dv, 2));
     }
     for (Verdict& v : part) {
       v.message += " (" + rel_case.what + dp_note + ")";
@@ -741,17 +758,20 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   const double o_ulps = exact ? 0 : 2, lse_ulps = exact ? 0 : 4, g_ulps = exact ? 0 : 2;
   const int64_t nq = packed ? p.TotalQ() : p.seqlen_q, nk = packed ? p.TotalK() : p.seqlen_k;
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
   if (JudgesLse(*ctx.kernel)) {
-    out.push_back(Agree(kCheck, "lse", p, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
+    out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
                         lse_ulps));
   }
   if (bwd) {
-    out.push_back(Agree(kCheck, "dq", p, base.bwd->dq, Rows(rel.bwd->dq, q_axis, q_off, nq),
-                        g_ulps, nullptr, dpa ? &dpa->dq : nullptr));
-    out.push_back(Agree(kCheck, "dk", p, base.bwd->dk, Rows(rel.bwd->dk, k_axis, k_off, nk),
-                        g_ulps, nullptr, dpa ? &dpa->dk : nullptr));
-    out.push_back(Agree(kCheck, "dv", p, base.bwd->dv, Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
+    out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq,
+                        Rows(rel.bwd->dq, q_axis, q_off, nq), g_ulps, nullptr,
+                        dpa ? &dpa->dq : nullptr));
+    out.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk,
+                        Rows(rel.bwd->dk, k_axis, k_off, nk), g_ulps, nullptr,
+                        dpa ? &dpa->dk : nullptr));
+    out.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv,
+                        Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
   }
   for (Verdict& v : out) v.message += " (" + what + "; real tokens only" + dp_note + ")";
   return out;
