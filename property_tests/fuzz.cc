@@ -187,8 +187,18 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
         for (const Verdict& v : outcome->failing)
           original_margin = std::max(original_margin, v.margin);
         const double min_margin = std::min(options.shrink_min_margin, original_margin);
+        // The --time budget covers shrinking: past it (or after a stop signal) every further
+        // candidate counts as passing, so the best case so far is kept and saved, and the run
+        // ends within its budget plus one kernel call instead of being killed reportless.
         auto fails = [&](const Case& cand) {
-          if (StopSignal() != 0) return false;  // keep the best case so far
+          if (StopSignal() != 0) {
+            f.shrink_cut = "signal";
+            return false;
+          }
+          if (options.seconds && Since(start) >= *options.seconds) {
+            f.shrink_cut = "deadline";
+            return false;
+          }
           auto o =
               RunCheckOnCase(kernel, options.kernel_spec, cand, *fc.check, options.oracle_threads);
           if (!o.ok() || !o->failed()) return false;
@@ -276,6 +286,7 @@ nlohmann::json FuzzReport::ToJson(bool with_timings) const {
         {"shrunk_size", SizeJson(f.shrunk)},
         {"shrink_steps", f.shrink_steps},
         {"shrink_attempts", f.shrink_attempts},
+        {"shrink_cut", f.shrink_cut.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.shrink_cut)},
         {"case_file",
          f.case_file ? nlohmann::json(f.case_file->filename().string()) : nlohmann::json(nullptr)},
         {"repro", f.repro}};

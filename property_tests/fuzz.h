@@ -70,6 +70,9 @@ struct FuzzFailure {
   Case shrunk;
   int shrink_steps = 0;
   int shrink_attempts = 0;
+  // Why shrinking stopped early: "deadline" (the --time budget ran out), "signal", or ""
+  // (it ran to a fixpoint or to max_shrink_attempts).
+  std::string shrink_cut;
   std::optional<std::filesystem::path> case_file;
   std::string repro;  // one line
 };

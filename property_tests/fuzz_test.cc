@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <set>
 #include <sstream>
 
@@ -98,6 +100,72 @@ TEST(Fuzz, TheSameSeedWritesIdenticalCaseFiles) {
   EXPECT_LE(c->problem.seqlen_k, 64);
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// A wrong kernel whose every call is slow: o is zero, and each call takes 40 ms.
+class SlowZeroKernel final : public Kernel {
+ public:
+  explicit SlowZeroKernel(std::unique_ptr<Kernel> parent) : parent_(std::move(parent)) {}
+  std::string name() const override { return "slow-zero"; }
+  Capabilities capabilities() const override { return parent_->capabilities(); }
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    auto r = parent_->Forward(p, q, k, v);
+    if (auto* f = std::get_if<ForwardResult>(&r)) f->o = Tensor::Zeros(f->o.dtype(), f->o.shape());
+    return r;
+  }
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    return parent_->Backward(p, q, k, v, o, lse, dout);
+  }
+
+ private:
+  std::unique_ptr<Kernel> parent_;
+};
+
+// The --time budget covers shrinking: a run whose shrinking would outlast it stops at the
+// deadline with the case found so far saved and the report written, saying so.
+TEST(Fuzz, ShrinkingStopsAtTheTimeBudgetAndTheReportIsWritten) {
+  auto parent = Kernels().Create("cpu/flash2-bf16");
+  ASSERT_TRUE(parent.ok());
+  SlowZeroKernel kernel(std::move(parent).value());
+  FuzzOptions o;
+  o.kernel_spec = "slow-zero";
+  o.seed = 5;
+  o.seconds = 0.03;  // less than one case: the first case runs, its shrinking does not
+  o.checks = {"accuracy"};
+  o.out_dir = TempDir("deadline");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = RunFuzz(kernel, o);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->failures.size(), 1u);
+  const FuzzFailure& f = r->failures[0];
+  EXPECT_EQ(f.shrink_cut, "deadline");
+  EXPECT_EQ(f.shrink_steps, 0);
+  EXPECT_EQ(CaseToText(f.shrunk), CaseToText(f.original));
+  ASSERT_TRUE(f.case_file.has_value());
+  EXPECT_TRUE(fs::exists(*f.case_file));
+  const auto report = nlohmann::json::parse(Slurp(*o.out_dir / kFuzzReportFile));
+  EXPECT_EQ(report["failures"][0]["shrink_cut"], "deadline");
+  // Without a budget the same failure is shrunk to its end (the field is null).
+  EXPECT_LT(wall, 5.0);
+  fs::remove_all(*o.out_dir);
+  FuzzOptions full = o;
+  full.seconds.reset();
+  full.cases = 1;
+  full.max_shrink_attempts = 3;
+  full.out_dir = TempDir("deadline_full");
+  auto r2 = RunFuzz(kernel, full);
+  ASSERT_TRUE(r2.ok()) << r2.error().message;
+  ASSERT_EQ(r2->failures.size(), 1u);
+  EXPECT_EQ(r2->failures[0].shrink_cut, "");
+  EXPECT_GT(r2->failures[0].shrink_attempts, 0);
+  EXPECT_TRUE(r2->ToJson()["failures"][0]["shrink_cut"].is_null());
+  fs::remove_all(*full.out_dir);
 }
 
 TEST(Fuzz, ShardsAreDisjointAndTogetherRunTheUnshardedCases) {

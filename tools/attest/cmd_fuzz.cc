@@ -163,7 +163,7 @@ Runner SetupFuzz(CLI::App& sub) {
                     "Run seed: the same seed draws the same cases anywhere");
   AddIntegerOption(sub, "--cases", opt->cases, 1, int64_t{1} << 62,
                    "Number of cases (over all shards)");
-  AddSecondsOption(sub, "--time", opt->seconds, "Wall-time budget in seconds (instead of --cases)");
+  AddSecondsOption(sub, "--time", opt->seconds, "Wall-time budget in seconds, shrinking included (instead of --cases)");
   sub.add_option("--shard", opt->shard, "I/N: run the cases n with n mod N = I (default 0/1)");
   sub.add_option("--out", opt->out,
                  "Directory for <check>-<hash>.case.json files and fuzz-report.json");
