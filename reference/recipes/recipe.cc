@@ -107,6 +107,30 @@ Recipe Flash2Recipe(std::string_view name, std::string_view description, Format 
   return r;
 }
 
+// A reduced-precision input upcast to fp32 for the whole computation, outputs rounded once:
+// q, k, v, dO as stored (exact in fp32); P and dS fp32 before their GEMMs; D from the fp32 O;
+// o and the gradients rounded to the input dtype at the end (a GQA group's dK, dV summed in
+// fp32 before that rounding). PyTorch's SDPA math backend computes this way unless
+// torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) is set (torch/backends/cuda/
+// __init__.py; aten/src/ATen/native/transformers/attention.cpp
+// _scaled_dot_product_attention_math); tools/workers/torch_probe.py checks it bit for bit.
+Recipe UpcastRecipe(std::string_view name, std::string_view description, Format f, DType d) {
+  Recipe r;
+  r.name = name;
+  r.description = description;
+  r.qk = {AsIs(), AsIs()};
+  r.pv = {Rounded(Format::kF32), AsIs()};
+  r.dov = {AsIs(), AsIs()};
+  r.pdo = {Rounded(Format::kF32), AsIs()};
+  r.dsk = {Rounded(Format::kF32), AsIs()};
+  r.dsq = {Rounded(Format::kF32), AsIs()};
+  r.delta = DeltaSource::kFp32O;
+  r.output = f;
+  r.gradients = f;
+  r.input_dtypes = {d};
+  return r;
+}
+
 // cuDNN's MXFP8 SDPA (cudnn-frontend test/python/sdpa/mxfp8_ref.py compute_ref and
 // compute_ref_backward, quantize_ds=True): Q, K E4M3 with E8M0 scales along D for Q·Kᵀ; V
 // scaled along S_kv (one copy, used by P·V and by dO·Vᵀ); P ×16 → E4M3 → ÷16 before P·V;
@@ -217,6 +241,14 @@ const std::vector<Recipe>& Table() {
       Flash2Recipe("f16",
                    "f16 inputs; P and dS rounded to f16 before their GEMMs; fp32 "
                    "accumulation and softmax statistics (FlashAttention-2)",
+                   Format::kF16, DType::kF16),
+      UpcastRecipe("bf16-upcast",
+                   "bf16 inputs upcast to fp32: P, dS and D in fp32, o and gradients rounded "
+                   "once to bf16 (PyTorch's SDPA math backend)",
+                   Format::kBF16, DType::kBF16),
+      UpcastRecipe("f16-upcast",
+                   "f16 inputs upcast to fp32: P, dS and D in fp32, o and gradients rounded "
+                   "once to f16 (PyTorch's SDPA math backend)",
                    Format::kF16, DType::kF16),
       // Low-precision rows (owner "lowp"; kernels/models/lowp_models.h runs them).
       Mxfp8CudnnRecipe(),

@@ -173,6 +173,24 @@ def call(backend, p, dtype, device, want_bwd):
     return out
 
 
+def upcast_evidence(backend, p, dtype, device):
+    """Whether the backend's answer in `dtype` is bit for bit its fp32 answer rounded once (o,
+    dq, dk, dv): the evidence behind a declared "<dtype>-upcast" recipe."""
+    q, k, v, do = inputs(p, dtype, device)
+    answers = []
+    for cast in (dtype, torch.float32):
+        xs = [x.to(cast).clone().requires_grad_(True) for x in (q, k, v)]
+        with torch.enable_grad():
+            o, _ = backend.run(p, *xs, need_lse=False)
+            g = torch.autograd.grad(o, xs, grad_outputs=do.to(cast))
+        answers.append([t.detach().to(dtype) for t in (o, *g)])
+    same = [torch.equal(a, b) for a, b in zip(*answers)]
+    diff = [float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+            for a, b in zip(*answers)]
+    return {"bit_identical": dict(zip(("o", "dq", "dk", "dv"), same)),
+            "max_diff": dict(zip(("o", "dq", "dk", "dv"), diff))}
+
+
 class Args:
     def __init__(self, backend, dtype, device, deterministic=False):
         self.backend, self.dtype, self.device = backend, dtype, device
@@ -204,6 +222,18 @@ def probe(name, dtype, device, budget):
         rows.append(r)
         print(f"  {name:18s} {fname:40s} {json.dumps({k: v for k, v in r.items() if k != 'feature'})}",
               flush=True)
+    upcast = []
+    if str(caps.get("recipe", "")).endswith("-upcast"):
+        for fname, need, p in features():
+            p = dict(p, dtype=dtype)
+            if tb.covers(caps, p) is not None:
+                continue
+            try:
+                r = upcast_evidence(backend, p, torch_dtype, device)
+            except Exception as e:  # noqa: BLE001
+                r = {"error": last_line(e)}
+            upcast.append({"feature": fname, **r})
+            print(f"  {name:18s} upcast {fname:33s} {json.dumps(r)}", flush=True)
     dims = []
     for d in HEAD_DIMS:
         if time.time() > t_end:
@@ -213,7 +243,10 @@ def probe(name, dtype, device, budget):
         dims.append({"head_dim": d, **r})
         print(f"  {name:18s} head_dim {d:<4d} {r.get('forward')} {r.get('backward', '')} "
               f"{r.get('error', '')}{r.get('backward_error', '')}", flush=True)
-    return {"backend": name, "dtype": dtype, "caps": caps, "features": rows, "head_dims": dims}
+    out = {"backend": name, "dtype": dtype, "caps": caps, "features": rows, "head_dims": dims}
+    if upcast:
+        out["upcast"] = upcast
+    return out
 
 
 def main():

@@ -400,12 +400,13 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
           // squared, subtracted): where tanh saturates, c ~ 1e-9 while the kernel's c is 0.
           // Σ_j |dS_ij| error sources: weights (eps), softcap factor, dS rounding, fp32 dP and
           // D (γ_Dv on Σ|dO∘v| and Σ|dO∘O|), dP's own rounding, D's own error when read from
-          // the fp32 O.
+          // the fp32 O (which differs from Σ P v_o by the P·V product's error alone: the
+          // output rounding u_o never reaches it, and Σ|dO∘O|'s fp32 sum is in γ_Dv above).
           const double eta = abs_ds * (rd.u_ds + w.eps + eps_c + rd.u_g) +
                              Gamma(static_cast<double>(Dv) + 2) * (b_pb + mass * a_o) + dp_round +
                              static_cast<double>(w.j.size()) * rd.tiny_ds +
                              (p.softcap > 0 ? 6 * kU32 * abs_pd : 0.0) +
-                             (rd.delta_rounded ? 0.0 : 2 * (rd.u_o * a_o + eps_pv * b_p));
+                             (rd.delta_rounded ? 0.0 : 2 * eps_pv * b_p);
           const double n_acc = Gamma(static_cast<double>(s.q_len * G) + 2);
           for (int64_t d = 0; d < D; ++d) {
             const double qd = qk[g.Q(t, h, d)];
