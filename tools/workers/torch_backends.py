@@ -245,6 +245,12 @@ class SdpaMath(Backend):
         c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
                   "block_sparse": True, "alibi": True, "gqa": True, "deterministic": True,
                   "lse": False})
+        # The math backend upcasts bf16/f16 to fp32 and rounds o and the gradients once,
+        # unless reduced-precision reductions are allowed (then it computes in the input dtype
+        # and follows no recipe attest knows: the profile alone judges it). torch_probe.py
+        # checks the upcast bit for bit against an fp32 call rounded once.
+        if self.dtype in ("bf16", "f16") and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
+            c["recipe"] = self.dtype + "-upcast"
         return c
 
     def run(self, p, q, k, v, need_lse):
@@ -446,6 +452,9 @@ class SdpaCudnn(Backend):
         out = entry("_cudnn_attention_forward")(
             qt, kt, vt, mask, None, None, p["seqlen_q"], p["seqlen_k"], True, 0.0,
             is_causal, False, scale=scale)
+        if out[0] is None:  # the op's answer, reported as such (seen for Sq = Sk = 0)
+            raise RuntimeError("aten._cudnn_attention_forward returned no output tensor (None) "
+                               f"for B{p['batch']} Sq{p['seqlen_q']} Sk{p['seqlen_k']}")
         return out[0].transpose(1, 2), lse_to_attest(out[1], p) if need_lse else None
 
 
@@ -555,14 +564,25 @@ class Flex(Backend):
         self.aux = fa_mod.AuxRequest(lse=True)
         self.eager = self.device.type == "cpu"
         import torch._dynamo as dynamo
-        # Every new shape is a recompile; allow as many as a suite has.
-        dynamo.config.automatic_dynamic_shapes = False
+        # torch.compile as users call it: by default (--flex-dynamic auto) flex-triton gets
+        # PyTorch's default (the first shape is compiled static and the first recompile makes
+        # the changing sizes dynamic, so a suite of many shapes compiles a few kernels, not one
+        # per shape) and flex-flash is compiled static, because its FLASH backend refuses
+        # dynamic shapes (PyTorch 2.11 raises "NYI: score_mod or mask_mod captures a dynamic
+        # scalar" once a size becomes symbolic; docs/gpu-results.md). "true"/"false" force
+        # dynamic=True/False for both. Past dynamo's recompile limit a compiled function
+        # silently falls back to eager (FlexAttention's reference path, not the kernel under
+        # test): the limits are raised so that every call stays compiled.
         for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                      "accumulated_recompile_limit"):
             if hasattr(dynamo.config, knob):
                 setattr(dynamo.config, knob, 4096)
+        dynamic = {"auto": False if backend == "FLASH" else None, "true": True,
+                   "false": False}[getattr(args, "flex_dynamic", None) or "auto"]
+        if dynamic is False:
+            dynamo.config.automatic_dynamic_shapes = False
         self.flex = (fa_mod.flex_attention if self.eager else
-                     torch.compile(fa_mod.flex_attention, dynamic=False))
+                     torch.compile(fa_mod.flex_attention, dynamic=dynamic))
 
     def caps(self):
         c = self.base_caps(self.dtype)

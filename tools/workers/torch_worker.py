@@ -51,7 +51,12 @@ def to_torch(t, dtype, device):
         x = torch.from_numpy(t.data.copy())
     else:
         raise ValueError(f"input dtype {t.dtype} is not handled")
-    return x.to(device=device, dtype=_TORCH[dtype])
+    x = x.to(device=device, dtype=_TORCH[dtype])
+    if x.numel() == 0:
+        # NumPy gives an empty array zero strides; a kernel receives what torch itself makes
+        # of that shape (row-major strides, last one 1), as a user's torch.empty would be.
+        x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return x
 
 
 def to_tensor(x):
@@ -128,6 +133,11 @@ def main():
                         help="sdpa-math: attn_mask as a boolean or an additive (0/-inf) mask")
     parser.add_argument("--deterministic", action="store_true",
                         help="fa4 / fa:: pass deterministic=True")
+    parser.add_argument("--flex-dynamic", default="auto", choices=["auto", "true", "false"],
+                        help="flex backends: torch.compile's dynamic= (auto: flex-triton gets "
+                        "PyTorch's default, static first and shapes made dynamic on the first "
+                        "recompile; flex-flash is static, its FLASH backend refuses dynamic "
+                        "shapes)")
     parser.add_argument("--caps", default=None,
                         help="JSON object merged into the claimed capabilities")
     args = parser.parse_args()
