@@ -482,12 +482,47 @@ def self_test():
     return caught
 
 
+def flex_mask_in_bounds():
+    """FlexAttention's kernels evaluate mask_mod also where the answer is decided already: keys
+    of another packed sequence and the padding of partial blocks (compiled, an out-of-range
+    index into a captured table is a device-side assert). The mask_mod of flex_mods is called
+    on the whole packed grid plus a block of padding on both axes for a packed batch with
+    documents and block sparsity; eager CPU indexing raises on an index out of bounds. Returns
+    the number of failures."""
+    p = dict(batch=3, heads_q=2, heads_kv=2, seqlen_q=40, seqlen_k=37, head_dim=16,
+             head_dim_v=16, dtype="bf16", causal=True, causal_align="bottom_right",
+             window=[24, 8], softcap=0.0, alibi_slopes=None, prefix_lm=3,
+             cu_seqlens_q=[0, 40, 45, 70], cu_seqlens_k=[0, 5, 42, 70],
+             document_ids_q=[[0] * 20 + [1] * 20, [0] * 40, [0] * 10 + [2] * 30],
+             document_ids_k=[[0] * 2 + [1] * 35, [0] * 37, [0] * 7 + [2] * 30],
+             block_sparse={"block_q": 16, "block_k": 16, "blocks": [[0, 0], [1, 1], [2, 0]]})
+    mask_mod, _, _, sq, sk = tb.flex_mods(p, torch.device("cpu"))
+    q_idx = torch.arange(sq + 128)[:, None]
+    kv_idx = torch.arange(sk + 128)[None, :]
+    try:
+        keep = mask_mod(torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64),
+                        q_idx, kv_idx)
+    except IndexError as e:
+        print(f"FAIL flex mask_mod reads out of bounds on the padded packed grid: {e}")
+        return 1
+    # Keys of another sequence never match, and the clamp leaves the real grid unchanged.
+    seq_q = torch.repeat_interleave(torch.arange(3), torch.tensor([40, 5, 25]))
+    seq_k = torch.repeat_interleave(torch.arange(3), torch.tensor([5, 37, 28]))
+    cross = seq_q[:, None] != seq_k[None, :]
+    if bool(keep[:sq, :sk][cross].any()):
+        print("FAIL flex mask_mod keeps a key of another packed sequence")
+        return 1
+    print("ok   flex mask_mod: in bounds on the padded packed grid")
+    return 0
+
+
 def main():
     torch.manual_seed(0)
     install_fakes()
     failures = 0
     for label, backend in make_backends():
         failures += check_backend(label, backend)
+    failures += flex_mask_in_bounds()
     caught = self_test()
     print(f"self-test: {caught} of 3 broken adapters caught")
     if caught != 3:

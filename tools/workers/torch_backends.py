@@ -499,11 +499,12 @@ def flex_mods(p, device):
         # A key position past the last sequence never matches (padding of the packed axis).
 
         def where(b, q_idx, kv_idx):
-            s = seq_q[q_idx]
+            # Clamped: the kernel also asks about the padding past the packed tokens (below).
+            s = seq_q[torch.clamp(q_idx, 0, max(tq - 1, 0))]
             i = q_idx - start_q[s]
             j = kv_idx - start_k[s]
             off = (len_k[s] - len_q[s]) if br else torch.zeros_like(i)
-            return s, i, j, off, seq_k[kv_idx] == s
+            return s, i, j, off, seq_k[torch.clamp(kv_idx, 0, max(tk - 1, 0))] == s
         batch, sq, sk = 1, tq, tk
     else:
         sq0, sk0 = p["seqlen_q"], p["seqlen_k"]
@@ -526,11 +527,18 @@ def flex_mods(p, device):
             if prefix:
                 band = band | (j < prefix)
             keep = keep & band
+            # The kernel evaluates mask_mod where the answer is already decided: keys of other
+            # packed sequences (j < 0 or past the sequence) and the padding of partial blocks.
+            # Indices into the captured tables are clamped so that those evaluations read in
+            # bounds (compiled indexing asserts on an out-of-range index: a device-side assert,
+            # not a verdict); where the clamp changes an index, `keep` is already False or the
+            # position lies outside the sequence.
             if docs:
-                keep = keep & (dq[s, i] == dk[s, j])
+                keep = keep & (dq[s, torch.clamp(i, 0, dq.shape[1] - 1)] ==
+                               dk[s, torch.clamp(j, 0, dk.shape[1] - 1)])
             if sparse is not None:
-                keep = keep & table[torch.clamp(i // bq, max=nqb - 1),
-                                    torch.clamp(j // bk, max=nkb - 1)]
+                keep = keep & table[torch.clamp(i // bq, 0, nqb - 1),
+                                    torch.clamp(j // bk, 0, nkb - 1)]
             return keep
 
     score_mod = None
