@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# torch_campaign.sh — run on a CUDA host from the repository root, in three calls in a row on
+# torch_campaign.sh — run on a CUDA host from the repository root, in two calls in a row (a third optional) on
 # one warm machine (the device tool keeps files outside the repository between calls while the
 # machine stays warm), after tools/device/pack_torch.sh filled .devA/ and .devB/ here:
 #   A  (carry .devA): stash .devA outside the repository, unpack attest; probe and gate the four
-#      PyTorch SDPA backends in bf16 and f16; fuzz them.
+#      PyTorch SDPA backends and flex-triton (one process per check) in bf16 and f16; fuzz the
+#      SDPA backends.
 #   B  (carry .devB): join the large wheel, install FlashAttention-4 and its dependencies into
-#      a target folder; probe and gate FlashAttention-4 (default and deterministic=True) and
-#      FlexAttention's FLASH backend in bf16 and f16.
-#   C  (nothing carried): gate flex-triton in bf16 and f16; fuzz FlashAttention-4 and the flex
-#      backends; merge the shards.
+#      a target folder; probe, gate and fuzz FlashAttention-4 (default and deterministic=True)
+#      and FlexAttention's FLASH backend in bf16 and f16; repro the GQA/MHA finding.
+#   C  (nothing carried, optional): more gates (RUNS) or fuzz (FUZZ) on the warm machine.
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
 # shrunk case files) and prints a summary. Commands: docs/gpu-results.md.
 # Usage: tools/device/torch_campaign.sh A|B|C
 # Environment: STASH (default /root/attest-stash), GATE_TIMEOUT (s per gate run, default 420),
-#   FUZZ_SECONDS (per fuzz shard, default 150), SEED (default 0), RUNS / FUZZ (override a
-#   stage's lists: "backend:dtype ..." and "backend:dtype:shards ...").
+#   CALL_SECONDS (every run ends by then, default 540), FUZZ_SECONDS (per fuzz shard,
+#   shrinking included, default 150), FUZZ_MAX_FAILURES (per
+#   shard, default 8), SEED (default 0), PROBE=0 (no torch_probe.py run), RUNS / FUZZ
+#   (override a stage's lists: "backend:dtype ..." and "backend:dtype:shards ..."; empty:
+#   none), FLEX_RUNS / FLEX_JOBS / FLEX_TIMEOUT (stage A's flex-triton gates), REPROS (after the stage: "backend:dtype:case-file:check ...", each an
+#   `attest repro`), GATE_SPLIT=1 (one process per check, GATE_JOBS at a time, default 12).
 set -uo pipefail
 stage="${1:?usage: torch_campaign.sh A|B|C}"
 root="$(pwd)"
@@ -22,6 +26,7 @@ out="${OUT:-$root/campaign-out}"
 stash="${STASH:-/root/attest-stash}"
 site="$stash/site"
 work="$stash/stage$stage"
+[ "$stage" != A ] || rm -rf "$stash"
 mkdir -p "$out" "$work"
 log="$work/campaign.txt"
 exec > >(tee -a "$log") 2>&1
@@ -30,10 +35,15 @@ zstd() { LD_LIBRARY_PATH="$stash/bin" "$stash/bin/zstd" "$@"; }
 orig_ld="${LD_LIBRARY_PATH:-}"
 python="$(command -v python3)"
 seed="${SEED:-0}"
+# Every run of the call ends by one deadline (CALL_SECONDS after the start, default 540): a run
+# started late gets what is left, and one with under a minute left is not started (.rc "-").
+deadline=$(( $(date +%s) + ${CALL_SECONDS:-540} ))
+left() { echo $(( deadline - $(date +%s) )); }
+# `wait` with no operand would also wait for the tee below, which waits for this shell.
+waitfor() { [ $# -eq 0 ] || wait "$@"; }
 
 case "$stage" in
   A)
-    rm -rf "$stash"; mkdir -p "$stash" "$work"
     cp -r "${DEVA:-.devA}"/. "$stash/"
     zstd -d -q -c "$stash/attest-device.tar.zst" | tar -C "$stash" -xf - || exit 2
     ;;
@@ -94,42 +104,76 @@ kernel_of() {  # backend dtype -> exec: spec
 }
 
 threads=2
+# GATE_SPLIT=1: one `attest check --check NAME` process per check (heaviest first, at most
+# GATE_JOBS at a time), so a slow kernel's gate fits one call; each writes its own reports.
+checks="$("$attest" list checks | awk '{print $1}')"
+heavy="accuracy non-interference consistency special-values"
+split_checks="$heavy $(for c in $checks; do case " $heavy " in *" $c "*) ;; *) echo "$c" ;; esac; done)"
 gate() {  # backend:dtype ...
-  local pids=() r
-  for r in "$@"; do
-    IFS=: read -r b d <<< "$r"
-    ( k="$(kernel_of "$b" "$d")"; name="gate-$b-$d"; t0=$(date +%s)
-      echo "attest check --suite gate --seed $seed --kernel '$k'" > "$work/$name.cmd"
-      timeout "${GATE_TIMEOUT:-420}" "$attest" check --kernel "$k" --suite gate --seed "$seed" \
-        --threads "$threads" --json "$work/$name.json" --junit "$work/$name.xml" \
-        --out "$work/failures-$b-$d" > "$work/$name.log" 2>&1
+  local pids=() r runs=() c
+  if [ "${GATE_SPLIT:-0}" = 1 ]; then
+    for c in $split_checks; do for r in "$@"; do runs+=("$r:$c"); done; done
+  else
+    for r in "$@"; do runs+=("$r:"); done
+  fi
+  for r in "${runs[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "${GATE_JOBS:-12}" ]; do wait -n; done
+    IFS=: read -r b d c <<< "$r"
+    t="${GATE_TIMEOUT:-420}"; [ "$(left)" -ge "$t" ] || t="$(left)"
+    if [ "$t" -lt 60 ]; then echo "- 0" > "$work/gate-$b-$d${c:+-$c}.rc"; continue; fi
+    ( k="$(kernel_of "$b" "$d")"; name="gate-$b-$d${c:+-$c}"; t0=$(date +%s)
+      only=(); [ -z "$c" ] || only=(--check "$c")
+      budget=$(( t - 40 ))
+      echo "attest check --suite gate --seed $seed ${only[*]} --kernel '$k'" > "$work/$name.cmd"
+      timeout "$t" "$attest" check --kernel "$k" --suite gate --seed "$seed" \
+        "${only[@]}" --time-budget "$budget" --threads "$threads" --json "$work/$name.json" \
+        --junit "$work/$name.xml" --out "$work/failures-$b-$d${c:+-$c}" > "$work/$name.log" 2>&1
       echo "$? $(( $(date +%s) - t0 ))" > "$work/$name.rc" ) &
     pids+=($!)
   done
-  wait "${pids[@]}"
+  waitfor "${pids[@]}"
 }
 
 fuzz() {  # backend:dtype:shards ...
   local pids=() r i
   for r in "$@"; do
     IFS=: read -r b d n <<< "$r"
+    secs="${FUZZ_SECONDS:-150}"; [ "$(left)" -ge $(( secs + 40 )) ] || secs=$(( $(left) - 40 ))
+    [ "$secs" -ge 30 ] || { echo "- 0" > "$work/fuzz-$b-$d-merged.rc"; continue; }
     for ((i = 0; i < n; i++)); do
       ( k="$(kernel_of "$b" "$d")"; name="fuzz-$b-$d-$i"; t0=$(date +%s)
-        echo "attest fuzz --seed $seed --time ${FUZZ_SECONDS:-150} --shard $i/$n --kernel '$k'" > "$work/$name.cmd"
-        timeout $(( ${FUZZ_SECONDS:-150} + 150 )) "$attest" fuzz --kernel "$k" --seed "$seed" \
-          --time "${FUZZ_SECONDS:-150}" --shard "$i/$n" --out "$work/$name" > "$work/$name.log" 2>&1
+        echo "attest fuzz --seed $seed --time $secs --shard $i/$n --kernel '$k'" > "$work/$name.cmd"
+        timeout $(( secs + 30 )) "$attest" fuzz --kernel "$k" --seed "$seed" \
+          --time "$secs" --shard "$i/$n" --max-failures "${FUZZ_MAX_FAILURES:-8}" \
+          --out "$work/$name" > "$work/$name.log" 2>&1
         echo "$? $(( $(date +%s) - t0 ))" > "$work/$name.rc" ) &
       pids+=($!)
     done
   done
-  wait "${pids[@]}"
+  waitfor "${pids[@]}"
   for r in "$@"; do
     IFS=: read -r b d n <<< "$r"
+    [ -d "$work/fuzz-$b-$d-0" ] || continue
     dirs=(); for ((i = 0; i < n; i++)); do dirs+=("$work/fuzz-$b-$d-$i"); done
     "$attest" fuzz --merge "${dirs[@]}" > "$work/fuzz-$b-$d-merged.log" 2>&1
     echo "$?" > "$work/fuzz-$b-$d-merged.rc"
   done
 }
+
+repros() {  # backend:dtype:case-file:check ...  (attest repro, one log each)
+  local r b d c chk
+  for r in "$@"; do
+    IFS=: read -r b d c chk <<< "$r"
+    name="repro-$b-$d-$(basename "$c" .case.json)-$chk"
+    t=200; [ "$(left)" -ge 210 ] || t=$(( $(left) - 10 ))
+    [ "$t" -ge 20 ] || { echo "-" > "$work/$name.rc"; continue; }
+    timeout "$t" "$attest" repro --kernel "$(kernel_of "$b" "$d")" --check "$chk" --case "$c" \
+      > "$work/$name.log" 2>&1
+    echo "$?" > "$work/$name.rc"
+  done
+}
+
+repros_all() { repros ${REPROS-}; }
 
 probe() {  # dtype backends...
   local d="$1"; shift
@@ -140,33 +184,54 @@ probe() {  # dtype backends...
 
 case "$stage" in
   A)
-    probe bf16 sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn &
-    p1=$!
-    gate ${RUNS:-sdpa-math:bf16 sdpa-math:f16 sdpa-flash:bf16 sdpa-flash:f16 \
+    p1=
+    if [ "${PROBE:-1}" = 1 ]; then
+      ( probe bf16 sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn; probe f16 sdpa-math;
+        probe bf16 flex-triton ) &
+      p1=$!
+    fi
+    # flex-triton compiles a kernel per new mask/score rule under torch.compile: one process
+    # per check (GATE_SPLIT), beside the SDPA runs, for the whole call.
+    g=
+    if [ -n "${FLEX_RUNS-flex-triton:bf16 flex-triton:f16}" ]; then
+      ( GATE_SPLIT=1 GATE_JOBS="${FLEX_JOBS:-8}" GATE_TIMEOUT="${FLEX_TIMEOUT:-480}" \
+          gate ${FLEX_RUNS-flex-triton:bf16 flex-triton:f16} ) &
+      g=$!
+    fi
+    gate ${RUNS-sdpa-math:bf16 sdpa-math:f16 sdpa-flash:bf16 sdpa-flash:f16 \
                  sdpa-efficient:bf16 sdpa-efficient:f16 sdpa-cudnn:bf16 sdpa-cudnn:f16}
-    fuzz ${FUZZ:-sdpa-math:bf16:1 sdpa-flash:bf16:1 sdpa-efficient:bf16:1 sdpa-cudnn:bf16:1 \
-                 sdpa-flash:f16:1 sdpa-cudnn:f16:1}
-    wait $p1
+    fuzz ${FUZZ-sdpa-math:bf16:1 sdpa-math:f16:1 sdpa-flash:bf16:1 sdpa-flash:f16:1 \
+                 sdpa-efficient:bf16:1 sdpa-efficient:f16:1 sdpa-cudnn:bf16:1 sdpa-cudnn:f16:1}
+    waitfor $g $p1
     ;;
   B)
     "$python" -c "import flash_attn.cute as f; print('flash_attn.cute from', f.__file__)" || exit 2
-    ( probe bf16 fa4 fa4-deterministic ) &
-    p1=$!
-    ( probe bf16 flex-flash ) &
-    p2=$!
-    gate ${RUNS:-fa4:bf16 fa4:f16 fa4-deterministic:bf16 fa4-deterministic:f16 \
-                 flex-flash:bf16 flex-flash:f16}
-    wait $p1 $p2
-    ;;
-  C)
-    ( probe bf16 flex-triton ) &
-    p1=$!
-    gate ${RUNS:-flex-triton:bf16 flex-triton:f16} &
+    p1=
+    if [ "${PROBE:-1}" = 1 ]; then
+      ( probe bf16 fa4 fa4-deterministic; probe bf16 flex-flash ) &
+      p1=$!
+    fi
+    gate ${RUNS-fa4:bf16 fa4:f16 fa4-deterministic:bf16 fa4-deterministic:f16 \
+                 flex-flash:bf16 flex-flash:f16} &
     g=$!
-    fuzz ${FUZZ:-fa4:bf16:2 fa4:f16:1 fa4-deterministic:bf16:1 flex-flash:bf16:1}
-    wait $g $p1
+    # Which spelling of the FlashAttention-4 GQA/MHA disagreement is wrong: each against the
+    # oracle (accuracy), and the disagreement itself again.
+    REPROS="fa4:bf16:golden/findings/fa4-gqa-vs-mha-dk.case.json:accuracy
+            fa4:bf16:golden/findings/fa4-gqa-vs-mha-dk.case.json:gqa-mha ${REPROS-}" \
+      repros_all &
+    r=$!
+    fuzz ${FUZZ-fa4:bf16:1 fa4:f16:1 fa4-deterministic:bf16:1 flex-flash:bf16:1 \
+                 flex-flash:f16:1}
+    waitfor $g $r $p1
+    REPROS=
+    ;;
+  C)  # what a session has device time left for: RUNS / FUZZ (default: more fuzz)
+    gate ${RUNS-}
+    fuzz ${FUZZ-sdpa-cudnn:bf16:2 fa4:bf16:2 flex-triton:bf16:1}
     ;;
 esac
+
+repros_all
 
 echo "== summary, stage $stage"
 for f in "$work"/gate-*.rc "$work"/fuzz-*-merged.rc; do
@@ -175,6 +240,7 @@ for f in "$work"/gate-*.rc "$work"/fuzz-*-merged.rc; do
   echo "$n: exit $rc${secs:+ in ${secs}s}; $(grep -E '^(PASS|FAIL)' "$work/$n.log" | tail -1 | cut -c1-160)"
   grep -m 4 -E '^FAIL ' "$work/$n.log" | cut -c1-220 | sed 's/^/    /'
 done
+for f in "$work"/repro-*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E '^(PASS|FAIL)' "$f" | cut -c1-220 | head -12; }; done
 for f in "$work"/probe-*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "refused|Error|error" "$f" | cut -c1-220 | head -20; }; done
 # What comes back: one archive (failing and shrunk cases, reports, logs; no tensors).
 find "$work" -name '*.safetensors' -size +2M -delete
