@@ -352,6 +352,14 @@ class ProtocolKernel final : public Kernel {
       if (const std::string tail = worker_->StderrText(); !tail.empty()) {
         message += "; stderr: " + tail;
       }
+      if (reply->exiting) {
+        // The worker said it exits after this reply: the next request must not be written to
+        // the dying process (it would fail as "exited before replying" and be charged to the
+        // next case). Reap it now; the next call starts a fresh one.
+        worker_->Kill();
+        worker_.reset();
+        message += " (the worker exits after this error; a fresh one serves the next call)";
+      }
       return Fail(op, message);
     }
     if (!reply->route.empty())

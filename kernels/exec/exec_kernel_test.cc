@@ -406,6 +406,9 @@ INSTANTIATE_TEST_SUITE_P(
         Misbehaviour{"wrong-dtype", "backward", "output 'dq' has dtype i32, not a float format"},
         Misbehaviour{"missing", "backward", "output 'dk' missing"},
         Misbehaviour{"error", "forward", "worker reported an error: deliberate failure"},
+        // Declared exiting: the next call goes to a fresh worker, not to the dying one.
+        Misbehaviour{"error-exit", "forward", "(the worker exits after this error"},
+        Misbehaviour{"error-exit", "backward", "(the worker exits after this error"},
         Misbehaviour{"bad-status", "forward", "unknown status \"maybe\""},
         Misbehaviour{"unsupported", "forward", ""}),
     [](const auto& info) {

@@ -79,6 +79,14 @@ Expected<CallReply> ParseCallReply(std::string_view line) {
     if (message == nullptr) return Error{"\"error\" reply without a string \"message\""};
     out.status = CallReply::Status::kError;
     out.text = Cut(*message);
+    // Optional: the worker exits after this reply (its process is unusable, e.g. after a
+    // sticky CUDA error), so the next request must go to a fresh worker.
+    if (const auto it = reply->find("exiting"); it != reply->end()) {
+      if (!it->is_boolean()) {
+        return Error{fmt::format("\"exiting\" is not true or false: {}", JsonExcerpt(*it))};
+      }
+      out.exiting = it->get<bool>();
+    }
     return out;
   }
   if (*status != "ok") return Error{fmt::format("unknown status {}", QuotedExcerpt(*status))};

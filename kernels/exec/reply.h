@@ -28,10 +28,11 @@ struct CallReply {
   Status status = Status::kOk;
   std::string text;   // the reason (unsupported) or message (error)
   std::string route;  // optional "route" of an ok reply
+  bool exiting = false;  // optional "exiting" of an error reply: the worker exits after it
 };
 
 // {"status": "ok"[, "route": "..."]}, {"status": "unsupported", "reason": "..."} or
-// {"status": "error", "message": "..."}.
+// {"status": "error", "message": "..."[, "exiting": true]}.
 Expected<CallReply> ParseCallReply(std::string_view line);
 
 }  // namespace attest

@@ -44,7 +44,7 @@ std::string GenReplyLine(bool* describe) {
          {"name", "fuzz"},
          {"capabilities", CapabilitiesToJson(GenCapabilities())}};
   } else {
-    switch (*rc::gen::inRange(0, 4)) {
+    switch (*rc::gen::inRange(0, 5)) {
       case 0:
         j = {{"status", "ok"}};
         break;
@@ -54,8 +54,12 @@ std::string GenReplyLine(bool* describe) {
       case 2:
         j = {{"status", "unsupported"}, {"reason", "no varlen"}};
         break;
-      default:
+      case 3:
         j = {{"status", "error"}, {"message", "CUDA error: an illegal memory access"}};
+        break;
+      default:
+        j = {{"status", "error"}, {"message", "CUDA error: an illegal memory access"},
+             {"exiting", *rc::gen::arbitrary<bool>()}};
     }
   }
   return j.dump();
@@ -107,6 +111,19 @@ RC_GTEST_PROP(ReplyFuzz, AMutatedReplyGivesAReplyOrAnErrorNeverACrash, ()) {
   RC_ASSERT(r->route.size() <= 2003);
   const bool has_text = r->status != CallReply::Status::kOk;
   RC_ASSERT(has_text || r->text.empty());
+}
+
+TEST(CallReply, ExitingIsReadFromAnErrorReplyAndMustBeABoolean) {
+  auto yes = ParseCallReply(R"({"status": "error", "message": "m", "exiting": true})");
+  ASSERT_TRUE(yes.ok()) << yes.error().message;
+  EXPECT_TRUE(yes->exiting);
+  auto absent = ParseCallReply(R"({"status": "error", "message": "m"})");
+  ASSERT_TRUE(absent.ok());
+  EXPECT_FALSE(absent->exiting);
+  auto bad = ParseCallReply(R"({"status": "error", "message": "m", "exiting": "yes"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("\"exiting\" is not true or false"), std::string::npos)
+      << bad.error().message;
 }
 
 }  // namespace

@@ -225,6 +225,9 @@ def serve(describe, forward, backward=None, route=None, fatal=None):
             traceback.print_exc(file=sys.stderr)
             reply = {"status": "error", "message": f"{type(e).__name__}: {e}"}
             if fatal is not None and fatal(e):
+                # "exiting": attest reaps this process and sends the next request to a fresh
+                # one, instead of writing it to a process that is about to exit.
+                reply["exiting"] = True
                 proto.write(json.dumps(reply) + "\n")
                 proto.flush()
                 print("worker: exiting after an error that leaves this process unusable",

@@ -14,6 +14,8 @@ except that a chosen request triggers a fault:
   wrong-shape    writes the first output with its axes reversed
   wrong-dtype    writes the first output as int32
   error          replies {"status": "error", "message": "deliberate failure"}
+  error-exit     replies {"status": "error", ..., "exiting": true}, then exits (code 70) after
+                 a pause in which attest could already have written its next request
   unsupported    replies {"status": "unsupported", "reason": "deliberate refusal"}
   bad-status     replies {"status": "maybe"}
   exit-early     exits (code 0) right after answering describe, without reading requests
@@ -193,6 +195,12 @@ def main():
             proto.write('{"status": "ok", "route": "slow path"}\n')
         elif mode == "error":
             proto.write(json.dumps({"status": "error", "message": "deliberate failure"}) + "\n")
+        elif mode == "error-exit":
+            proto.write(json.dumps({"status": "error", "message": "deliberate fatal failure",
+                                    "exiting": True}) + "\n")
+            proto.flush()
+            time.sleep(0.3)
+            os._exit(70)
         elif mode == "unsupported":
             proto.write(json.dumps({"status": "unsupported", "reason": "deliberate refusal"})
                         + "\n")
