@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "reference/golden/sha256.h"
 #include "reference/io/files.h"
 #include "verify/checks/check.h"
 
@@ -706,11 +706,13 @@ Expected<std::filesystem::path> SaveFailureCase(const Case& c, const std::filesy
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error{fmt::format("{}: cannot create directory: {}", dir.string(), ec.message())};
-  const std::string text = CaseToText(c);
-  const size_t hash = std::hash<std::string>{}(text);
-  const std::string name = fmt::format(
-      "{}-{}-{}-{:08x}.case.json", Sanitize(kernel), Sanitize(verdict.check),
-      Sanitize(verdict.tensor.empty() ? "all" : verdict.tensor), static_cast<uint32_t>(hash));
+  // The name's suffix comes from the case text through SHA-256: the same file name for the
+  // same case under every compiler and standard library.
+  const uint64_t hash = ContentHash64(CaseToText(c));
+  const std::string name =
+      fmt::format("{}-{}-{}-{:08x}.case.json", Sanitize(kernel), Sanitize(verdict.check),
+                  Sanitize(verdict.tensor.empty() ? "all" : verdict.tensor),
+                  static_cast<uint32_t>(hash >> 32));
   const std::filesystem::path path = dir / name;
   if (Status s = SaveCase(path, c); !s.ok()) return s.error();
   return path;

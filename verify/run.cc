@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/exec/children.h"
+#include "reference/golden/sha256.h"
 #include "reference/problem/inputs.h"
 #include "verify/report.h"
 #include "verify/tolerance.h"
@@ -120,8 +121,10 @@ Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile*
   ctx.inputs = std::move(inputs).value();
   ctx.profile = profile;
   ctx.oracle_options = options.oracle;
-  // Perturbations drawn by checks follow the case, so a saved case reproduces them.
-  ctx.seed = c.generator ? c.generator->seed : std::hash<std::string>{}(CaseToText(c));
+  // Perturbations drawn by checks follow the case, so a saved case reproduces them; for a
+  // case with input files the seed comes from its text through SHA-256, the same under every
+  // compiler and standard library.
+  ctx.seed = c.generator ? c.generator->seed : ContentHash64(CaseToText(c));
   return ctx;
 }
 

@@ -125,6 +125,15 @@ std::string Sha256Hex(std::string_view text) {
   return Sha256Hex(std::as_bytes(std::span<const char>(text.data(), text.size())));
 }
 
+uint64_t ContentHash64(std::string_view text) {
+  Sha256 h;
+  h.Update(text);
+  const auto d = h.Final();
+  uint64_t x = 0;
+  for (int i = 0; i < 8; ++i) x = (x << 8) | d[static_cast<size_t>(i)];
+  return x;
+}
+
 Expected<std::string> Sha256File(const std::filesystem::path& path) {
   ReadLimits limits;
   limits.max_bytes = std::numeric_limits<uint64_t>::max();  // streamed in chunks

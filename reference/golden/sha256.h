@@ -39,6 +39,9 @@ std::string DigestHex(const std::array<uint8_t, 32>& digest);
 // Lower-case hex of the digest of `data`.
 std::string Sha256Hex(std::span<const std::byte> data);
 std::string Sha256Hex(std::string_view text);
+// The first 8 bytes of the digest of `text`, big-endian: a seed or a name derived from
+// content that is the same under every compiler and standard library (std::hash is not).
+uint64_t ContentHash64(std::string_view text);
 // Hex digest of a file's bytes; the error names the path.
 Expected<std::string> Sha256File(const std::filesystem::path& path);
 

@@ -19,6 +19,13 @@ TEST(Sha256, NistOneBlockAndTwoBlockMessages) {
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 }
 
+// Seeds and file names derived from content: SHA-256("abc") begins ba7816bf 8f01cfea (FIPS
+// 180-4 example), on every compiler and standard library.
+TEST(Sha256, ContentHash64IsTheDigestsFirstEightBytes) {
+  EXPECT_EQ(ContentHash64("abc"), 0xba7816bf8f01cfeaULL);
+  EXPECT_EQ(ContentHash64(""), 0xe3b0c44298fc1c14ULL);
+}
+
 TEST(Sha256, MillionAsFedInUnevenChunks) {
   // NIST: one million 'a'. Fed in chunks of 1..127 bytes to exercise the buffering paths.
   Sha256 hasher;
