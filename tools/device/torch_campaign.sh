@@ -9,6 +9,8 @@
 #      a target folder; probe, gate and fuzz FlashAttention-4 (default and deterministic=True)
 #      and FlexAttention's FLASH backend in bf16 and f16; repro the GQA/MHA finding.
 #   C  (nothing carried, optional): more gates (RUNS) or fuzz (FUZZ) on the warm machine.
+# Backends: the torch_worker.py names, plus fa4-deterministic and flex-triton-static
+# (flex-triton compiled static: --flex-dynamic false).
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
 # shrunk case files) and prints a summary. Commands: docs/gpu-results.md.
 # Usage: tools/device/torch_campaign.sh A|B|C
@@ -99,6 +101,7 @@ kernel_of() {  # backend dtype -> exec: spec
   local backend="$1" dtype="$2" extra=""
   case "$backend" in
     fa4-deterministic) backend=fa4; extra=" --deterministic" ;;
+    flex-triton-static) backend=flex-triton; extra=" --flex-dynamic false" ;;
   esac
   echo "exec:LD_LIBRARY_PATH=$orig_ld PYTHONPATH=$PYTHONPATH $python tools/workers/torch_worker.py --backend $backend --dtype $dtype --device cuda$extra"
 }
