@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Summarises `attest check --json` reports and `attest fuzz` reports of a GPU campaign
-(tools/device/torch_campaign.sh) as the Markdown rows of docs/gpu-results.md: per run the exit
-code, verdict and failure counts, the worst accuracy margin per tensor, and the failing checks
-with their first message; per fuzz run the cases, failures and wall time.
+(tools/device/torch_campaign.sh) as the Markdown rows of docs/gpu-results.md: per gate the exit
+code, verdicts, failing verdicts (kernel errors among them) apart from the verdicts the time
+budget left unrun, the worst passing accuracy margin per tensor and the failing checks; a gate
+run as one process per check (GATE_SPLIT=1: gate-B-D-CHECK.json) is one row; per fuzz shard the
+cases, failures and wall time; then each distinct failure with its repro line.
 Usage: summarize.py DIR...   (the unpacked stage folders)
 """
 
@@ -10,6 +12,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 
@@ -21,14 +24,30 @@ def num(x):
     return math.nan
 
 
-def gate_row(path):
+def not_run(v):
+    return "time budget" in v.get("message", "")
+
+
+def gate_key(path):
+    """(backend-dtype, check or None) from gate-BACKEND-DTYPE[-CHECK].json."""
     name = os.path.basename(path)[len("gate-"):-len(".json")]
-    with open(path) as f:
-        j = json.load(f)
-    rc_file = path[:-len(".json")] + ".rc"
-    rc, secs = (open(rc_file).read().split() + ["?", "?"])[:2] if os.path.exists(rc_file) else ("?", "?")
-    verdicts = j.get("verdicts", [])
-    failing = [v for v in verdicts if not v.get("pass")]
+    m = re.match(r"(.*?-(?:bf16|f16|f32))(?:-(.+))?$", name)
+    return (m.group(1), m.group(2)) if m else (name, None)
+
+
+def gate_row(name, paths):
+    rcs, secs, verdicts = [], 0, []
+    for path in paths:
+        with open(path) as f:
+            verdicts += json.load(f).get("verdicts", [])
+        rc_file = path[:-len(".json")] + ".rc"
+        if os.path.exists(rc_file):
+            parts = (open(rc_file).read().split() + ["?", "0"])[:2]
+            rcs.append(parts[0])
+            secs = max(secs, int(parts[1]) if parts[1].isdigit() else 0)
+    failing = [v for v in verdicts if not v.get("pass") and not not_run(v)]
+    unrun = sum(1 for v in verdicts if not v.get("pass") and not_run(v))
+    errors = sum(1 for v in failing if v.get("check") == "kernel-error")
     worst = {}
     for v in verdicts:
         if v.get("check") == "accuracy" and v.get("pass"):
@@ -40,19 +59,26 @@ def gate_row(path):
     for v in failing:
         by_check.setdefault(v.get("check"), []).append(v)
     fails = "; ".join(f"{c} ×{len(vs)}" for c, vs in sorted(by_check.items()))
-    return (f"| {name} | {rc} | {len(verdicts)} | {len(failing)} | {margins} | {secs} s | "
-            f"{fails or '—'} |"), failing
+    exits = ",".join(sorted(set(rcs))) or "?"
+    split = f" ({len(paths)} checks)" if len(paths) > 1 else ""
+    return (f"| {name}{split} | {exits} | {len(verdicts)} | {len(failing)} ({errors}) | {unrun} | "
+            f"{margins} | {secs} s | {fails or '—'} |"), failing
 
 
 def main():
     dirs = sys.argv[1:]
-    print("| run | exit | verdicts | failing | worst passing accuracy margin (o / lse / dq / dk / dv) | wall | failing checks |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | exit | verdicts | failing (kernel-error) | not run (budget) | worst passing "
+          "accuracy margin (o / lse / dq / dk / dv) | wall | failing checks |")
+    print("|---|---|---|---|---|---|---|---|")
     details = []
     for d in dirs:
+        groups = {}
         for path in sorted(glob.glob(os.path.join(d, "gate-*.json"))):
-            row, failing = gate_row(path)
+            groups.setdefault(gate_key(path)[0], []).append(path)
+        for name, paths in groups.items():
+            row, failing = gate_row(name, paths)
             print(row)
+            path = paths[0]
             seen = set()
             for v in failing:
                 key = (v.get("check"), v.get("tensor"), v.get("message", "")[:80])
@@ -69,8 +95,9 @@ def main():
             with open(path) as f:
                 j = json.load(f)
             name = os.path.basename(os.path.dirname(path))
-            print(f"| {name} | {j.get('cases', j.get('total_cases', '?'))} | "
-                  f"{len(j.get('failures', []))} | {j.get('seconds', j.get('wall_seconds', '?'))} |")
+            secs = j.get("seconds")
+            print(f"| {name} | {j.get('cases_run', '?')} | {len(j.get('failures', []))} | "
+                  f"{f'{secs:.0f} s' if isinstance(secs, (int, float)) else '?'} |")
     print()
     print("\n".join(details))
 
