@@ -28,26 +28,29 @@ def not_run(v):
     return "time budget" in v.get("message", "")
 
 
-def gate_key(path):
-    """(backend-dtype, check or None) from gate-BACKEND-DTYPE[-CHECK].json."""
+def gate_name(path):
+    """BACKEND-DTYPE of gate-BACKEND-DTYPE[-CHECK].json (one row for a per-check gate)."""
     name = os.path.basename(path)[len("gate-"):-len(".json")]
-    m = re.match(r"(.*?-(?:bf16|f16|f32))(?:-(.+))?$", name)
-    return (m.group(1), m.group(2)) if m else (name, None)
+    m = re.match(r"(.*?-(?:bf16|f16|f32))(?:-.+)?$", name)
+    return m.group(1) if m else name
 
 
 def gate_row(name, paths):
-    rcs, secs, verdicts = [], 0, []
+    """The row, and the failing verdicts with the report file each came from."""
+    rcs, secs, verdicts, source = [], 0, [], []
     for path in paths:
         with open(path) as f:
-            verdicts += json.load(f).get("verdicts", [])
+            vs = json.load(f).get("verdicts", [])
+        verdicts += vs
+        source += [os.path.basename(path)] * len(vs)
         rc_file = path[:-len(".json")] + ".rc"
         if os.path.exists(rc_file):
             parts = (open(rc_file).read().split() + ["?", "0"])[:2]
             rcs.append(parts[0])
             secs = max(secs, int(parts[1]) if parts[1].isdigit() else 0)
-    failing = [v for v in verdicts if not v.get("pass") and not not_run(v)]
+    failing = [(v, src) for v, src in zip(verdicts, source) if not v.get("pass") and not not_run(v)]
     unrun = sum(1 for v in verdicts if not v.get("pass") and not_run(v))
-    errors = sum(1 for v in failing if v.get("check") == "kernel-error")
+    errors = sum(1 for v, _ in failing if v.get("check") == "kernel-error")
     worst = {}
     for v in verdicts:
         if v.get("check") == "accuracy" and v.get("pass"):
@@ -56,7 +59,7 @@ def gate_row(name, paths):
     margins = " / ".join(f"{worst[t]:.2f}" if t in worst else "—"
                          for t in ("o", "lse", "dq", "dk", "dv"))
     by_check = {}
-    for v in failing:
+    for v, _ in failing:
         by_check.setdefault(v.get("check"), []).append(v)
     fails = "; ".join(f"{c} ×{len(vs)}" for c, vs in sorted(by_check.items()))
     exits = ",".join(sorted(set(rcs))) or "?"
@@ -74,18 +77,17 @@ def main():
     for d in dirs:
         groups = {}
         for path in sorted(glob.glob(os.path.join(d, "gate-*.json"))):
-            groups.setdefault(gate_key(path)[0], []).append(path)
+            groups.setdefault(gate_name(path), []).append(path)
         for name, paths in groups.items():
             row, failing = gate_row(name, paths)
             print(row)
-            path = paths[0]
             seen = set()
-            for v in failing:
+            for v, src in failing:
                 key = (v.get("check"), v.get("tensor"), v.get("message", "")[:80])
                 if key in seen:
                     continue
                 seen.add(key)
-                details.append(f"- {os.path.basename(path)}: {v.get('check')} {v.get('tensor')}: "
+                details.append(f"- {src}: {v.get('check')} {v.get('tensor')}: "
                                f"{v.get('message', '')[:300]} — repro: {v.get('repro', '')[:300]}")
     print()
     print("| fuzz run | cases | failures | wall |")

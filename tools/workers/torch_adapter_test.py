@@ -506,8 +506,8 @@ def flex_mask_in_bounds():
         print(f"FAIL flex mask_mod reads out of bounds on the padded packed grid: {e}")
         return 1
     # Keys of another sequence never match, and the clamp leaves the real grid unchanged.
-    seq_q = torch.repeat_interleave(torch.arange(3), torch.tensor([40, 5, 25]))
-    seq_k = torch.repeat_interleave(torch.arange(3), torch.tensor([5, 37, 28]))
+    seq_q, seq_k = (torch.repeat_interleave(torch.arange(p["batch"]), torch.diff(torch.tensor(cu)))
+                    for cu in (p["cu_seqlens_q"], p["cu_seqlens_k"]))
     cross = seq_q[:, None] != seq_k[None, :]
     if bool(keep[:sq, :sk][cross].any()):
         print("FAIL flex mask_mod keeps a key of another packed sequence")
