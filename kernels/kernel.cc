@@ -112,6 +112,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   j["profile"] = caps.profile;
   if (!caps.recipe.empty()) j["recipe"] = caps.recipe;
   if (caps.empty_row_lse != "-inf") j["empty_row_lse"] = caps.empty_row_lse;
+  if (caps.softcap_tanh_abs_error != 0) j["softcap_tanh_abs_error"] = caps.softcap_tanh_abs_error;
   for (const auto& f : kRestrictions) {
     if (caps.*(f.member)) j[f.key] = true;
   }
@@ -176,6 +177,16 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                    "nothing else is acceptable for an empty row)"};
     }
     caps.empty_row_lse = e.get<std::string>();
+  }
+  if (j.contains("softcap_tanh_abs_error")) {
+    const auto& e = j["softcap_tanh_abs_error"];
+    // 0.01 is far above any tanh approximation worth the name (tanh.approx.f32: 8e-6); a
+    // larger number is a units mistake, not a declaration.
+    if (!e.is_number() || !(e.get<double>() >= 0 && e.get<double>() <= 0.01)) {
+      return Error{"capabilities.softcap_tanh_abs_error: must be a number in [0, 0.01] (the "
+                   "largest absolute error of the kernel's tanh)"};
+    }
+    caps.softcap_tanh_abs_error = e.get<double>();
   }
   if (j.contains("lse")) {  // a missing key means true: every kernel returned lse before
     if (!j["lse"].is_boolean()) return Error{"capabilities.lse: not a boolean"};

@@ -53,6 +53,16 @@ struct Capabilities {
   // writes +inf so that the backward's exp(s - lse) is 0 without a guard). Nothing else is
   // acceptable. JSON key "empty_row_lse".
   std::string empty_row_lse = "-inf";
+  // The largest absolute error of the kernel's tanh where softcap applies
+  // (s -> softcap * tanh(s / softcap)), for a kernel that computes it with an approximation;
+  // 0 (the default, not written): an fp32 tanh within a few ulps, which the profile's
+  // same-precision baseline already carries. The accuracy check widens the lse bound of a
+  // softcap problem by softcap * this and o's by twice that times max |v| (lse moves by at most
+  // the largest score error; Σ_j |dP_ij| by at most twice it). Declared from an exhaustive
+  // measurement: PTX tanh.approx.f32 (what CuTe DSL's `cute.math.tanh(fastmath=True)` emits) on
+  // an H200 errs by at most 7.98e-6 (tools/device/tanh_error.py,
+  // docs/gpu-results/tanh/h200-tanh-error.json). JSON key "softcap_tanh_abs_error", in [0, 0.01].
+  double softcap_tanh_abs_error = 0;
   // Restrictions of kernels whose API cannot express a problem (both default false, JSON keys
   // of the same names, written only when set): `same_head_dim_v`, Dv must equal D
   // (FlashAttention-2's and PyTorch's flash entry points take one head dim); and

@@ -151,6 +151,11 @@ struct TensorMetrics {
   // Per-element rounding floors (verify/term_scale.h ComputeRoundingFloors; f64, contiguous,
   // `elements` values in flat order), undefined unless SetRoundingFloor filled them.
   Tensor rounding_floor;
+  // What the kernel's declared approximations add to every element's bound (kernels/kernel.h
+  // Capabilities::softcap_tanh_abs_error: softcap x the tanh error on lse), added to
+  // kBaselineRatio's bound and named in its message; 0 when nothing is declared.
+  double declared_allowance = 0;
+  std::string declared_note;  // "softcap 2.5 x declared tanh error 7.98e-06"
 };
 
 // Fills rows[r].term_scale from `terms` (verify/term_scale.h GradientTermScales::dq or ::dk):

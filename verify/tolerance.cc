@@ -518,9 +518,10 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
                 break;
               case FloorScale::kTerms:
                 return base_term + policy.floor_ulps * Quantum(row.ref_max_abs, f) +
-                       policy.term_ulps * Quantum(row.term_scale, Format::kF32);
+                       policy.term_ulps * Quantum(row.term_scale, Format::kF32) +
+                       m.declared_allowance;
             }
-            return base_term + policy.floor_ulps * Quantum(scale, f);
+            return base_term + policy.floor_ulps * Quantum(scale, f) + m.declared_allowance;
           },
           v);
       v.message = fmt::format("{}: error {} vs allowed {} ({}x baseline {} + floor) at {}",
@@ -535,6 +536,9 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
       }
       if (rfloor != nullptr && v.worst.flat >= 0) {
         v.message += fmt::format("; rounding floor {}", Num(rfloor[v.worst.flat]));
+      }
+      if (m.declared_allowance > 0) {
+        v.message += fmt::format("; + {} ({})", Num(m.declared_allowance), m.declared_note);
       }
       if (baseline->nonfinite_mismatches > 0) {
         v.message += fmt::format("; the baseline had {} non-finite values (ignored)",

@@ -33,6 +33,7 @@ Capabilities GenCapabilities() {
   caps.deterministic = *rc::gen::arbitrary<bool>();
   caps.profile = *rc::gen::elementOf(std::vector<std::string>{"", "bf16", "f32"});
   if (*rc::gen::arbitrary<bool>()) caps.empty_row_lse = "+inf";
+  if (*rc::gen::arbitrary<bool>()) caps.softcap_tanh_abs_error = 7.984215021017427e-06;
   return caps;
 }
 

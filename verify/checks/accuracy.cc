@@ -2,6 +2,7 @@
 // (verify/compare.cc), run on a kernel's answers instead of a file.
 #include "verify/checks/accuracy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -158,6 +159,27 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
           continue;
         }
       }
+    }
+    // A declared tanh approximation (kernels/kernel.h Capabilities::softcap_tanh_abs_error):
+    // every score may be off by softcap x its error e; lse then by at most that, and o_i =
+    // sum_j P_ij v_j by at most 2 softcap e max|v| (first order: dP_ij = P_ij (ds_ij -
+    // sum_l P_il ds_il), so sum_j |dP_ij| <= 2 max |ds|).
+    const double tanh_error =
+        ctx.kernel != nullptr && p.softcap > 0 ? ctx.kernel->capabilities().softcap_tanh_abs_error
+                                               : 0.0;
+    if (tanh_error > 0 && (k == 0 || k == 1)) {
+      const double score_error = p.softcap * tanh_error;
+      double v_max = 0;
+      if (k == 0) {
+        for (double x : ToF64(ctx.inputs.v).span<const double>()) {
+          if (std::isfinite(x)) v_max = std::max(v_max, std::fabs(x));
+        }
+      }
+      m->declared_allowance = k == 1 ? score_error : 2 * score_error * v_max;
+      m->declared_note = k == 1 ? fmt::format("softcap {} x declared tanh error {}", p.softcap,
+                                              tanh_error)
+                                : fmt::format("2 x softcap {} x declared tanh error {} x max|v| {}",
+                                              p.softcap, tanh_error, v_max);
     }
     std::optional<TensorMetrics> bm;
     if (with_baseline) {

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/builtin.h"
+#include "kernels/models/flash_models.h"
+#include "reference/recipes/recipe.h"
 #include "reference/formats/format.h"
 #include "verify/checks/check.h"
 #include "verify/report.h"
@@ -195,6 +197,62 @@ class PlusInfLse : public Wrapper {
 
  private:
   bool declares_;
+};
+
+// Softcap through an approximate tanh: every finite lse of a softcap problem moved by
+// `shift` x softcap x the tanh error `error` (the largest a score error of softcap x error can
+// move lse), declaring that error or not.
+class ApproxTanh : public Wrapper {
+ public:
+  ApproxTanh(double error, double shift, bool declares)
+      : Wrapper("test/approx-tanh"), error_(error), shift_(shift), declares_(declares) {}
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    if (declares_) c.softcap_tanh_abs_error = error_;
+    return c;
+  }
+  void Edit(const Problem& p, ForwardResult& r) override {
+    if (p.softcap <= 0) return;
+    r.lse = EditOutput(r.lse, [&](std::span<double> l) {
+      for (double& x : l) {
+        if (std::isfinite(x)) x += shift_ * p.softcap * error_;
+      }
+    });
+  }
+
+ private:
+  double error_, shift_;
+  bool declares_;
+};
+
+// A correct FlashAttention-2 bf16 model whose key tile follows the key count (block_n 32 for
+// an even Sk, 48 for an odd one, forward and backward): padding by 9 keys retiles every real
+// row, so lse moves by fp32 ulps and P, dS round the other way here and there -- what the
+// H200's flex-triton did under padding.
+class Retiled : public Kernel {
+ public:
+  Retiled() {
+    EngineOptions even, odd;
+    even.fwd_block_n = even.bwd_block_n = 32;
+    odd.fwd_block_n = odd.bwd_block_n = 48;
+    even_ = std::make_unique<Flash2Model>("test/retiled", *FindRecipe("bf16"), DType::kBF16, even);
+    odd_ = std::make_unique<Flash2Model>("test/retiled", *FindRecipe("bf16"), DType::kBF16, odd);
+  }
+  std::string name() const override { return "test/retiled"; }
+  Capabilities capabilities() const override { return even_->capabilities(); }
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override {
+    return Pick(p).Forward(p, q, k, v);
+  }
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    return Pick(p).Backward(p, q, k, v, o, lse, dout);
+  }
+
+ private:
+  Flash2Model& Pick(const Problem& p) { return p.seqlen_k % 2 == 0 ? *even_ : *odd_; }
+  std::unique_ptr<Flash2Model> even_, odd_;
 };
 
 // Claims softcap but refuses it.
@@ -553,6 +611,96 @@ TEST(Run, PlusInfLseOnEmptyRowsPassesOnlyWhenDeclared) {
   EXPECT_TRUE(AnyFailure(RunQuick(liar, "quick", 0, "special-values"), "special-values", "lse"));
 }
 
+// A declared tanh approximation widens lse's bound on softcap problems by softcap x its error,
+// and by no more: tanh.approx.f32's measured 7.98e-6 (kernels/kernel.h).
+TEST(Run, DeclaredTanhErrorWidensLseBySoftcapTimesTheError) {
+  Case c;
+  c.problem.batch = 1;
+  c.problem.heads_q = c.problem.heads_kv = 2;
+  c.problem.seqlen_q = 40;
+  c.problem.seqlen_k = 5;
+  c.problem.head_dim = c.problem.head_dim_v = 32;
+  c.problem.dtype = DType::kBF16;
+  c.problem.softcap = 2.5;
+  c.generator = GeneratorSpec{"gaussian", 7, nlohmann::json::object()};
+  const CheckInfo* check = FindCheck("accuracy");
+  RunOptions o;
+  auto lse_fails = [&](Kernel& k) {
+    auto r = RunCase(k, c, std::span<const CheckInfo* const>(&check, 1), o, "softcap 2.5");
+    EXPECT_TRUE(r.ok());
+    return AnyFailure(*r, "accuracy", "lse");
+  };
+  constexpr double kError = 7.984215021017427e-06;
+  ApproxTanh within(kError, 0.9, true), beyond(kError, 1.6, true), silent(kError, 0.9, false);
+  EXPECT_FALSE(lse_fails(within));
+  EXPECT_TRUE(lse_fails(beyond));
+  EXPECT_TRUE(lse_fails(silent));
+  // No softcap, no allowance: the same declaration admits nothing else.
+  c.problem.softcap = 0;
+  class Shifted : public ApproxTanh {
+   public:
+    Shifted() : ApproxTanh(kError, 0.9, true) {}
+    void Edit(const Problem& p, ForwardResult& r) override {
+      Problem capped = p;
+      capped.softcap = 2.5;
+      ApproxTanh::Edit(capped, r);
+    }
+  } shifted;
+  EXPECT_TRUE(lse_fails(shifted));
+}
+
+// A kernel whose blocking follows the padding is judged by what each run may round, not by
+// ulps of a possibly cancelled row; a padding leak still fails (SequenceBias, mutants).
+TEST(Run, RetiledByPaddingPassesPadding) {
+  Retiled k;
+  RunResult r = RunQuick(k, "gate", 0, "padding");
+  EXPECT_TRUE(r.report.passed()) << ToConsole(r.report);
+  size_t judged = 0;
+  for (const Verdict& v : r.report.verdicts) judged += v.check == "padding" && v.tensor == "dk";
+  EXPECT_GT(judged, 0u);
+}
+
+// The H200's flex-triton (bf16) under padding, replayed on the correct model: on
+// golden/findings/flex-triton-padding-gradient-rounding.case.json (constant rows: every exact
+// dS is 0) the padded run returned dq[b0, i26, h4, d0] = -1.5553087e-7 where the unpadded one
+// returned 0 -- fp32 noise of dP - D, which a retiled kernel computes in another order. The
+// same noise 1000 times larger is no rounding and fails.
+TEST(Run, PaddingAdmitsTheRetiledKernelsRoundingNotMore) {
+  auto c = LoadCase("golden/findings/flex-triton-padding-gradient-rounding.case.json");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  class PaddedNoise : public Wrapper {
+   public:
+    explicit PaddedNoise(double noise) : Wrapper("test/padded-noise"), noise_(noise) {}
+    KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& o, const Tensor& lse,
+                                          const Tensor& dout) override {
+      auto a = Wrapper::Backward(p, q, k, v, o, lse, dout);
+      auto* r = std::get_if<BackwardResult>(&a);
+      if (r != nullptr && p.document_ids_q) {  // the padded run (the case has no documents)
+        const int64_t flat = ((0 * p.seqlen_q + 26) * p.heads_q + 4) * p.head_dim + 0;
+        r->dq = EditOutput(r->dq, [&](std::span<double> d) { d[flat] += noise_; }, true);
+      }
+      return a;
+    }
+
+   private:
+    double noise_;
+  };
+  const CheckInfo* check = FindCheck("padding");
+  RunOptions o;
+  auto dq_fails = [&](Kernel& k) {
+    auto r = RunCase(k, *c, std::span<const CheckInfo* const>(&check, 1), o, "finding");
+    EXPECT_TRUE(r.ok());
+    size_t judged = 0;
+    for (const Verdict& v : r->report.verdicts) judged += v.check == "padding" && v.tensor == "dq";
+    EXPECT_EQ(judged, 1u);
+    return AnyFailure(*r, "padding", "dq");
+  };
+  PaddedNoise observed(-1.5553087e-7), larger(-1.5553087e-4);
+  EXPECT_FALSE(dq_fails(observed));
+  EXPECT_TRUE(dq_fails(larger));
+}
+
 TEST(Run, RefusingAClaimedFeatureAndAnsweringWronglyOutsideFailHonesty) {
   Refuser refuser;
   RunResult a = RunQuick(refuser, "quick", 0, "honesty");
@@ -640,6 +788,22 @@ TEST(Checks, EmptyRowLseIsMinusInfUnlessPlusInfIsDeclared) {
   EXPECT_FALSE(j.contains("empty_row_lse"));  // the default is not written
   j["empty_row_lse"] = "nan";
   EXPECT_FALSE(CapabilitiesFromJson(j).ok());
+}
+
+TEST(Checks, SoftcapTanhErrorRoundTripsAndIsValidated) {
+  Capabilities c;
+  EXPECT_FALSE(CapabilitiesToJson(c).contains("softcap_tanh_abs_error"));  // 0 is not written
+  c.softcap_tanh_abs_error = 7.984215021017427e-06;
+  auto round = CapabilitiesFromJson(CapabilitiesToJson(c));
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->softcap_tanh_abs_error, c.softcap_tanh_abs_error);
+  for (const nlohmann::json& bad : {nlohmann::json(-1e-6), nlohmann::json(0.5), nlohmann::json("8e-6")}) {
+    nlohmann::json j = CapabilitiesToJson(Capabilities{});
+    j["softcap_tanh_abs_error"] = bad;
+    auto r = CapabilitiesFromJson(j);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("capabilities.softcap_tanh_abs_error"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
 #include "verify/metrics.h"
+#include "verify/term_scale.h"
 #include "verify/tolerance.h"
 
 namespace attest {
@@ -161,7 +162,7 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
   v.policy = ulps == 0 && extra == nullptr ? std::string("bitwise equal")
              : extra == nullptr
                  ? fmt::format("|diff| <= {} {} ulp(row)", ulps, Name(f))
-                 : fmt::format("|diff| <= {} {} ulp(row) + dP-rounding bound", ulps, Name(f));
+                 : fmt::format("|diff| <= {} {} ulp(row) + rounding allowance", ulps, Name(f));
   v.observed = worst_err;
   v.allowed = worst_allowed;
   v.margin = worst < 0 ? 0.0 : worst;
@@ -177,6 +178,23 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
       worst_err, worst_allowed,
       worst_flat >= 0 && v.margin > 0 ? " at " + v.worst.ToString() : std::string());
   return v;
+}
+
+// The scale lse's ulps are counted at in a relation: |lse| + ln(longest key sequence).
+// A kernel forms lse = m + ln(l) in fp32 (m the row's largest score, l <= Sk its rescaled
+// sum), so its rounding follows |m| <= |lse| + ln(Sk) and ln(l), not the sum, which can
+// cancel: the H200's flex-triton and a CPU model retiled by padding moved an lse of -0.0175 by
+// 1.2e-7 (one ulp of the terms, sixteen of the result).
+Tensor LseScale(const Problem& p, const Tensor& lse) {
+  if (!lse.defined()) return lse;
+  int64_t longest = 1;
+  for (int64_t b = 0; b < p.batch; ++b) longest = std::max(longest, SequenceOf(p, b).k_len);
+  const double log_sk = std::log(static_cast<double>(longest));
+  Tensor out = ToF64(lse).Clone();
+  for (double& x : out.span<double>()) {
+    if (std::isfinite(x)) x = std::fabs(x) + log_sk;
+  }
+  return out;
 }
 
 // Axes of a problem's tensors (padded vs packed layouts).
@@ -207,9 +225,15 @@ struct DpRoundingAllowance {
   Tensor dq, dk;
 };
 
-DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o,
-                                    const Tensor& lse, Format dp_format) {
-  const Format ds_format = FormatOf(p.dtype).value_or(Format::kF32);
+// What one term (query i, key j) of a row contributes, given P_ij, t'_ij, dP_ij, D_i and
+// dS_ij (f64, from the run's own lse and o) and the row's query index i (problem rows).
+using TermWeight = double (*)(const void* ctx, int64_t qi, int64_t h, double prob, double tprime,
+                              double dp, double delta, double ds);
+
+// The walk DpRoundingBound and PairRoundingBound share: dq_id += w_ij |k_jd| and dk_jd +=
+// w_ij |q_id| over every visible (i, j), w_ij = |scale| weight(...).
+DpRoundingAllowance TermBound(const Problem& p, const CaseInputs& in, const Tensor& o,
+                              const Tensor& lse, TermWeight weight, const void* wctx) {
   const Tensor q = ToF64(in.q).Clone(), k = ToF64(in.k).Clone(), v = ToF64(in.v).Clone();
   const Tensor dout = ToF64(in.dout).Clone(), of = ToF64(o).Clone(), lf = ToF64(lse).Clone();
   const auto Q = q.span<const double>(), K = k.span<const double>(), V = v.span<const double>();
@@ -251,11 +275,7 @@ DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, cons
             tprime = 1 - t * t;
           }
           const double ds = prob * (dp - delta) * tprime;
-          // (1 + Quantum(1)): the rounded run's dS may exceed the exact one by the first
-          // term (where P (dP - D) cancels), and its own dS rounding scales with it.
-          const double w = abs_scale * (prob * tprime * Quantum(dp, dp_format) / 2 *
-                                            (1 + Quantum(1.0, ds_format)) +
-                                        Quantum(ds, ds_format));
+          const double w = abs_scale * weight(wctx, qi, h, prob, tprime, dp, delta, ds);
           if (!std::isfinite(w)) continue;
           for (int64_t c = 0; c < d; ++c) {
             AQ[at(qi, hq, h, d) + c] += w * std::fabs(K[at(kj, hkv, g, d) + c]);
@@ -266,6 +286,110 @@ DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, cons
     }
   }
   return out;
+}
+
+DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o,
+                                    const Tensor& lse, Format dp_format) {
+  struct Ctx {
+    Format dp, ds;
+  } c{dp_format, FormatOf(p.dtype).value_or(Format::kF32)};
+  return TermBound(
+      p, in, o, lse,
+      [](const void* x, int64_t, int64_t, double prob, double tprime, double dp, double,
+         double ds) {
+        const Ctx& f = *static_cast<const Ctx*>(x);
+        // (1 + Quantum(1)): the rounded run's dS may exceed the exact one by the first
+        // term (where P (dP - D) cancels), and its own dS rounding scales with it.
+        return prob * tprime * Quantum(dp, f.dp) / 2 * (1 + Quantum(1.0, f.ds)) +
+               Quantum(ds, f.ds);
+      },
+      &c);
+}
+
+// Per-element allowance (f64; dq's and dk's shapes, on `p` and `in`) for two runs a and b of
+// the same tokens that a kernel computes in another blocking (padding moves its tiles; a
+// permutation moves a sequence to another offset). Both runs are the kernel's own: what
+// differs is where each rounds.
+//   - The forward's sums end elsewhere: lse_i moves by dl_i = |lse_a - lse_b| (observed),
+//     P_ij = exp(s_ij - lse_i) by P_ij dl_i, so dS_ij = P_ij (dP_ij - D_i) t'_ij by
+//     P_ij dl_i |dP_ij - D_i| t'_ij.
+//   - O moves within its own relation's budget, and D_i = rowsum(dO_i o_i) with it, by
+//     dD_i = sum_c |dO_ic| |o_a - o_b|_ic (observed; for values wider than the declared
+//     output format, at most 2 fp32 ulps each): dS_ij by P_ij dD_i t'_ij.
+//   - dS_ij is rounded to the kernel's dS format (the dtype where the profile declares
+//     FlashAttention-2's rounding points, term_scale.h; else fp32) in each run: values that
+//     moved can round to neighbours, one quantum apart.
+//   - The sums over keys (dq) and queries (dk) run in another order, and a kernel may form
+//     dP and D in other blocks: 2 fp32 ulps of the row's terms (term_scale.h, which carries
+//     Higham's factor for the cancelling dot products), what accuracy admits for one run. Not
+//     twice that: the dot products' cancellation is the same code on the same O in both runs,
+//     and what O's and lse's moves add is counted above from the observed moves. (Doubled,
+//     it admitted a position-dependent bias of 1e-4 in O: check_test.cc SequenceBias.)
+//   dq_id: |scale| sum_j w_ij |k_jd| + 2 Quantum_f32(terms_i),  dk_jd: likewise over i, with
+//   w_ij = t'_ij P_ij (dl_i |dP_ij - D_i| + dD_i) + Quantum(dS_ij, ds format).
+// H200, flex-triton bf16 (Triton blocks moved by padding): dk moved by 1.6e-6 where 2 bf16
+// ulps of its row allowed 2.4e-7, and a dq that is exactly 0 unpadded (constant rows: dP = D)
+// by 1.6e-7.
+struct PairInputs {
+  Tensor dl;  // [rows] per (query, head): |lse_a - lse_b|, lse's layout
+  Tensor dd;  // per (query, head): dD_i, lse's layout
+  Format ds;
+  int64_t hq, sq;
+  bool varlen;
+  int64_t total_q;
+};
+
+DpRoundingAllowance PairRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o_a,
+                                      const Tensor& lse_a, const Tensor& o_b, const Tensor& lse_b,
+                                      Format ds_format, Format o_format) {
+  // D reads the O the kernel returned. Where both runs returned values of the declared output
+  // format (a bf16 O), their whole difference counts; where a kernel returned wider values,
+  // only an fp32 rounding's worth (2 fp32 ulps) does: a move of O below the declared format's
+  // resolution is no rounding of a correct kernel but a difference the o relation is too
+  // coarse to see (check_test.cc SequenceBias), and the gradients must still see it.
+  const Tensor la = ToF64(lse_a), lb = ToF64(lse_b), oa = ToF64(o_a), ob = ToF64(o_b);
+  const Tensor dout = ToF64(in.dout);
+  PairInputs c{Tensor::Zeros(DType::kF64, p.LseShape()), Tensor::Zeros(DType::kF64, p.LseShape()),
+               ds_format, p.heads_q, p.seqlen_q, p.varlen(), p.TotalQ()};
+  const auto A = la.span<const double>(), B = lb.span<const double>();
+  const auto DL = c.dl.span<double>(), DD = c.dd.span<double>();
+  for (size_t e = 0; e < DL.size(); ++e) {
+    DL[e] = std::isfinite(A[e]) && std::isfinite(B[e]) ? std::fabs(A[e] - B[e]) : 0.0;
+  }
+  const auto OA = oa.span<const double>(), OB = ob.span<const double>();
+  const auto DO = dout.span<const double>();
+  const int64_t dv = p.head_dim_v;
+  for (int64_t t = 0; t < p.TotalQ(); ++t) {  // token rows of o ([B*Sq] or packed)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      double acc = 0;
+      for (int64_t x = 0; x < dv; ++x) {
+        const size_t e = static_cast<size_t>((t * p.heads_q + h) * dv + x);
+        double diff = std::fabs(OA[e] - OB[e]);
+        if (!std::isfinite(diff)) continue;
+        if (RoundTo(OA[e], o_format) != OA[e] || RoundTo(OB[e], o_format) != OB[e]) {
+          diff = std::min(diff, 2 * Quantum(std::max(std::fabs(OA[e]), std::fabs(OB[e])),
+                                            Format::kF32));
+        }
+        acc += std::fabs(DO[e]) * diff;
+      }
+      const int64_t l = p.varlen() ? h * p.TotalQ() + t
+                                   : ((t / p.seqlen_q) * p.heads_q + h) * p.seqlen_q +
+                                         t % p.seqlen_q;
+      DD[static_cast<size_t>(l)] = acc;
+    }
+  }
+  return TermBound(
+      p, in, o_a, lse_a,
+      [](const void* x, int64_t qi, int64_t h, double prob, double tprime, double dp,
+         double delta, double ds) {
+        const PairInputs& f = *static_cast<const PairInputs*>(x);
+        const size_t l = static_cast<size_t>(
+            f.varlen ? h * f.total_q + qi : ((qi / f.sq) * f.hq + h) * f.sq + qi % f.sq);
+        return tprime * prob *
+                   (f.dl.data<double>()[l] * std::fabs(dp - delta) + f.dd.data<double>()[l]) +
+               Quantum(ds, f.ds);
+      },
+      &c);
 }
 
 // The allowance when the kernel declares another dP rounding point for `other` than for the
@@ -284,6 +408,54 @@ std::optional<DpRoundingAllowance> DpAllowance(CheckContext& ctx, const Problem&
   // P's magnitude from the run's own lse, or the oracle's where the kernel returns none.
   const Tensor& lse = JudgesLse(*ctx.kernel) ? base.fwd.lse : ctx.OracleForward().lse;
   return DpRoundingBound(p, ctx.inputs, base.fwd.o, lse, dp);
+}
+
+// The allowance of PairRoundingBound plus 2 fp32 ulps of the rows' terms, for runs a and b
+// on problem `p` with inputs `in` (the relation's layout). `lse_a` / `lse_b` undefined (a
+// kernel that returns none): lse's move is not seen, and P's magnitude comes from `lse_mag`.
+// nullopt when the term magnitudes cannot be computed (then the relation's ulps alone judge).
+struct RecomputeAllowance {
+  Tensor dq, dk;
+};
+
+std::optional<RecomputeAllowance> RecomputeBound(CheckContext& ctx, const Problem& p,
+                                                 const CaseInputs& in, const Tensor& o_a,
+                                                 const Tensor& lse_a, const Tensor& o_b,
+                                                 const Tensor& lse_b, const Tensor& lse_mag) {
+  if (!in.dout.defined() || !o_a.defined() || !o_b.defined() || !lse_mag.defined()) {
+    return std::nullopt;
+  }
+  auto terms = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, lse_mag);
+  if (!terms.ok()) return std::nullopt;
+  const bool rounds = ctx.profile != nullptr && ctx.profile->needs_rounding_floor();
+  const Format ds = rounds ? FormatOf(p.dtype).value_or(Format::kF32) : Format::kF32;
+  const bool seen = lse_a.defined() && lse_b.defined();
+  DpRoundingAllowance pair = PairRoundingBound(p, in, o_a, seen ? lse_a : lse_mag, o_b,
+                                               seen ? lse_b : lse_mag, ds,
+                                               UlpFormat(ctx.profile, "o", o_a));
+  auto add_terms = [](Tensor& t, const Tensor& row_terms, int64_t width) {
+    const auto o = t.span<double>();
+    const Tensor r = ToF64(row_terms);
+    const auto ts = r.span<const double>();
+    for (size_t e = 0; e < o.size(); ++e) {
+      o[e] += 2 * Quantum(ts[e / static_cast<size_t>(width)], Format::kF32);
+    }
+  };
+  add_terms(pair.dq, terms->dq, p.head_dim);
+  add_terms(pair.dk, terms->dk, p.head_dim);
+  return RecomputeAllowance{pair.dq, pair.dk};
+}
+
+// a + b elementwise (f64), either possibly undefined.
+Tensor SumAllowance(const Tensor& a, const Tensor& b) {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  Tensor out = ToF64(a).Clone();
+  const Tensor w = ToF64(b);
+  const auto o = out.span<double>();
+  const auto x = w.span<const double>();
+  for (size_t e = 0; e < o.size(); ++e) o[e] += x[e];
+  return out;
 }
 
 // The longest block, in positions, of the kernel's recipe operands that are block-scaled along
@@ -352,7 +524,8 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2));
   if (JudgesLse(*ctx.kernel)) {
-    out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4));
+    const Tensor lse_scale = LseScale(p, base.fwd.lse);
+    out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4, &lse_scale));
   }
   // A kernel that declares another dP rounding point for the MHA problem runs another
   // backward there: dq and dk then also differ by what that rounding moves (DpRoundingBound).
@@ -484,17 +657,29 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, ctx.profile, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
   if (JudgesLse(*ctx.kernel)) {
+    const Tensor lse_scale = perm(LseScale(p, base.fwd.lse), src_q, hl, src_q_rows, lse_rows);
     out.push_back(Agree(kCheck, "lse", p, ctx.profile, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
-                        rel.fwd.lse, ulps));
+                        rel.fwd.lse, ulps, &lse_scale));
   }
   if (bwd) {
-    // The allowance is per element of the case's problem: permuted like its gradients.
-    const Tensor dq_extra = dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor();
-    const Tensor dk_extra = dpa ? perm(dpa->dk, src_kv, ha, src_k_rows, 0) : Tensor();
+    // The allowances are per element of the case's problem: permuted like its gradients.
+    // The two runs' own roundings, on the permuted problem (rel's layout).
+    const bool own_lse = JudgesLse(*ctx.kernel);
+    const Tensor base_lse = own_lse ? perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows) : Tensor();
+    const CaseInputs pin{q2, k2, v2, do2};
+    const std::optional<RecomputeAllowance> ra = RecomputeBound(
+        ctx, pp, pin, perm(base.fwd.o, src_q, ha, src_q_rows, 0), base_lse, rel.fwd.o,
+        own_lse ? rel.fwd.lse : Tensor(),
+        own_lse ? base_lse
+                : perm(ctx.OracleForward().lse, src_q, hl, src_q_rows, lse_rows));
+    const Tensor dq_extra = SumAllowance(
+        dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor(), ra ? ra->dq : Tensor());
+    const Tensor dk_extra = SumAllowance(
+        dpa ? perm(dpa->dk, src_kv, ha, src_k_rows, 0) : Tensor(), ra ? ra->dk : Tensor());
     out.push_back(Agree(kCheck, "dq", p, ctx.profile, perm(base.bwd->dq, src_q, ha, src_q_rows, 0),
-                        rel.bwd->dq, ulps, nullptr, dpa ? &dq_extra : nullptr));
+                        rel.bwd->dq, ulps, nullptr, dq_extra.defined() ? &dq_extra : nullptr));
     out.push_back(Agree(kCheck, "dk", p, ctx.profile, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
-                        rel.bwd->dk, ulps, nullptr, dpa ? &dk_extra : nullptr));
+                        rel.bwd->dk, ulps, nullptr, dk_extra.defined() ? &dk_extra : nullptr));
     out.push_back(Agree(kCheck, "dv", p, ctx.profile, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0),
                         rel.bwd->dv, ulps));
   }
@@ -564,13 +749,22 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     std::vector<Verdict> part;
     part.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2));
     if (JudgesLse(*ctx.kernel)) {
-      part.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4));
+      const Tensor lse_scale = LseScale(p, base.fwd.lse);
+      part.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4, &lse_scale));
     }
     if (bwd) {
+      // The window problem may run other code (a mask path instead of the causal one): each
+      // run's own roundings (RecomputeBound) on top of the ulps.
+      const bool own_lse = JudgesLse(*ctx.kernel);
+      const std::optional<RecomputeAllowance> ra = RecomputeBound(
+          ctx, p, in, base.fwd.o, own_lse ? base.fwd.lse : Tensor(), rel.fwd.o,
+          own_lse ? rel.fwd.lse : Tensor(), own_lse ? base.fwd.lse : ctx.OracleForward().lse);
+      const Tensor dq_extra = SumAllowance(dpa ? dpa->dq : Tensor(), ra ? ra->dq : Tensor());
+      const Tensor dk_extra = SumAllowance(dpa ? dpa->dk : Tensor(), ra ? ra->dk : Tensor());
       part.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq, rel.bwd->dq, 2, nullptr,
-                           dpa ? &dpa->dq : nullptr));
+                           dq_extra.defined() ? &dq_extra : nullptr));
       part.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk, rel.bwd->dk, 2, nullptr,
-                           dpa ? &dpa->dk : nullptr));
+                           dk_extra.defined() ? &dk_extra : nullptr));
       part.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv, rel.bwd->dv, 2));
     }
     for (Verdict& v : part) {
@@ -760,16 +954,27 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
   if (JudgesLse(*ctx.kernel)) {
+    const Tensor lse_scale = LseScale(p, base.fwd.lse);
     out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
-                        lse_ulps));
+                        lse_ulps, &lse_scale));
   }
   if (bwd) {
+    // Not bitwise: each run's own roundings (RecomputeBound) on top of the ulps.
+    const bool own_lse = JudgesLse(*ctx.kernel);
+    const std::optional<RecomputeAllowance> ra =
+        exact ? std::nullopt
+              : RecomputeBound(ctx, p, in, base.fwd.o, own_lse ? base.fwd.lse : Tensor(),
+                               Rows(rel.fwd.o, q_axis, q_off, nq),
+                               own_lse ? Rows(rel.fwd.lse, lse_axis, q_off, nq) : Tensor(),
+                               own_lse ? base.fwd.lse : ctx.OracleForward().lse);
+    const Tensor dq_extra = SumAllowance(dpa ? dpa->dq : Tensor(), ra ? ra->dq : Tensor());
+    const Tensor dk_extra = SumAllowance(dpa ? dpa->dk : Tensor(), ra ? ra->dk : Tensor());
     out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq,
                         Rows(rel.bwd->dq, q_axis, q_off, nq), g_ulps, nullptr,
-                        dpa ? &dpa->dq : nullptr));
+                        dq_extra.defined() ? &dq_extra : nullptr));
     out.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk,
                         Rows(rel.bwd->dk, k_axis, k_off, nk), g_ulps, nullptr,
-                        dpa ? &dpa->dk : nullptr));
+                        dk_extra.defined() ? &dk_extra : nullptr));
     out.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv,
                         Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
   }
