@@ -486,34 +486,62 @@ def flex_mask_in_bounds():
     """FlexAttention's kernels evaluate mask_mod also where the answer is decided already: keys
     of another packed sequence and the padding of partial blocks (compiled, an out-of-range
     index into a captured table is a device-side assert). The mask_mod of flex_mods is called
-    on the whole packed grid plus a block of padding on both axes for a packed batch with
-    documents and block sparsity; eager CPU indexing raises on an index out of bounds. Returns
-    the number of failures."""
-    p = dict(batch=3, heads_q=2, heads_kv=2, seqlen_q=40, seqlen_k=37, head_dim=16,
-             head_dim_v=16, dtype="bf16", causal=True, causal_align="bottom_right",
-             window=[24, 8], softcap=0.0, alibi_slopes=None, prefix_lm=3,
-             cu_seqlens_q=[0, 40, 45, 70], cu_seqlens_k=[0, 5, 42, 70],
-             document_ids_q=[[0] * 20 + [1] * 20, [0] * 40, [0] * 10 + [2] * 30],
-             document_ids_k=[[0] * 2 + [1] * 35, [0] * 37, [0] * 7 + [2] * 30],
-             block_sparse={"block_q": 16, "block_k": 16, "blocks": [[0, 0], [1, 1], [2, 0]]})
-    mask_mod, _, _, sq, sk = tb.flex_mods(p, torch.device("cpu"))
-    q_idx = torch.arange(sq + 128)[:, None]
-    kv_idx = torch.arange(sk + 128)[None, :]
-    try:
-        keep = mask_mod(torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64),
-                        q_idx, kv_idx)
-    except IndexError as e:
-        print(f"FAIL flex mask_mod reads out of bounds on the padded packed grid: {e}")
-        return 1
-    # Keys of another sequence never match, and the clamp leaves the real grid unchanged.
-    seq_q, seq_k = (torch.repeat_interleave(torch.arange(p["batch"]), torch.diff(torch.tensor(cu)))
-                    for cu in (p["cu_seqlens_q"], p["cu_seqlens_k"]))
-    cross = seq_q[:, None] != seq_k[None, :]
-    if bool(keep[:sq, :sk][cross].any()):
-        print("FAIL flex mask_mod keeps a key of another packed sequence")
-        return 1
-    print("ok   flex mask_mod: in bounds on the padded packed grid")
-    return 0
+    on the whole grid plus a block of padding on both axes, for a packed batch with block
+    sparsity and for a padded batch with documents and block sparsity; eager CPU indexing
+    raises on an index out of bounds. Its traced graph must also avoid what Inductor's CuteDSL
+    code generator (flex-flash) cannot lower: clamping (`maximum`/`minimum`) and index
+    division, which Inductor bounds with a `minimum`. Returns the number of failures."""
+    common = dict(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
+                  causal=True, causal_align="bottom_right", window=[24, 8], softcap=0.0,
+                  alibi_slopes=None, prefix_lm=3,
+                  block_sparse={"block_q": 16, "block_k": 16,
+                                "blocks": [[0, 0], [1, 1], [2, 0]]})
+    packed = dict(common, batch=3, seqlen_q=40, seqlen_k=37,
+                  cu_seqlens_q=[0, 40, 45, 70], cu_seqlens_k=[0, 5, 42, 70])
+    padded = dict(common, batch=2, seqlen_q=40, seqlen_k=37, cu_seqlens_q=None,
+                  cu_seqlens_k=None,
+                  document_ids_q=[[0] * 20 + [1] * 20, [0] * 10 + [2] * 30],
+                  document_ids_k=[[0] * 2 + [1] * 35, [0] * 7 + [2] * 30])
+    from torch.fx.experimental.proxy_tensor import make_fx
+    banned = ("clamp", "maximum", "minimum", "div", "floor_divide")
+    failures = 0
+    for label, p in (("packed", packed), ("padded", padded)):
+        mask_mod, _, _, sq, sk = tb.flex_mods(p, torch.device("cpu"))
+        q_idx = torch.arange(sq + 256)[:, None]
+        kv_idx = torch.arange(sk + 256)[None, :]
+        zero = torch.zeros((), dtype=torch.int64)
+        try:
+            keep = torch.stack([mask_mod(torch.full((), b, dtype=torch.int64), zero, q_idx, kv_idx)
+                                for b in range(1 if label == "packed" else p["batch"])])
+        except IndexError as e:
+            print(f"FAIL flex mask_mod ({label}) reads out of bounds on the padded grid: {e}")
+            failures += 1
+            continue
+        if label == "packed":  # keys of another sequence never match
+            seq_q, seq_k = (torch.repeat_interleave(torch.arange(p["batch"]),
+                                                    torch.diff(torch.tensor(cu)))
+                            for cu in (p["cu_seqlens_q"], p["cu_seqlens_k"]))
+            if bool(keep[0, :sq, :sk][seq_q[:, None] != seq_k[None, :]].any()):
+                print("FAIL flex mask_mod keeps a key of another packed sequence")
+                failures += 1
+        else:  # keys of another document never match
+            dq, dk = (torch.tensor(p[k]) for k in ("document_ids_q", "document_ids_k"))
+            if bool(keep[:, :sq, :sk][dq[:, :, None] != dk[:, None, :]].any()):
+                print("FAIL flex mask_mod keeps a key of another document")
+                failures += 1
+        if bool(keep[:, sq:, :].any()) and label == "packed":
+            print("FAIL flex mask_mod keeps a padding query of the packed axis")
+            failures += 1
+        one = torch.zeros((1,), dtype=torch.int64)  # 1-d: a 0-d index would be read as an int
+        graph = make_fx(lambda b, h, q, k: mask_mod(b, h, q, k))(one, one, one, one)
+        ops = sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"})
+        bad = [o for o in ops if any(x in o for x in banned)]
+        if bad:
+            print(f"FAIL flex mask_mod ({label}) uses {bad}: the CuteDSL code generator has none")
+            failures += 1
+    if not failures:
+        print("ok   flex mask_mod: in bounds on the padded grids, no clamp or index division")
+    return failures
 
 
 def main():

@@ -163,6 +163,13 @@ def alibi_bias(p, device):
     return -slopes[:, None, None] * (i + off - j).abs().float()
 
 
+def padded_extent(n):
+    """Positions a FlexAttention kernel may evaluate mask_mod at along an axis of n tokens:
+    n rounded up to a whole number of 256-blocks, plus one block (its blocks are at most 128
+    on the H200; the margin keeps the tables valid for larger ones)."""
+    return (n + 255) // 256 * 256 + 256
+
+
 def cu_tensor(values, device):
     return torch.tensor(values, dtype=torch.int32, device=device)
 
@@ -473,38 +480,65 @@ def flex_mods(p, device):
     cap = float(p.get("softcap") or 0.0)
     slopes = (torch.tensor(p["alibi_slopes"], dtype=torch.float32, device=device)
               if p.get("alibi_slopes") is not None else None)
+    # FlexAttention's kernels also evaluate mask_mod where the answer is decided already: keys
+    # of another packed sequence (j < 0 or past the sequence) and the padding of partial
+    # blocks past the last token. Compiled, an index out of a captured table's range is a
+    # device-side assert, so every table below is padded to cover those positions, with
+    # entries that never match. Padding instead of clamping: Inductor's CuteDSL code
+    # generator (the FLASH backend, PyTorch 2.11) has no `maximum`/`minimum`, so a clamped
+    # index fails to compile there ("UNSUPPORTED CUTEDSL OPERATION: 'maximum'").
+    varlen = is_varlen(p)
+    if varlen:
+        cq, ck = p["cu_seqlens_q"], p["cu_seqlens_k"]
+        n_seq, tq, tk = len(cq) - 1, cq[-1], ck[-1]
+    else:
+        tq, tk = p["seqlen_q"], p["seqlen_k"]
+    q_pad, k_pad = padded_extent(tq), padded_extent(tk)
     sparse = p.get("block_sparse")
     if sparse is not None:
-        nqb = max(qs for qs, _ in sparse["blocks"]) + 2 if sparse["blocks"] else 1
-        nkb = max(ks for _, ks in sparse["blocks"]) + 2 if sparse["blocks"] else 1
-        table = torch.zeros((nqb, nkb), dtype=torch.bool, device=device)
-        for qb, kb in sparse["blocks"]:
-            table[qb, kb] = True
         bq, bk = int(sparse["block_q"]), int(sparse["block_k"])
-    docs = p.get("document_ids_q") is not None
+        # Positions to blocks by lookup tables, not by division (Inductor bounds an index it
+        # computes with `//` by a `minimum`: the CuteDSL failure above). Key positions are
+        # shifted by k_off: j >= -tk (a key of an earlier packed sequence) looks up at
+        # j + k_off >= 0, in block kb + k_shift of the shifted table.
+        k_shift = -(-tk // bk) + 1 if varlen else 0
+        k_off = k_shift * bk
+        nqb = q_pad // bq + 1
+        nkb = (k_pad + k_off) // bk + 1
+        table = torch.zeros((nqb * nkb,), dtype=torch.bool, device=device)
+        for qb, kb in sparse["blocks"]:
+            table[qb * nkb + kb + k_shift] = True
+        q_row = (torch.arange(q_pad, device=device) // bq * nkb).int()  # nkb x block of i
+        k_col = (torch.arange(k_pad + k_off, device=device) // bk).int()  # block of j + k_off
+    docs = p.get("document_ids_q") is not None  # never with a packed batch (problem.cc)
     if docs:
-        dq = torch.tensor(p["document_ids_q"], dtype=torch.int32, device=device)
-        dk = torch.tensor(p["document_ids_k"], dtype=torch.int32, device=device)
+        # Padding positions get ids -1 (queries) and -2 (keys): never equal.
+        dq = torch.full((p["batch"], q_pad), -1, dtype=torch.int32, device=device)
+        dk = torch.full((p["batch"], k_pad), -2, dtype=torch.int32, device=device)
+        dq[:, :tq] = torch.tensor(p["document_ids_q"], dtype=torch.int32, device=device)
+        dk[:, :tk] = torch.tensor(p["document_ids_k"], dtype=torch.int32, device=device)
 
-    if is_varlen(p):
-        cq, ck = p["cu_seqlens_q"], p["cu_seqlens_k"]
-        tq, tk = cq[-1], ck[-1]
-        seq_q = torch.repeat_interleave(torch.arange(len(cq) - 1, device=device),
-                                        torch.tensor(np.diff(cq), device=device)).int()
-        seq_k = torch.repeat_interleave(torch.arange(len(ck) - 1, device=device),
-                                        torch.tensor(np.diff(ck), device=device)).int()
-        start_q, start_k = cu_tensor(cq, device), cu_tensor(ck, device)
+    if varlen:
+        # Sequence ids per packed position; padding past the tokens belongs to sentinel
+        # sequences n_seq (queries) and n_seq + 1 (keys), which match nothing, start at the
+        # end of the tokens and are empty.
+        seq_q = torch.full((q_pad,), n_seq, dtype=torch.int32, device=device)
+        seq_k = torch.full((k_pad,), n_seq + 1, dtype=torch.int32, device=device)
+        seq_q[:tq] = torch.repeat_interleave(torch.arange(n_seq, device=device),
+                                             torch.tensor(np.diff(cq), device=device)).int()
+        seq_k[:tk] = torch.repeat_interleave(torch.arange(n_seq, device=device),
+                                             torch.tensor(np.diff(ck), device=device)).int()
+        start_q = cu_tensor(list(cq) + [tq], device)
+        start_k = cu_tensor(list(ck) + [tk], device)
         len_q = start_q[1:] - start_q[:-1]
         len_k = start_k[1:] - start_k[:-1]
-        # A key position past the last sequence never matches (padding of the packed axis).
 
         def where(b, q_idx, kv_idx):
-            # Clamped: the kernel also asks about the padding past the packed tokens (below).
-            s = seq_q[torch.clamp(q_idx, 0, max(tq - 1, 0))]
+            s = seq_q[q_idx]
             i = q_idx - start_q[s]
             j = kv_idx - start_k[s]
             off = (len_k[s] - len_q[s]) if br else torch.zeros_like(i)
-            return s, i, j, off, seq_k[torch.clamp(kv_idx, 0, max(tk - 1, 0))] == s
+            return s, i, j, off, seq_k[kv_idx] == s
         batch, sq, sk = 1, tq, tk
     else:
         sq0, sk0 = p["seqlen_q"], p["seqlen_k"]
@@ -527,18 +561,10 @@ def flex_mods(p, device):
             if prefix:
                 band = band | (j < prefix)
             keep = keep & band
-            # The kernel evaluates mask_mod where the answer is already decided: keys of other
-            # packed sequences (j < 0 or past the sequence) and the padding of partial blocks.
-            # Indices into the captured tables are clamped so that those evaluations read in
-            # bounds (compiled indexing asserts on an out-of-range index: a device-side assert,
-            # not a verdict); where the clamp changes an index, `keep` is already False or the
-            # position lies outside the sequence.
-            if docs:
-                keep = keep & (dq[s, torch.clamp(i, 0, dq.shape[1] - 1)] ==
-                               dk[s, torch.clamp(j, 0, dk.shape[1] - 1)])
+            if docs:  # padded batch: s = b, i = q_idx, j = kv_idx, all inside the padded tables
+                keep = keep & (dq[s, i] == dk[s, j])
             if sparse is not None:
-                keep = keep & table[torch.clamp(i // bq, 0, nqb - 1),
-                                    torch.clamp(j // bk, 0, nkb - 1)]
+                keep = keep & table[q_row[i] + k_col[j + k_off]]
             return keep
 
     score_mod = None
@@ -680,6 +706,13 @@ class FlashAttn(Backend):
         if self.fa4:
             dims = list(range(8, 257, 8))
             c.update({"head_dims": dims, "head_dims_v": dims})
+            if c["softcap"]:
+                # FlashAttention-4's softcap calls cute.math.tanh(..., fastmath=True)
+                # (flash_attn/cute/utils.py, create_softcap_scoremod), which the CuTe DSL
+                # lowers to PTX tanh.approx.f32 (tools/device/tanh_error.py --ptx); measured
+                # over every fp32 input on an H200 it errs by at most 7.984e-6
+                # (docs/gpu-results/tanh/h200-tanh-error.json).
+                c["softcap_tanh_abs_error"] = 8.0e-6
         else:
             c.update({"same_head_dim_v": True, "empty_row_lse": "+inf"})
         if self.masks is not None:
