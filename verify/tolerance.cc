@@ -152,7 +152,7 @@ std::vector<Profile> BuildProfiles() {
   t.push_back(RecipeProfile("mxfp8-pvbf16",
                             "recipe mxfp8-pvbf16: MXFP8 QK^T and dO.V^T, P.V and dS products in bf16"));
   t.push_back(RecipeProfile("nvfp4-mixed",
-                            "recipe nvfp4-mixed: NVFP4 Q, K; per-tensor FP8 V; P x16 -> E4M3"));
+                            "recipe nvfp4-mixed: NVFP4 Q, K; FP8 V scaled per token and head; P x16 -> E4M3"));
   t.push_back(RecipeProfile("fp8-e4m3-tensor",
                             "recipe fp8-e4m3-tensor: E4M3 per-(batch, head) current scaling, P x256"));
   return t;

@@ -42,16 +42,16 @@ const std::vector<LowpModelSpec>& Specs() {
        {}},
       {"cpu/nvfp4-mixed",
        "nvfp4-mixed",
-       "NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 tensor scale), per-tensor FP8 E4M3 "
-       "V, P x16 -> E4M3; backward at the forward's quantised operands",
+       "NVFP4 Q, K (E2M1, E4M3 scale per 16 along D, fp32 scale per token), FP8 E4M3 V with "
+       "a per-token-head scale, P x16 -> E4M3; backward at the forward's quantised operands",
        Multiples(16),
        true,
        true,
        {},
        {}},
       {"cpu/fp8-e4m3-tensor", "fp8-e4m3-tensor",
-       "FlashAttention-3 FP8 forward: E4M3 Q, K, V with a current-scaled descale per (batch, "
-       "head), P x256 -> E4M3; forward only",
+       "FlashAttention-3 FP8 forward: E4M3 Q, K, V with static fp32 descales per (batch, "
+       "head) (vLLM's default 1.0), P x256 -> E4M3; forward only",
        Multiples(8), false, false,
        "FlashAttention-3 has no FP8 backward (flash_attn_interface.py: the fp8 path is "
        "forward-only); recipe fp8-e4m3-tensor defines no backward GEMMs",
