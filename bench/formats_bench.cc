@@ -1,6 +1,6 @@
-// Element conversion throughput (issue "Bit-exact number formats", item 7, fp32 -> e4m3fn
-// part): values per second of EncodeF32 (reference/formats/format.h) on a large fp32
-// tensor, per format and rounding mode, plus the tensor-level Convert (f64 -> codes).
+// Element conversion throughput (fp32 -> e4m3fn and the other narrow formats): values per
+// second of EncodeF32 (reference/formats/format.h) on a large fp32 tensor, per format and
+// rounding mode, plus the tensor-level Convert (f64 -> codes).
 // Run: build/<dir>/bench/formats_bench [--benchmark_filter=E4M3]
 #include <benchmark/benchmark.h>
 

@@ -1,6 +1,6 @@
-// Fuzz throughput (issue 6, Deliver 5): cases/s of `attest fuzz` per kernel and check family,
+// Fuzz throughput (docs/fuzz.md): cases/s of `attest fuzz` per kernel and check family,
 // with shrinking counted (a failing case is shrunk and saved as the CLI does, and the run goes
-// on). The issue's goal: >= 50 cases/s for cpu/flash2-bf16 on shapes with S <= 256.
+// on). The goal: >= 50 cases/s for cpu/flash2-bf16 on shapes with S <= 256.
 //
 //   fuzz_bench [--cases N] [--max-seqlen S] [--seed S] [kernel...]
 //

@@ -1,5 +1,5 @@
 // Forward + backward wall time of the CPU numerics models (kernels/models/flash_models.h,
-// lowp_models.h) at the shape of issue "Kernels under test" item 2: B=1, H=8, S=2048, D=128,
+// lowp_models.h) at the benchmark shape B=1, H=8, S=2048, D=128,
 // non-causal and causal, on every hardware thread. Prints a markdown table (docs/kernels.md
 // quotes it).
 // Usage: models_bench [S] [repeats] [name filter]

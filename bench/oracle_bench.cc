@@ -1,4 +1,4 @@
-// Speed and memory of the float64 oracle (issue "The oracle", item 8): one problem per
+// Speed and memory of the float64 oracle (docs/bench-oracle.md): one problem per
 // process so that the peak RSS it reports (getrusage ru_maxrss) is this problem's alone, and
 // OpenBLAS dgemm GFLOP/s with the same thread count as the yardstick. bench/oracle_bench.py
 // drives it and prints the table (docs/bench-oracle.md).
@@ -95,7 +95,7 @@ int RunAttention(int64_t seqlen, int64_t head_dim, bool causal, int threads, int
   // Backward returns o and lse too: one call is a whole training step's attention.
   const Timing step = Best(reps, [&] { (void)Backward<double>(p, q, k, v, dout, options); });
   const double t_step = step.wall;
-  // The issue's convention: 4 S^2 D forward + 10 S^2 D backward per head, halved if causal.
+  // The convention: 4 S^2 D forward + 10 S^2 D backward per head, halved if causal.
   const double flops = 14.0 * double(seqlen) * double(seqlen) * double(head_dim) *
                        double(p.batch * p.heads_q) * (causal ? 0.5 : 1.0);
   nlohmann::json out = {{"seqlen", seqlen},

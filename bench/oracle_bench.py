@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Oracle benchmark (issue "The oracle", item 8): float64 oracle fwd+bwd GFLOP/s and peak
+"""Oracle benchmark (docs/bench-oracle.md): float64 oracle fwd+bwd GFLOP/s and peak
 memory beside OpenBLAS dgemm and a NumPy float64 attention written the usual way
 (materialised score matrix), for B=1, H=8, S in {1024, 2048, 4096, 8192}, D in {64, 128},
 causal and not. Prints one Markdown table (and writes it to --out when given).
@@ -7,7 +7,7 @@ causal and not. Prints one Markdown table (and writes it to --out when given).
   build/venv/bin/python3 bench/oracle_bench.py [--bench build/<dir>/bench/oracle_bench]
       [--threads 2] [--budget 600] [--seqlens 1024,2048,...] [--only S,D,full|causal]
 
-FLOPs follow the issue's convention: 14 S^2 D per head for forward + backward (4 forward:
+FLOPs follow the usual convention: 14 S^2 D per head for forward + backward (4 forward:
 Q K^T and P V; 10 backward: S recomputed, dP, dV, dQ, dK), halved for causal, also now that
 the oracle keeps the forward's scores and computes 12 S^2 D (docs/bench-oracle.md). Every cell
 runs in its own process; peak memory is that process's ru_maxrss (getrusage), so it

@@ -1,4 +1,4 @@
-// Block quantization throughput (issue "Bit-exact number formats", item 7): values per second
+// Block quantization throughput: values per second
 // of Quantize() (reference/formats/quantize.h) for MXFP8, MXFP4, NVFP4 and FP8 schemes on a
 // large [2048, 4096] fp32-valued tensor, single thread. One Google Benchmark table; the
 // `items_per_second` column is values/s. Run: build/<dir>/bench/quantize_bench

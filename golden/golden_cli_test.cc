@@ -1,4 +1,4 @@
-// `attest golden verify` end to end (issue "The oracle", item 7): the committed golden cases
+// `attest golden verify` end to end: the committed golden cases
 // pass; on a scratch copy, one corrupted output value (with its hash updated) exits 1 naming
 // the case and the tensor, and a corrupted hash exits 2.
 #include <sys/wait.h>

@@ -21,7 +21,7 @@ struct Flag {
   const char* key;
   bool Capabilities::*member;
 };
-// The capability flags in protocol order (DESIGN.md `describe` reply).
+// The capability flags in protocol order (docs/design.md `describe` reply).
 constexpr Flag kFlags[] = {
     {"causal", &Capabilities::causal},       {"window", &Capabilities::window},
     {"softcap", &Capabilities::softcap},     {"alibi", &Capabilities::alibi},
@@ -173,7 +173,7 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
   if (j.contains("empty_row_lse")) {
     const auto& e = j["empty_row_lse"];
     if (!e.is_string() || (e.get<std::string>() != "-inf" && e.get<std::string>() != "+inf")) {
-      return Error{"capabilities.empty_row_lse: must be \"-inf\" or \"+inf\" (DESIGN.md: "
+      return Error{"capabilities.empty_row_lse: must be \"-inf\" or \"+inf\" (docs/design.md: "
                    "nothing else is acceptable for an empty row)"};
     }
     caps.empty_row_lse = e.get<std::string>();

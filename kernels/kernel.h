@@ -24,7 +24,7 @@ namespace attest {
 
 // What a kernel claims to support. An empty list means any value; a false flag means the
 // kernel may answer Unsupported for that feature. The JSON form is the `capabilities`
-// object of the exec protocol (DESIGN.md "External kernels").
+// object of the exec protocol (docs/design.md "External kernels").
 struct Capabilities {
   std::vector<DType> dtypes;
   std::vector<int64_t> head_dims;
@@ -49,7 +49,7 @@ struct Capabilities {
   std::string profile;         // tolerance profile name (verify/), e.g. "bf16"
   std::string recipe;          // low-precision recipe name (reference/recipes), or ""
   // What lse holds for an empty row (no visible key): "-inf", the mathematical value (the
-  // default), or "+inf", which DESIGN.md "Semantics" lets a kernel declare (FlashAttention
+  // default), or "+inf", which docs/design.md "Semantics" lets a kernel declare (FlashAttention
   // writes +inf so that the backward's exp(s - lse) is 0 without a guard). Nothing else is
   // acceptable. JSON key "empty_row_lse".
   std::string empty_row_lse = "-inf";
@@ -82,7 +82,7 @@ double EmptyRowLse(const Capabilities& caps);
 nlohmann::json CapabilitiesToJson(const Capabilities& caps);
 Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j);
 
-// The byte a harness fills every output buffer with before a kernel call (DESIGN.md "Checks":
+// The byte a harness fills every output buffer with before a kernel call (docs/design.md "Checks":
 // unwritten outputs are found through NaN-poisoned buffers; the CUDA and HIP adapters memset
 // 0xFF, and a model that simulates an unwritten tile starts from the same bytes). All-ones is
 // a NaN in every float dtype attest reads (f64, f32, bf16, f16, e4m3fn, e5m2) whose payload

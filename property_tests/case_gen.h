@@ -1,4 +1,4 @@
-// Generators of attention cases for property tests and `attest fuzz` (issue 6, Deliver 1):
+// Generators of attention cases for property tests and `attest fuzz` (docs/fuzz.md):
 // problems inside a kernel's Capabilities (B; Hq/Hkv with GQA ratios; Sq, Sk biased toward
 // tile boundaries +-1 and tiny values; D, Dv from the kernel's lists; no mask / causal in both
 // alignments / windows, some wider than Sk / packed documents with zero-length documents /

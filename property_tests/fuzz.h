@@ -1,4 +1,4 @@
-// The fuzz engine behind `attest fuzz` (issue 6, Deliver 3; DESIGN.md "CLI contract"): draws
+// The fuzz engine behind `attest fuzz` (docs/fuzz.md; docs/design.md "CLI contract"): draws
 // (check, case) pairs inside a kernel's capabilities from a seed, runs them with the verify/
 // machinery (RunCase, the same code path as `attest repro`), shrinks a failing case
 // deterministically (case_gen.h Shrink), and saves it as DIR/<check>-<hash>.case.json with

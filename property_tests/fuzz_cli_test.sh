@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `attest fuzz` end to end (issue 6 acceptance): exit 1 and a <check>-<hash>.case.json on a
+# `attest fuzz` end to end (docs/fuzz.md): exit 1 and a <check>-<hash>.case.json on a
 # mutant, identical files for the same seed, `attest repro` on the written case exits 1 with
 # the same verdict, exit 0 when nothing fails, exit 2 on usage errors, shards + --merge.
 # Usage: fuzz_cli_test.sh path/to/attest

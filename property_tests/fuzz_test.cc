@@ -95,7 +95,7 @@ TEST(Fuzz, TheSameSeedWritesIdenticalCaseFiles) {
   EXPECT_TRUE(c->problem.causal);  // the bug needs causal: shrinking kept it
   EXPECT_EQ(again->failing.front().message.substr(again->failing.front().message.find(']') + 1),
             ra->failures[0].message.substr(ra->failures[0].message.find(']') + 1));
-  // Shrunk: the bound of 64 holds for this bug.
+  // Shrunk: the target bound of 64 holds for this bug.
   EXPECT_LE(c->problem.seqlen_q, 64);
   EXPECT_LE(c->problem.seqlen_k, 64);
   fs::remove_all(a);

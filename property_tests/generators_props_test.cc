@@ -50,7 +50,7 @@ RC_GTEST_PROP(GeneratorProperties, EveryShrinkCandidateIsValidCoveredAndStrictly
 }
 
 TEST(GeneratorCoverage, DrawsReachEveryMaskKindLayoutAndTileBoundary) {
-  // Over 2000 Philox draws for a kernel claiming everything, each feature the issue lists
+  // Over 2000 Philox draws for a kernel claiming everything, each feature docs/fuzz.md lists
   // appears (a generator that silently stopped producing one would pass every property).
   int causal_br = 0, causal_tl = 0, window = 0, wide_window = 0, prefix = 0, varlen = 0,
       zero_len_doc = 0, documents = 0, softcap = 0, alibi = 0, gqa = 0, tile_pm1 = 0, tiny = 0,

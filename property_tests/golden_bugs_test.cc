@@ -1,4 +1,4 @@
-// Replays golden/bugs/ (issue 6, Deliver 4): the shrunk case of every mutant, found by
+// Replays golden/bugs/ (docs/fuzz.md): the shrunk case of every mutant, found by
 // mutation_kill_test. Through RunCase (the code path of `attest repro`), each case must still
 // fail its recorded check on the mutant and pass it on the mutant's parent: a change to a
 // check, a tolerance or a model that loses a kill shows here. Every mutant of the catalogue
@@ -53,7 +53,7 @@ TEST_P(GoldenBug, TheShrunkCaseStillFailsTheMutantAndPassesItsParent) {
   ASSERT_NE(check, nullptr) << entry.dump();
   auto c = LoadCase(kDir / entry.at("case").get<std::string>());
   ASSERT_TRUE(c.ok()) << c.error().message;
-  // Tiny wherever the bug allows: the issue's bound is Sq, Sk <= 64; the records that need
+  // Tiny wherever the bug allows: the target bound is Sq, Sk <= 64; the records that need
   // more keys say why here and in golden/bugs/README.md.
   static const std::set<std::string> kNeedsLongKeys = {
       "nondeterministic-dq",    // dQ order over two 128-key backward tiles

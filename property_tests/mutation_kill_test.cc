@@ -1,4 +1,4 @@
-// Mutation-kill properties (issue 6, Deliver 2; the test that keeps the checks honest): for
+// Mutation-kill properties (docs/fuzz.md; the test that keeps the checks honest): for
 // every mutant of kernels/mutants, a bounded search (at most kMaxCases drawn (check, case)
 // pairs, fixed seed) finds a case on which some check fails for the mutant AND passes for its
 // parent, and shrinks it. Prints, per mutant, the cases needed, the killing check (against
@@ -20,7 +20,7 @@
 namespace attest {
 namespace {
 
-// The issue's bound: every mutant is killed within 200 generated cases.
+// The target: every mutant is killed within 200 generated cases.
 constexpr int64_t kMaxCases = 200;
 // Fixed: a change of generators or checks that loses a kill shows here.
 constexpr uint64_t kSeed = 20261202;

@@ -1,4 +1,4 @@
-// RapidCheck glue for the case generators of case_gen.h (issue 6, Deliver 1): the drawing
+// RapidCheck glue for the case generators of case_gen.h (docs/fuzz.md): the drawing
 // code runs inside gen::exec with every pick a gen::inRange, so RapidCheck records the picks
 // and shrinks them (toward the first, simplest choice of each: tiny lengths, one head, no
 // mask, gaussian). Arbitrary<Problem> and Arbitrary<GeneratorSpec> draw for a kernel that

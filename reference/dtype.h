@@ -1,4 +1,4 @@
-// Element types a Tensor can hold, with their attest spelling (DESIGN.md: "f64 f32 bf16 f16
+// Element types a Tensor can hold, with their attest spelling (docs/design.md: "f64 f32 bf16 f16
 // e4m3fn e5m2 e8m0fnu") and safetensors spelling (safetensors/src/tensor.rs `Dtype`:
 // F64 F32 BF16 F16 F8_E4M3 F8_E5M2 F8_E8M0 U8 I32 I64). Low-precision floats are stored as
 // their raw codes (uint16_t / uint8_t); reference/formats decodes them.

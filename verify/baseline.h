@@ -1,5 +1,5 @@
-// The same-precision reference ("pt") of the baseline-ratio policy (issue "verify/" item 6;
-// REFERENCES.md "Their pass rules" and "Measured: PyTorch 2.11 SDPA backends on an H200"):
+// The same-precision reference ("pt") of the baseline-ratio policy (docs/tolerances.md;
+// docs/references.md "Their pass rules" and "Measured: PyTorch 2.11 SDPA backends on an H200"):
 // attention computed naively from the problem's dtype-valued inputs, rounded where PyTorch
 // rounds. Two modes, because PyTorch has two "pt" paths:
 //
@@ -9,7 +9,7 @@
 //   `allowFP16BF16ReductionMathSDP()` (torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp,
 //   default False), computes in fp32 and casts the output back; autograd casts the gradients
 //   back the same way. So: every intermediate fp32, o / dq / dk / dv rounded once to the
-//   dtype. This is the "pt" of REFERENCES.md's H200 table, the evidence behind the profile
+//   dtype. This is the "pt" of docs/references.md's H200 table, the evidence behind the profile
 //   ratios (verify/tolerance.cc), so profiles use it.
 // kEveryOp: flash-attention tests/test_util.py `attention_ref(..., upcast=False)` and its
 //   autograd backward: every tensor op computes in fp32 and rounds its result to the dtype:

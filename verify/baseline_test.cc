@@ -1,6 +1,6 @@
 // Tests of verify/baseline.h: known answers with one key, agreement with the float64 oracle
 // in fp32 across every mask feature (so the baseline has the oracle's semantics), and a bf16
-// error of the order REFERENCES.md measured for PyTorch's math path.
+// error of the order docs/references.md measured for PyTorch's math path.
 #include "verify/baseline.h"
 
 #include <gtest/gtest.h>
@@ -129,7 +129,7 @@ TEST(Baseline, Fp32AgreesWithTheOracleWhenPacked) {
 }
 
 TEST(Baseline, Bf16ErrorHasTheMeasuredOrder) {
-  // REFERENCES.md (H200, S=1024, D=128, SDPA math backend): pt bf16 o error 2.1e-3 to
+  // docs/references.md (H200, S=1024, D=128, SDPA math backend): pt bf16 o error 2.1e-3 to
   // 2.9e-3 of max|o|, dq 1.5e-3 to 3.0e-3. kSdpaMath rounds only the outputs: its error is
   // about half a bf16 ULP of the largest elements (2.3e-3 for o, 2.6e-3 for dq here). The
   // every-op path rounds scores and P too and errs several times more (measured here at

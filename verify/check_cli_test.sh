@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `attest check` and `attest repro` end to end (DESIGN.md "CLI contract"): exit codes 0 / 1 / 2,
-# the console (failures, summary table, verdict line last; -v every verdict; --quiet the line
-# alone; progress lines on a non-terminal stderr), reports written and valid against
-# docs/report.schema.json, the same seed giving the same JSON, a saved case reproduced with
-# --dump.
+# `attest check` and `attest repro` end to end (docs/design.md "CLI contract"): exit codes
+# 0 / 1 / 2, the console (failures, summary table, verdict line last; -v every verdict;
+# --quiet the line alone; progress lines on a non-terminal stderr), reports written and
+# valid against docs/report.schema.json, the same seed giving the same JSON, a saved case
+# reproduced with --dump.
 # Usage: check_cli_test.sh ATTEST_BINARY [PYTHON]
 set -u
 attest="$1"

@@ -1,4 +1,4 @@
-// Judging outputs produced elsewhere (issue "verify/" item 6, `attest compare`; DESIGN.md
+// Judging outputs produced elsewhere (`attest compare`; docs/design.md
 // "CLI contract"): a case file's inputs, outputs from any source (a PyTorch script, a GPU
 // run) in a safetensors file, the float64 oracle, the same-precision baseline where the
 // profile asks for one, and one verdict per (tensor, policy).
@@ -25,7 +25,7 @@ struct CompareOutputsOptions {
   // The format the metrics count ULPs in (TensorMetrics::max_ulp). Default: each tensor's
   // stored dtype. Profile policies that pin a format (bf16 o, fp32 lse) use theirs.
   std::optional<Format> output_format;
-  // The producer declares lse = +inf for empty rows (DESIGN.md "Empty rows").
+  // The producer declares lse = +inf for empty rows (docs/design.md "Empty rows").
   bool lse_pos_inf_for_empty = false;
   // The producer returns lse (kernels/kernel.h Capabilities::lse). False: lse is neither
   // required nor judged, even when the file holds one.

@@ -1,4 +1,4 @@
-// Process exit codes, fixed up front (DESIGN.md "CLI contract"): 0 every check holds,
+// Process exit codes, fixed up front (docs/design.md "CLI contract"): 0 every check holds,
 // 1 a check failed (or a fuzz run found a failure), 2 usage or infrastructure error.
 #pragma once
 

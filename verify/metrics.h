@@ -1,4 +1,4 @@
-// Error metrics of an observed tensor against a reference (issue "verify/" item 1; DESIGN.md
+// Error metrics of an observed tensor against a reference (docs/design.md
 // "Checks"): per tensor and per row, max abs, relative L2, ULP error in the output format,
 // cosine, signed bias, non-finite mismatches, and the worst location named (b, h, i, d).
 // Per-element and per-row metrics exist because norm-only comparisons miss an element
@@ -95,7 +95,7 @@ struct RowMetrics {
 };
 
 struct CompareOptions {
-  // A kernel may declare lse = +inf for empty rows (DESIGN.md "Empty rows"): then +inf
+  // A kernel may declare lse = +inf for empty rows (docs/design.md "Empty rows"): then +inf
   // observed against a -inf reference is a match.
   bool allow_pos_inf_for_neg_inf = false;
 };
@@ -119,7 +119,7 @@ struct TensorMetrics {
   Location worst_ulp;
   // Signed bias: mean error / rms error, in [-1, 1]. Unbiased rounding gives about
   // ±1/sqrt(n); a systematic bias (round toward zero where RNE was meant: the
-  // composable_kernel conversion bug in REFERENCES.md) stays near ±1 while every element is
+  // composable_kernel conversion bug in docs/references.md) stays near ±1 while every element is
   // within one ULP.
   double mean_error = 0, rms_error = 0, bias = 0;
 

@@ -1,4 +1,4 @@
-// Running checks (issue "verify/" items 4-5; DESIGN.md "CLI contract" `attest check` and
+// Running checks (docs/design.md "CLI contract" `attest check` and
 // `attest repro`): a suite's rows are instantiated for the kernel, consecutive rows on the same
 // case share one context (inputs, oracle, kernel answers), every verdict carries the case it
 // came from, and every failing case is saved with its one-line repro.

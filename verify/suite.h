@@ -1,4 +1,4 @@
-// Suites as data (issue "verify/" item 4; DESIGN.md "CLI contract" `attest check --suite`):
+// Suites as data (docs/design.md "CLI contract" `attest check --suite`):
 // a suite is a list of rows (check, case template, seed). A case template is a Problem and a
 // generator spec written for a generic kernel; Instantiate adapts it to the kernel under test
 // (its first dtype, a head dim it supports) and skips rows that need features the kernel does

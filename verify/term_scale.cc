@@ -1,4 +1,4 @@
-// Gradient term magnitudes and rounding floors (see term_scale.h; issues 6 and 8; DESIGN.md
+// Gradient term magnitudes and rounding floors (see term_scale.h; docs/design.md
 // "Semantics" for P and the mask). Both tile the same way, per (batch, kv head, query head in
 // the group, query tile, key tile). Term magnitudes:
 // S = scale Q_t K_t^T, P = exp(transform(S) - lse) on visible entries, dP = dO_t V_t^T,

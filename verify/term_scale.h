@@ -1,5 +1,5 @@
-// The magnitude of the terms that make up each gradient row (issue 8, "false alarm on real
-// kernels"; DESIGN.md "Checks"): a floor of "n ULPs" must scale with what a kernel actually
+// The magnitude of the terms that make up each gradient row (against false alarms on real
+// kernels; docs/design.md "Checks"): a floor of "n ULPs" must scale with what a kernel actually
 // adds up, not with the possibly cancelled result. dq_i = scale * sum_j dS_ij k_j with
 // dS_ij = P_ij (dP_ij - D_i) [* (1 - tanh^2) under softcap]: when the exact dS vanishes (a
 // single visible key: P = 1, dP = D) the reference row is exactly 0, yet a correct kernel that
@@ -14,12 +14,12 @@
 // flash/efficient/cudnn backward noise reached 21-42 fp32 ULPs of that smaller magnitude.
 // (|1 - tanh^2| <= 1, so softcap keeps these upper bounds of |dS| |k| and |dS| |q|).
 //
-// The rounding floors (issue 6, "no false positives on tiny cases"): a FlashAttention-2 style
+// The rounding floors (no false positives on tiny cases): a FlashAttention-2 style
 // kernel rounds P and dS to its input format before their GEMMs, and D = rowsum(dO o) reads
 // the rounded O; the "pt" baseline of the bf16 / f16 profiles (SDPA math: fp32 inside, each
 // output rounded once) rounds none of them. With few terms the pt error is one unlucky sample
 // and k x pt falls far below what those declared rounding points legitimately cost (the
-// baseline-ratio bound collapsing, REFERENCES.md "Their pass rules"). Each rounding point
+// baseline-ratio bound collapsing, docs/references.md "Their pass rules"). Each rounding point
 // adds, to first order, sum_j delta_j t_j to an output element, |delta_j| <= e(x_j) = u |x_j| +
 // eta / 2 (u the unit roundoff, eta the smallest subnormal spacing, in the scaled domain of a
 // pre-scaled operand), t_j the term's other factor. ComputeRoundingFloors bounds it per

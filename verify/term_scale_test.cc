@@ -1,7 +1,7 @@
-// Tests of verify/term_scale.h (issue 8): the tiled dgemm computation against a naive loop
+// Tests of verify/term_scale.h: the tiled dgemm computation against a naive loop
 // over every mask / score feature, the Sk = 1 case whose exact dq, dk vanish while the terms
 // do not, and the FloorScale::kTerms floor end to end (rounding-sized noise on a cancelled
-// row passes, a mutant-sized error still fails); the rounding floors (issue 6): the tiled
+// row passes, a mutant-sized error still fails); the rounding floors: the tiled
 // computation against their definition on the same features, FlashAttention-2's recipe
 // reference bounded by them on tiny cases (and reaching most of them), the profile wiring and
 // Evaluate's max(k x pt, R_e).
@@ -479,8 +479,8 @@ namespace attest {
 namespace {
 
 // The H200 measurement that motivated kTerms (2026-12-02, gate row "tile boundary 129x1",
-// case /work/gpu_runs/torch1/failures-sdpa-cudnn-bf16/*accuracy-dq-f083e65f.case.json: the
-// gate's problem and generator seed below). PyTorch sdpa-cudnn and sdpa-efficient returned
+// failing case accuracy-dq-f083e65f of the sdpa-cudnn bf16 run: the gate's problem and
+// generator seed below). PyTorch sdpa-cudnn and sdpa-efficient returned
 // these worst errors where the exact dq / dk are 0; each must now be within the bf16 floor
 // of 2 ULPs of the row's terms (the baseline is exact, so the floor is all that is allowed).
 TEST(TermsFloor, H200MeasuredSingleKeyErrorsPass) {

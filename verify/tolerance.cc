@@ -20,7 +20,7 @@ std::string Num(double x) { return fmt::format("{:.3g}", x); }
 
 // ---- The profile table ----
 //
-// bf16 / f16 / f32 (REFERENCES.md "Measured: PyTorch 2.11 SDPA backends on an NVIDIA H200",
+// bf16 / f16 / f32 (docs/references.md "Measured: PyTorch 2.11 SDPA backends on an NVIDIA H200",
 // max|kernel - f64| / max|f64|, "pt" = PyTorch math path in the input dtype):
 //   o:  flash bf16 2.4e-3 vs pt 2.1e-3 (1.14x), efficient 1.14x, cudnn 2.9e-3 vs 2.9e-3
 //       (1.0x); fp16 flash 1.06x, cudnn 1.08x. FlashAttention-2's tests use 2x for out:
@@ -41,7 +41,7 @@ std::string Num(double x) { return fmt::format("{:.3g}", x); }
 //   lse: fp32 in every kernel; its baseline is the same logsumexp computed naively in fp32
 //       (verify/baseline.h). No measurement yet: ratio 4 (the gradients' number) plus a
 //       4-ULP fp32 floor at the row's largest |lse| (estimate).
-// f32: no measurement of fp32 kernels in REFERENCES.md; the bf16 rule is kept as is
+// f32: no measurement of fp32 kernels in docs/references.md; the bf16 rule is kept as is
 //       (estimate): the ratio is relative to the fp32 "pt", so it scales with the format.
 //
 // Low-precision family rows (fp8, mxfp8, nvfp4) are judged against the unquantised oracle
@@ -121,14 +121,14 @@ std::vector<TensorPolicies> LowPrecision(double o_atol, double o_rtol, double o_
 // A recipe row: the bf16 rule (see above) against the recipe's reference implementation.
 Profile RecipeProfile(const char* name, const char* description) {
   Profile p{name, description,
-            "bf16 ratios (REFERENCES.md H200: o <= 1.14x, dq <= 3.7x pt) against the recipe "
+            "bf16 ratios (docs/references.md H200: o <= 1.14x, dq <= 3.7x pt) against the recipe "
             "reference (cudnn-frontend mxfp8_ref.py's rule)",
             HighPrecision(Format::kBF16, 2, 4), name, {}};
   return p;
 }
 
 std::vector<Profile> BuildProfiles() {
-  const char* kH200 = "REFERENCES.md H200 SDPA measurements (o <= 1.14x pt, dq <= 3.7x pt)";
+  const char* kH200 = "docs/references.md H200 SDPA measurements (o <= 1.14x pt, dq <= 3.7x pt)";
   std::vector<Profile> t;
   t.push_back({"f32", "fp32 inputs and accumulation; o/grads vs an fp32 'pt' baseline",
                "bf16 rule kept (estimate: no fp32 kernel measured)",
@@ -136,7 +136,7 @@ std::vector<Profile> BuildProfiles() {
   t.push_back({"bf16", "bf16 inputs, fp32 accumulation (FlashAttention-2/3, cuDNN, SDPA)", kH200,
                HighPrecision(Format::kBF16, 2, 4, true), {}, "bf16"});
   t.push_back({"f16", "fp16 inputs, fp32 accumulation (FlashAttention-2, cuDNN, RDNA3)",
-               "REFERENCES.md H200 fp16: o <= 1.08x pt, dq <= 1.31x pt; FA2's 2x/3x rules",
+               "docs/references.md H200 fp16: o <= 1.08x pt, dq <= 1.31x pt; FA2's 2x/3x rules",
                HighPrecision(Format::kF16, 2, 3, true), {}, "f16"});
   t.push_back({"fp8", "per-tensor FP8 E4M3 operands, bf16/fp16 outputs",
                "cudnn-frontend FP8 SDPA tests: atol 0.04 rtol 0.1 (fwd); rest estimates",
@@ -148,13 +148,17 @@ std::vector<Profile> BuildProfiles() {
                "estimates from E2M1 precision",
                LowPrecision(0.15, 0.3, 0.95, 0.2, 0.05, 0.3, 0.5, 0.9), {}, {}});
   // One row per recipe of reference/recipes: judged against the recipe's own reference.
-  t.push_back(RecipeProfile("mxfp8-cudnn", "recipe mxfp8-cudnn: cuDNN MXFP8 SDPA (P x16 -> E4M3)"));
+  t.push_back(RecipeProfile("mxfp8-cudnn",
+                            "recipe mxfp8-cudnn: cuDNN MXFP8 SDPA (P x16 -> E4M3)"));
   t.push_back(RecipeProfile("mxfp8-pvbf16",
-                            "recipe mxfp8-pvbf16: MXFP8 QK^T and dO.V^T, P.V and dS products in bf16"));
+                            "recipe mxfp8-pvbf16: MXFP8 QK^T and dO.V^T, P.V and dS products "
+                            "in bf16"));
   t.push_back(RecipeProfile("nvfp4-mixed",
-                            "recipe nvfp4-mixed: NVFP4 Q, K; FP8 V scaled per token and head; P x16 -> E4M3"));
+                            "recipe nvfp4-mixed: NVFP4 Q, K; FP8 V scaled per token and head; "
+                            "P x16 -> E4M3"));
   t.push_back(RecipeProfile("fp8-e4m3-tensor",
-                            "recipe fp8-e4m3-tensor: E4M3 per-(batch, head) current scaling, P x256"));
+                            "recipe fp8-e4m3-tensor: E4M3 with static descales per (batch, "
+                            "head), P x256"));
   return t;
 }
 

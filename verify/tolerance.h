@@ -1,8 +1,8 @@
-// Tolerance policies and profiles (issue "verify/" item 2; DESIGN.md "Checks"): policies are
+// Tolerance policies and profiles (docs/tolerances.md; docs/design.md "Checks"): policies are
 // data (baseline ratio with a ULP floor, atol/rtol, ULP budget, cosine floor), a profile maps
 // each output tensor of a kernel to its policies, and Evaluate turns metrics into a Verdict
 // with its margin (observed / allowed) and worst location. The numbers in the profile table
-// cite their evidence in tolerance.cc (REFERENCES.md "Measured: PyTorch 2.11 SDPA backends
+// cite their evidence in tolerance.cc (docs/references.md "Measured: PyTorch 2.11 SDPA backends
 // on an NVIDIA H200" for bf16/f16).
 #pragma once
 

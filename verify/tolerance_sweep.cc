@@ -1,4 +1,4 @@
-// tolerance_sweep: the evidence table of docs/tolerances.md (verify issue item 2: profiles
+// tolerance_sweep: the evidence table of docs/tolerances.md (profiles
 // whose numbers cite their evidence). For every cpu/ low-precision model and each of its
 // tensors it measures the ratio r = max|kernel - oracle| / max|recipe reference - oracle| (the
 // quantity the recipe profiles bound by k; verify/baseline.h RecipeReference*) and the profile

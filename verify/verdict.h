@@ -1,4 +1,4 @@
-// Verdicts and reports (DESIGN.md "Checks"): every check reports a margin (observed /
+// Verdicts and reports (docs/design.md "Checks"): every check reports a margin (observed /
 // allowed) and the worst location, not just pass/fail; every verdict names the case it
 // judged, and every failure carries the one line that reproduces it.
 #pragma once

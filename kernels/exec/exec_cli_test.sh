@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# End-to-end test of the exec protocol through the CLI (issue 9 acceptance: "CI tests ... the
-# exec protocol end to end (numpy worker)"): `attest check --suite quick` passes on the NumPy
+# End-to-end test of the exec protocol through the CLI (the exec protocol
+# tested end to end on the NumPy worker): `attest check --suite quick` passes on the NumPy
 # worker, and a worker that crashes mid-call gives findings (exit 1) naming the signal and a
 # repro line, never an infrastructure failure (exit 2) or a dead harness.
 # Usage: exec_cli_test.sh ATTEST PYTHON   (run from the repository root; exit 77 = skipped)

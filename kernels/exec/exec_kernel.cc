@@ -1,4 +1,4 @@
-// The exec protocol's client (DESIGN.md "External kernels"; docs/protocol.md): a Kernel
+// The exec protocol's client (docs/design.md "External kernels"; docs/protocol.md): a Kernel
 // whose calls are requests to a worker process, used by `exec:` kernels and by forked
 // (isolated) in-process kernels alike. Every way a worker can fail becomes an Error answer
 // naming what happened; the worker is restarted on the next call.

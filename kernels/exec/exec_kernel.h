@@ -1,5 +1,5 @@
 // External-process kernels (`exec:<command line>`) and process isolation for in-process
-// kernels, both speaking the exec protocol of DESIGN.md "External kernels" (docs/protocol.md
+// kernels, both speaking the exec protocol of docs/design.md "External kernels" (docs/protocol.md
 // is the kernel author's guide): JSON lines on the worker's stdin/stdout, tensors in
 // safetensors files in a private temporary directory. A worker that crashes, hangs, writes
 // garbage or answers with missing or misshapen outputs becomes an Error answer (a finding)

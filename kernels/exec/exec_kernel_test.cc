@@ -1,4 +1,4 @@
-// Tests of the exec protocol (DESIGN.md "External kernels"): command-line splitting, the
+// Tests of the exec protocol (docs/design.md "External kernels"): command-line splitting, the
 // NumPy worker against the oracle, forked kernels bitwise equal to in-process ones, and
 // isolation: every way a worker can fail (crash, abort, exit mid-call, hang, garbage,
 // missing or misshapen outputs, early exit) becomes an Error naming what happened, and the

@@ -1,4 +1,4 @@
-// The worker side of the exec protocol for C++ kernels (DESIGN.md "External kernels";
+// The worker side of the exec protocol for C++ kernels (docs/design.md "External kernels";
 // docs/protocol.md): one JSON request per line in, one JSON reply per line out, tensors in
 // the safetensors files the request names. Used by forked (isolated) kernels.
 #include <errno.h>

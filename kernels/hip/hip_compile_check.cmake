@@ -1,4 +1,4 @@
-# ctest hip_device_compile (issue 9 acceptance: "compiles the HIP (gfx1100, gfx1151) code"):
+# ctest hip_device_compile (the HIP code must compile for gfx1100 and gfx1151; docs/hip.md):
 # compiles the example plugin's device code with clang++-19 for each architecture to assembly,
 # requires the WMMA instruction, wave32 and no dynamic stack in every kernel, then builds the
 # two-architecture offload bundle the plugin embeds holds both.

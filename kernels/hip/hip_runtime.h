@@ -1,4 +1,4 @@
-// The HIP runtime, loaded with dlopen at run time (issue 9 item 3; DESIGN.md "External
+// The HIP runtime, loaded with dlopen at run time (docs/hip.md; docs/design.md "External
 // kernels"): attest has no build-time HIP dependency, and on a machine without the runtime or
 // without a device it says exactly which of the two is missing. The entry points and enum
 // values are those of HIP's C API (hip/hip_runtime_api.h, hip/driver_types.h, ROCm 5.2 as

@@ -1,4 +1,4 @@
-// The low-precision CPU numerics models (issue "Kernels under test", item 2): cpu/mxfp8-cudnn
+// The low-precision CPU numerics models (docs/kernels.md): cpu/mxfp8-cudnn
 // (cuDNN's MXFP8 SDPA, cudnn-frontend test/python/sdpa/mxfp8_ref.py), cpu/mxfp8-pvbf16 (its
 // leak-free variant: MXFP8 only in the head-dim-contracting products), cpu/nvfp4-mixed
 // (NVFP4 Q, K; FP8 V and P) and cpu/fp8-e4m3-tensor (FlashAttention-3's FP8 forward with

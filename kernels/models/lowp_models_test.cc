@@ -2,7 +2,7 @@
 // against the float64 oracle (reference/oracle/oracle.h): evaluated on the recipe's quantised
 // operands (what is left is the model's own P rounding and fp32 arithmetic) and on the plain
 // inputs (the intended quantisation error, measured and printed); the causal leak that
-// cuDNN's sequence-blocked V scales cause (REFERENCES.md "Which products can leak": perturb V
+// cuDNN's sequence-blocked V scales cause (docs/references.md "Which products can leak": perturb V
 // only after position t inside one 32-block and O[:t] changes) and its absence in the
 // leak-free variant; bitwise determinism; fp8-e4m3-tensor's honest Unsupported backward.
 #include "kernels/models/lowp_models.h"

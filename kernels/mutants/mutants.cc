@@ -1,4 +1,4 @@
-// The mutant catalogue (see mutants.h; bug sources in /work/shared/REFERENCES.md and in each
+// The mutant catalogue (see mutants.h; bug sources in docs/references.md and in each
 // row's `bug` text; docs/kernels.md "Mutants").
 #include "kernels/mutants/mutants.h"
 
@@ -136,7 +136,7 @@ std::vector<MutantSpec> BuildCatalogue() {
                        }),
        .generator = Gaussian(102),
        .differs = {"dq"}});
-  // Per-tensor current scaling leaks as block scales do (REFERENCES.md "Which products can
+  // Per-tensor current scaling leaks as block scales do (docs/references.md "Which products can
   // leak"): cpu/nvfp4-mixed scales V per token; TransformerEngine's Float8CurrentScaling
   // takes one amax over the whole tensor.
   add({.name = "v-tensor-current-scale",
@@ -144,7 +144,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "nvfp4-mixed",
        .bug = "V quantised to FP8 with one current-scaling amax over the whole tensor "
               "(TransformerEngine Float8CurrentScaling): a future key's value moves the scale "
-              "of every visible one (REFERENCES.md: per-tensor current scaling leaks; "
+              "of every visible one (docs/references.md: per-tensor current scaling leaks; "
               "TransformerEngine #3248)",
        .change = "recipe: P·V's and dO·Vᵀ's V operand FP8 per-tensor current scale instead of "
                  "per token",
@@ -244,7 +244,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent = kBf16,
        .parent_recipe = "bf16",
        .bug = "causal aligned top-left (PyTorch SDPA is_causal) where bottom-right is meant "
-              "(flash-attention #1778 convention; REFERENCES.md on SDPA)",
+              "(flash-attention #1778 convention; docs/references.md on SDPA)",
        .change = "problem fault kCausalTopLeft",
        .bug_class = "window-causal",
        .problem_fault = ProblemFault::kCausalTopLeft,
@@ -483,7 +483,7 @@ Problem ApplyProblemFault(const Problem& p, ProblemFault fault) {
     case ProblemFault::kNone:
       break;
     case ProblemFault::kWindowRightClamped:
-      // flash_api.cpp (issue #895): window_size_right < 0 or >= max_seqlen_k becomes
+      // flash_api.cpp (flash-attention #895): window_size_right < 0 or >= max_seqlen_k becomes
       // max_seqlen_k once a window is set.
       if ((out.window_left >= 0 || out.window_right >= 0) &&
           (out.window_right < 0 || out.window_right >= out.seqlen_k)) {

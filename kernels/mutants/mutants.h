@@ -1,7 +1,7 @@
-// The mutant catalogue (issue "Kernels under test", item 3; DESIGN.md "Kernels": mutants are
+// The mutant catalogue (docs/kernels.md "Mutants"; docs/design.md "Kernels": mutants are
 // named `mutant/<name>`): seeded-bug kernels, each a small deviation from a correct model of
 // kernels/models/ that reproduces one real bug class (the sources are the issues and PRs of
-// /work/shared/REFERENCES.md "Real bugs worth modelling" and "FP8 P pitfalls"). A mutant is
+// docs/references.md "Real bugs worth modelling" and "FP8 P pitfalls"). A mutant is
 // data: its parent, a recipe edit and/or engine faults (flash_engine.h EngineFaults) and a
 // documented case (a Problem and a generator seed) on which it provably differs from its
 // parent (mutants_test shows it). A mutant lies exactly as the buggy kernel would: it claims

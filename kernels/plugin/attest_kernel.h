@@ -1,5 +1,5 @@
 /* attest_kernel.h — the versioned C ABI through which attest loads kernels from shared
- * libraries (`plugin:<path.so>[:<name>]`; DESIGN.md "External kernels").
+ * libraries (`plugin:<path.so>[:<name>]`; docs/design.md "External kernels").
  *
  * A plugin is a shared library that exports three C symbols:
  *
@@ -15,7 +15,7 @@
  * by attest's device adapter), fills every output with NaN, and afterwards copies the
  * outputs back and checks them. A kernel writes only into the output tensors it is given.
  *
- * Layout and semantics are the flash_attn_func conventions of DESIGN.md: q [B, Sq, Hq, D],
+ * Layout and semantics are the flash_attn_func conventions of docs/design.md: q [B, Sq, Hq, D],
  * k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], o [B, Sq, Hq, Dv], lse [B, Hq, Sq] (natural log,
  * always F32); packed variable length: [total, H, D] with cu_seqlens, lse [Hq, total_q].
  * A plugin always returns lse: the loader refuses capabilities with "lse": false (a kernel
@@ -83,7 +83,7 @@ typedef struct attest_tensor {
   int32_t device_id;
 } attest_tensor;
 
-/* The problem, field for field the case-file `problem` object of DESIGN.md. Host memory. */
+/* The problem, field for field the case-file `problem` object of docs/design.md. Host memory. */
 typedef struct attest_problem {
   int64_t batch;    /* number of sequences (packed: entries of cu_seqlens minus one) */
   int64_t heads_q;
@@ -136,7 +136,7 @@ typedef struct attest_kernel_desc {
   uint32_t abi_version; /* ATTEST_KERNEL_ABI_VERSION */
   uint32_t struct_size; /* sizeof(attest_kernel_desc) */
   const char* name;     /* unique within the library, e.g. "flash-bf16" */
-  /* The `capabilities` JSON object of the exec protocol (DESIGN.md), e.g.
+  /* The `capabilities` JSON object of the exec protocol (docs/design.md), e.g.
    * {"dtypes":["bf16","f16"],"head_dims":[64,128],"causal":true,"backward":true,
    *  "deterministic":true,"profile":"bf16"}. */
   const char* capabilities_json;

@@ -1,4 +1,4 @@
-// Device adapters for C ABI plugins (DESIGN.md "External kernels": "the harness allocates and
+// Device adapters for C ABI plugins (docs/design.md "External kernels": "the harness allocates and
 // copies device buffers, fills outputs with NaN before each call, and checks every runtime
 // call"). One adapter per attest_device_type; every method reports a failed runtime call as
 // an Error naming the call and the runtime's error string, which becomes a finding.

@@ -1,5 +1,5 @@
 // Loading C ABI plugins and calling them in this process (kernels/plugin/attest_kernel.h;
-// DESIGN.md "External kernels"). The loader checks the ABI version, the three symbols, each
+// docs/design.md "External kernels"). The loader checks the ABI version, the three symbols, each
 // descriptor's version and struct size and its capabilities JSON, and every error names the
 // library and the symbol or field. A call encodes attest's tensors into the problem's dtype,
 // places them on the descriptor's device, NaN-fills the outputs, runs the kernel and brings

@@ -1,4 +1,4 @@
-// `plugin:<path.so>[:<name>]` kernels (DESIGN.md "External kernels", kernels/plugin/
+// `plugin:<path.so>[:<name>]` kernels (docs/design.md "External kernels", kernels/plugin/
 // attest_kernel.h). By default every call runs in a child process that loaded the library,
 // so a segfault, an abort, a device error or a hang becomes a finding (an Error answer) and
 // the run goes on with a fresh child; in-process mode exists for debugging.

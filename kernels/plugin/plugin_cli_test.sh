@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `attest check` on plugin: kernels end to end (DESIGN.md "External kernels", "CLI
+# `attest check` on plugin: kernels end to end (docs/design.md "External kernels", "CLI
 # contract"): the host example passes through the loader; load errors exit 2 naming the
 # library and symbol; a segfaulting or hanging plugin is a finding (exit 1) with its case
 # files while the run goes on; a CUDA plugin without a GPU exits 2 cleanly.

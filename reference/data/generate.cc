@@ -189,7 +189,7 @@ Status CheckUniform(const nlohmann::json& params, const std::string& where) {
   return {};
 }
 
-// --- Distributions of real workloads (issue 6) -------------------------------------------
+// --- Distributions of real workloads (docs/fuzz.md) --------------------------------------
 //
 // Each row below uses only ElementStream draws, + - * / sqrt, exact scalings by powers of two
 // (std::ldexp is exact whenever the result is a normal or exactly representable double), and

@@ -1,6 +1,6 @@
 // Deterministic input generators: the same (problem, generator name, seed, params) gives
 // bit-identical float64 q, k, v, do on any machine, compiler, thread count and libm
-// (DESIGN.md "Case files": "the same case file gives bit-identical inputs on any machine").
+// (docs/design.md "Case files": "the same case file gives bit-identical inputs on any machine").
 //
 // How: every element draws from its own counter-based stream (Philox-4x32-10, Salmon et al.,
 // "Parallel random numbers: as easy as 1, 2, 3", SC'11), keyed by the seed and addressed by

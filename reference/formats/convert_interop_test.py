@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""`attest convert` output read by the reference safetensors implementation (issue 3
-acceptance: "attest convert output loads in PyTorch / safetensors with the right dtypes").
+"""`attest convert` output read by the reference safetensors implementation (the
+requirement: "attest convert output loads in PyTorch / safetensors with the right dtypes").
 
 Writes fp32 values with safetensors.numpy, converts them with `attest convert --to X`, then
 reads the result with safetensors' own parser (safe_open) and checks the header dtype string

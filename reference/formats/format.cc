@@ -48,7 +48,7 @@ constexpr bool TableIsConsistent() {
   return true;
 }
 static_assert(TableIsConsistent(), "kFormats rows must follow the Format enum");
-// Spot checks against OCP OFP8 v1.0 Table 1 / OCP MX v1.0 Table 4 / REFERENCES.md.
+// Spot checks against OCP OFP8 v1.0 Table 1 / OCP MX v1.0 Table 4 / docs/references.md.
 static_assert(kFormats[4].max_finite_code() == 0x7E && kFormats[4].max_exponent() == 8);
 static_assert(kFormats[5].max_finite_code() == 0x7B && kFormats[5].max_exponent() == 15);
 static_assert(kFormats[6].max_exponent() == 4 && kFormats[7].max_exponent() == 2);

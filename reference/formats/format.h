@@ -49,7 +49,7 @@ inline constexpr int kNumFormats = 10;
 // (e8m0fnu), exponent field 0 is an ordinary binade 2^-bias and there is no zero.
 struct FormatSpec {
   Format format;
-  std::string_view name;  // DESIGN.md spelling: f64 f32 bf16 f16 e4m3fn e5m2 ...
+  std::string_view name;  // docs/design.md spelling: f64 f32 bf16 f16 e4m3fn e5m2 ...
   int exponent_bits;
   int mantissa_bits;  // stored fraction bits (precision - 1)
   int bias;
@@ -96,7 +96,7 @@ struct FormatSpec {
 std::span<const FormatSpec> AllFormats();
 const FormatSpec& Spec(Format f);
 inline std::string_view Name(Format f) { return Spec(f).name; }
-// Accepts the DESIGN.md names and the dtype aliases ("fp16", "float8_e4m3fn", "fp32", ...).
+// Accepts the docs/design.md names and the dtype aliases ("fp16", "float8_e4m3fn", "fp32", ...).
 std::optional<Format> ParseFormat(std::string_view name);
 // The format a float DType stores (nullopt for integer dtypes) and back (nullopt for formats
 // that have no safetensors dtype: e3m2fn, e2m3fn, e2m1fn travel as U8 codes).

@@ -215,7 +215,7 @@ TEST(ReferenceSanity, DetectsAWrongTieRule) {
   EXPECT_EQ(ref.Encode(1.0625, Rounding::kNearestAway, false), 0x39u);
   EXPECT_NE(EncodeF32(1.0625f, Format::kE4M3FN).code,
             ref.Encode(1.0625, Rounding::kNearestAway, false));
-  // Known values from the OCP OFP8 table and REFERENCES.md.
+  // Known values from the OCP OFP8 table and docs/references.md.
   EXPECT_EQ(ref.Encode(464.0, Rounding::kNearestEven, false), 0x7Eu);
   EXPECT_EQ(ref.Encode(464.0001, Rounding::kNearestEven, false), 0x7Fu);
   EXPECT_EQ(RefEncoder(Format::kE5M2).Encode(61440.0, Rounding::kNearestEven, false), 0x7Cu);

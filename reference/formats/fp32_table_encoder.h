@@ -1,6 +1,6 @@
-// Fast fp32 -> narrow-format encoder for bulk conversion (issue "Bit-exact number formats",
-// item 7): for one (format, options) pair, the code is a step function of the fp32 bit
-// pattern of |x| (rounding is monotone), so it is stored as the list of bit patterns where
+// Fast fp32 -> narrow-format encoder for bulk conversion (docs/formats.md): for one
+// (format, options) pair, the code is a step function of the fp32 bit pattern of |x|
+// (rounding is monotone), so it is stored as the list of bit patterns where
 // EncodeF32's output changes, found by bisection with EncodeF32 itself, and looked up by a
 // branchless binary search. Bit-identical to EncodeF32 by construction, and tested so over a
 // stratified sample (and all 2^32 inputs with ATTEST_FORMAT_SWEEP=exhaustive).

@@ -1,4 +1,4 @@
-// Block quantizers as data (DESIGN.md "Formats and recipes"): one registry row per scheme
+// Block quantizers as data (docs/design.md "Formats and recipes"): one registry row per scheme
 // (mxfp8-e4m3 ... fp8-block-e4m3: element format, block shape, scale kind, defaults) and one
 // entry point, Quantize(), that dispatches to the MX (OCP MX v1.0 §6), NVFP4
 // (TransformerEngine / torchao) and FP8 (TransformerEngine delayed / current / blockwise

@@ -1,4 +1,4 @@
-// Tests of the scheme registry and Quantize() (quantize.h; DESIGN.md scheme names).
+// Tests of the scheme registry and Quantize() (quantize.h; docs/design.md scheme names).
 #include "reference/formats/quantize.h"
 
 #include <gtest/gtest.h>

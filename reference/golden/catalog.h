@@ -1,4 +1,4 @@
-// The list of golden cases (issue "The oracle", item 7): small problems that together cover
+// The list of golden cases: small problems that together cover
 // every feature of reference/problem (masks, GQA, Dv != D, softcap, ALiBi, packed varlen with
 // zero-length sequences, empty rows, Sk = 1, dtypes, odd head dims, batch > 1). The catalogue
 // is the source of truth for `attest golden regen`; the manifest records what was written.

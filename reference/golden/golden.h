@@ -1,4 +1,4 @@
-// `attest golden verify|regen` as a library (issue "The oracle", item 7; format in
+// `attest golden verify|regen` as a library (format in
 // manifest.h, cases in catalog.h). verify: every file's SHA-256 matches the manifest, the
 // inputs still reproduce bit for bit from the recorded generator and seed, and the float64
 // oracle agrees with the stored mp256 outputs within the oracle's certification bound

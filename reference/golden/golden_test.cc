@@ -326,7 +326,7 @@ TEST(GoldenVerify, CorruptOrMissingFilesAreInfrastructureErrors) {
 
 // --- The committed files against a naive implementation written here -----------------------
 
-// Attention forward and backward straight from the definitions (DESIGN.md "Semantics": the
+// Attention forward and backward straight from the definitions (docs/design.md "Semantics": the
 // shared MaskView / TransformScore, softmax, D = rowsum(dO o O), dS = P o (dP - D), softcap
 // chain rule), in long double with one score row at a time: independent of the oracle's
 // tiling, BLAS and compensated sums, so a semantic slip in the oracle cannot also be pinned.

@@ -1,5 +1,5 @@
 // The attention oracle: forward and backward of exactly the semantics of
-// reference/problem/problem.h and mask.h (DESIGN.md "Semantics" and "Oracle"), in float64
+// reference/problem/problem.h and mask.h (docs/design.md "Semantics" and "Oracle"), in float64
 // (oracle_double.cc: tiled over keys, register-blocked FMA products inside tiles
 // (oracle_gemm.h), std::threads over batch x head x query tile in the forward and batch x
 // head in the backward, compensated sums,
@@ -7,7 +7,7 @@
 // boost::multiprecision (oracle_generic.h: MPFR at 128 and 257 bits) to certify the float64
 // path and to produce golden files.
 //
-// Conventions (DESIGN.md): q [B,Sq,Hq,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], o [B,Sq,Hq,Dv],
+// Conventions (docs/design.md): q [B,Sq,Hq,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], o [B,Sq,Hq,Dv],
 // lse [B,Hq,Sq] (natural log); packed varlen [total,H,*] with lse [Hq,total_q]. Query head h
 // reads kv head h / (Hq/Hkv). Empty rows (no visible key): o = 0, lse = -inf, dq = 0,
 // delta = 0; keys seen by no query: dk = dv = 0. Every output is f64 and contiguous; an MP

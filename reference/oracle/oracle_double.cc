@@ -1,4 +1,4 @@
-// The float64 oracle (oracle.h; DESIGN.md "Oracle"): FlashAttention-style tiling on the CPU
+// The float64 oracle (oracle.h; docs/design.md "Oracle"): FlashAttention-style tiling on the CPU
 // (Dao, FlashAttention-2, arXiv 2307.08691, Alg. 1 and 2) with exactness-first choices.
 //
 // Tiles: query tiles of tile_q rows and key tiles of tile_k keys, both aligned to multiples

@@ -1,5 +1,5 @@
 // Vectorisable row kernels for the float64 oracle's softmax tiles (oracle_double.cc;
-// DESIGN.md "Oracle"): an exp, and the fused per-row passes of the forward and backward that
+// docs/design.md "Oracle"): an exp, and the fused per-row passes of the forward and backward that
 // use it. glibc's scalar exp costs ~8-10 ns per score on this class of machine, as much as
 // the matrix-product work of a D = 64 score, and separate passes over a tile row cost as much again,
 // so the tiles use these kernels. Every kernel is compiled once per ISA level and picked at

@@ -1,4 +1,4 @@
-// The float64 oracle's own matrix product (oracle_double.cc; DESIGN.md "Oracle"), for the
+// The float64 oracle's own matrix product (oracle_double.cc; docs/design.md "Oracle"), for the
 // tiles' six products: C = alpha A B or C += A B, with B stored once per head as column
 // panels and A read where it lies (any row and column stride), so that nothing is packed per
 // tile. OpenBLAS's dgemm packs both operands on every call; for the attention tiles the

@@ -1,5 +1,5 @@
 // Pieces shared by the oracle's float64 and multiprecision paths (oracle.h): input checks,
-// index arithmetic of the DESIGN.md layouts, input magnitudes for OracleStats, and the
+// index arithmetic of the docs/design.md layouts, input magnitudes for OracleStats, and the
 // deterministic work distribution. Not part of the public API.
 #pragma once
 

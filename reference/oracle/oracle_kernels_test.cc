@@ -1,4 +1,4 @@
-// Tests of the float64 oracle's row kernels (oracle_exp.h; DESIGN.md "Oracle"): the exp
+// Tests of the float64 oracle's row kernels (oracle_exp.h; docs/design.md "Oracle"): the exp
 // against MPFR over millions of arguments and every range-reduction and scaling boundary,
 // its short in-range path bitwise against the full one, and the fused forward/backward row
 // passes and row statistics against plain loops that call ExpInPlace (the kernel tested

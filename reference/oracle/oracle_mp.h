@@ -1,4 +1,4 @@
-// Multiprecision scalar types of the oracle (DESIGN.md "Oracle": boost::multiprecision, MPFR
+// Multiprecision scalar types of the oracle (docs/design.md "Oracle": boost::multiprecision, MPFR
 // back end, 128-256 bits), with a cpp_bin_float fallback where MPFR is absent.
 //
 // mpfr_float_backend<N> takes decimal digits and asks MPFR for

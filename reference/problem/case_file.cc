@@ -1,4 +1,4 @@
-// Case files: parsing, canonical text and path resolution (DESIGN.md "Case files").
+// Case files: parsing, canonical text and path resolution (docs/design.md "Case files").
 #include "reference/problem/case_file.h"
 
 #include <algorithm>
@@ -18,7 +18,7 @@ namespace {
 
 constexpr std::string_view kCaseFields[] = {"problem", "inputs", "generator"};
 constexpr std::string_view kGeneratorFields[] = {"name", "seed", "params"};
-// The order of DESIGN.md's example; extensions follow in this order.
+// The order of docs/design.md's example; extensions follow in this order.
 constexpr std::string_view kProblemOrder[] = {
     "batch",        "heads_q",        "heads_kv",       "seqlen_q",     "seqlen_k",
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
@@ -130,7 +130,7 @@ json CaseToJson(const Case& c) {
 }
 
 std::string CaseToText(const Case& c) {
-  // Hand-laid so that the order follows DESIGN.md (nlohmann::json sorts keys) and arrays stay
+  // Hand-laid so that the order follows docs/design.md (nlohmann::json sorts keys) and arrays stay
   // on one line; every value is nlohmann's compact dump (shortest round-trip doubles, sorted
   // object keys), so the text is a pure function of the case.
   const json j = CaseToJson(c);

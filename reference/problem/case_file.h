@@ -1,4 +1,4 @@
-// Case files (`*.case.json`, DESIGN.md "Case files"): a problem plus where its data comes
+// Case files (`*.case.json`, docs/design.md "Case files"): a problem plus where its data comes
 // from, either a safetensors file of inputs or a deterministic generator and seed. The same
 // case file gives bit-identical inputs on any machine (see reference/data/generate.h).
 #pragma once

@@ -82,7 +82,7 @@ Expected<CaseInputs> MakeCaseInputs(const Case& c) {
   if (!c.generator) return Error{"case: neither 'inputs' nor 'generator' is set"};
   auto gen = GenerateInputs(c.problem, *c.generator);
   if (!gen.ok()) return gen.error();
-  // DESIGN.md: generated in float64, rounded to the kernel's input dtype.
+  // docs/design.md: generated in float64, rounded to the kernel's input dtype.
   const DType dtype = c.problem.dtype;
   return CaseInputs{RoundTensor(gen->q, dtype), RoundTensor(gen->k, dtype),
                     RoundTensor(gen->v, dtype), RoundTensor(gen->dout, dtype)};

@@ -1,4 +1,4 @@
-// Mask and score semantics, written once (DESIGN.md "Semantics"). Every layer that asks
+// Mask and score semantics, written once (docs/design.md "Semantics"). Every layer that asks
 // "may query i see key j?" or "what is score s_ij?" calls these.
 //
 // Indices i, j are local to one sequence (0 <= i < q_len, 0 <= j < k_len). The diagonal

@@ -1,4 +1,4 @@
-// Mask and score semantics (mask.h) against DESIGN.md "Semantics": an independent
+// Mask and score semantics (mask.h) against docs/design.md "Semantics": an independent
 // brute-force visibility rule written from the design's words, swept over many shapes, plus
 // hand-drawn masks for every boundary. Each rule shifted by one in mask.cc fails here.
 #include "reference/problem/mask.h"
@@ -15,7 +15,7 @@
 namespace attest {
 namespace {
 
-// --- The rules, restated from DESIGN.md without looking at mask.cc ------------------------
+// --- The rules, restated from docs/design.md without looking at mask.cc ------------------------
 //
 // "query i sees key j iff j <= i + Sk - Sq" (bottom-right) or j <= i (top-left); a window
 // (left, right) keeps i + off - left <= j <= i + off + right with -1 unbounded; prefix-LM
@@ -59,7 +59,7 @@ bool ReferenceBandOrPrefix(const Problem& p, int64_t q_len, int64_t k_len, int64
   return ReferenceVisible(band_only, 0, q_len, k_len, i, j);
 }
 
-// Sequence lengths, also written from DESIGN.md (cu_seqlens differences, else Sq / Sk).
+// Sequence lengths, also written from docs/design.md (cu_seqlens differences, else Sq / Sk).
 std::pair<int64_t, int64_t> ReferenceLengths(const Problem& p, int64_t b) {
   if (p.cu_seqlens_q) {
     const auto ub = static_cast<size_t>(b);

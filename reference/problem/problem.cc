@@ -1,4 +1,4 @@
-// Problem: shapes, sequences, validation and the case-file "problem" JSON (DESIGN.md "Case
+// Problem: shapes, sequences, validation and the case-file "problem" JSON (docs/design.md "Case
 // files" and "Semantics"; flash-attention `flash_attn_func` / `flash_attn_varlen_func` layout).
 #include "reference/problem/problem.h"
 
@@ -337,7 +337,7 @@ Expected<Problem> ProblemFromJson(const json& j) {
 }
 
 json ProblemToJson(const Problem& p) {
-  // The 16 fields of DESIGN.md always appear (null where unset) so that every case file reads
+  // The 16 fields of docs/design.md always appear (null where unset) so that every case file reads
   // the same; the mask-family extensions appear only when they are in use.
   json j = {
       {"batch", p.batch},

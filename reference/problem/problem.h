@@ -1,4 +1,4 @@
-// Problem: one attention call as the case-file JSON of DESIGN.md describes it ("problem"
+// Problem: one attention call as the case-file JSON of docs/design.md describes it ("problem"
 // object; field names are public contract), plus the extensions for mask families that
 // FlexAttention-class kernels need (per-token document ids, prefix-LM, block-sparse lists).
 //

@@ -1,4 +1,4 @@
-// Problem JSON, validation and shapes (problem.h) against DESIGN.md "Case files" and
+// Problem JSON, validation and shapes (problem.h) against docs/design.md "Case files" and
 // "Semantics": every rule is shown rejecting a value by name, and the JSON round-trips.
 #include "reference/problem/problem.h"
 
@@ -15,7 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-// DESIGN.md's example, verbatim.
+// docs/design.md's example, verbatim.
 json DesignExample() {
   return json::parse(R"({
     "batch": 1, "heads_q": 4, "heads_kv": 2, "seqlen_q": 77, "seqlen_k": 130,

@@ -1,4 +1,4 @@
-// The recipe table and the operand quantisation hook (see recipe.h; DESIGN.md "Formats and
+// The recipe table and the operand quantisation hook (see recipe.h; docs/design.md "Formats and
 // recipes"). Rows follow FlashAttention-2's rounding points (csrc/flash_attn/src/
 // flash_fwd_kernel.h: P converted to the input type before P·V; flash_bwd_kernel.h: P and dS
 // converted before their GEMMs, fp32 accumulators, dot_do_o on the stored O).
@@ -181,7 +181,7 @@ Recipe Mxfp8PvBf16Recipe() {
 // choice), leak-free by construction: every scale covers one position. Q, K: NVFP4 along D
 // (E2M1, E4M3 scale per 16) with a per-token fp32 second-level scale; V: FP8 E4M3 with a
 // per-token-head current scale (an FP8 KV cache's layout); P: ×16 → E4M3 as cuDNN's.
-// TransformerEngine's tensor-wide amaxes would span the sequence and leak (REFERENCES.md;
+// TransformerEngine's tensor-wide amaxes would span the sequence and leak (docs/references.md;
 // mutant/v-tensor-current-scale keeps that form). Backward (straight-through, Attn-QAT arXiv
 // 2603.00040 §3: differentiate at the forward's quantised operands): dP = dO·V_qᵀ,
 // dV = P_qᵀ·dO with the forward's P rounding, dQ = bf16(dS)·K_q, dK = bf16(dS)ᵀ·Q_q; dO
@@ -250,7 +250,7 @@ const std::vector<Recipe>& Table() {
                    "f16 inputs upcast to fp32: P, dS and D in fp32, o and gradients rounded "
                    "once to f16 (PyTorch's SDPA math backend)",
                    Format::kF16, DType::kF16),
-      // Low-precision rows (owner "lowp"; kernels/models/lowp_models.h runs them).
+      // Low-precision rows (kernels/models/lowp_models.h runs them).
       Mxfp8CudnnRecipe(),
       Mxfp8PvBf16Recipe(),
       Nvfp4MixedRecipe(),

@@ -1,4 +1,4 @@
-// Low-precision attention recipes as data (DESIGN.md "Formats and recipes"): for each GEMM of
+// Low-precision attention recipes as data (docs/design.md "Formats and recipes"): for each GEMM of
 // forward (Q·Kᵀ, P·V) and backward (dO·Vᵀ, Pᵀ·dO, dS·K, dSᵀ·Q) how each operand is represented
 // before the product, where P and dS are rounded, which O the backward's D = rowsum(dO∘O)
 // reads, and the accumulation / output formats. A new recipe is a new row of AllRecipes().
@@ -47,7 +47,7 @@ struct OperandScheme {
   // kBlock schemes with a tensor-level scale (NVFP4's fp32 second-level scale, fp8-tensor's
   // current scale): computed per vector along the blocked axis (one per token and head)
   // instead of once over the whole operand. A tensor-wide amax spans every position, so a
-  // future key or another document's token moves it (REFERENCES.md "Which products can
+  // future key or another document's token moves it (docs/references.md "Which products can
   // leak": per-tensor current scaling leaks); a per-vector amax never spans two positions.
   // Requires the blocked axis to be the innermost (the head dim of [B, S, H, D] / [T, H, D]).
   bool per_vector_tensor_scale = false;
@@ -109,7 +109,7 @@ bool ElementOnly(const Recipe& recipe);
 // scheme blocked along the sequence, or a tensor-level scale (NVFP4's fp32 scale, FP8
 // current scaling, an FP8 2-D block spanning rows) that is neither per vector nor static
 // (a given tensor_amax). Such a recipe leaks across causal / document boundaries by
-// construction (REFERENCES.md "Which products can leak"); a recipe for which this is false
+// construction (docs/references.md "Which products can leak"); a recipe for which this is false
 // never does, so non-interference must hold bitwise on it.
 bool SharesScalesAcrossPositions(const Recipe& recipe);
 

@@ -1,5 +1,5 @@
 // `attest audit --kernel K [--baseline K2] --out DIR [--seed S] [--quick]` and
-// `attest audit --compare K1 K2 ... --out DIR` (DESIGN.md "CLI contract"; issue 7 item 1):
+// `attest audit --compare K1 K2 ... --out DIR` (docs/design.md "CLI contract"; docs/audit.md):
 // writes DIR/report.html (self-contained, inline SVG), DIR/report.md and DIR/report.json,
 // and the smallest leaking case of each kernel into DIR. A progress bar on a terminal, plain
 // lines otherwise (tools/attest/progress.h). Exit 0 when every verdict of the audit holds, 1

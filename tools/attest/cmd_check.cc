@@ -1,5 +1,5 @@
 // `attest check --kernel K [--suite quick|gate|full] [--seed S] [--json F] [--junit F]
-// [--markdown F] [--out DIR] [-v | --quiet] [--allow-skips]` (DESIGN.md "CLI contract"): the
+// [--markdown F] [--out DIR] [-v | --quiet] [--allow-skips]` (docs/design.md "CLI contract"): the
 // merge gate. A progress line on stderr while it runs; then on stdout the failures in full,
 // one summary table (check x tensor) and the verdict line last (-v: every verdict and skipped
 // row; --quiet: the verdict line alone). The coverage guard (verify/coverage.h) fails a run

@@ -1,5 +1,5 @@
 // `attest compare --case FILE.case.json --outputs F.safetensors [--profile P] [--json F]
-// [--junit F] [--markdown F]` (DESIGN.md "CLI contract"; issue "verify/" item 6): judges
+// [--junit F] [--markdown F]` (docs/design.md "CLI contract"): judges
 // outputs produced elsewhere (a PyTorch script, a GPU run) against the float64 oracle with a
 // tolerance profile. Exit 0 every check holds, 1 a check failed, 2 bad input.
 #include <iostream>

@@ -1,5 +1,5 @@
 // `attest convert --to FORMAT [--rounding rne|rz|ru|rd|rna] [--saturate] [--nan keep|drop]
-// --in F --out F` (DESIGN.md "CLI contract"): every float tensor of a safetensors file
+// --in F --out F` (docs/design.md "CLI contract"): every float tensor of a safetensors file
 // converted to one element format (reference/formats/format.h, docs/formats.md), same names,
 // stored in the format's safetensors dtype (BF16 F16 F8_E4M3 F8_E5M2 F8_E8M0, F32, F64) or
 // as U8 codes, one per byte, for e3m2fn / e2m3fn / e2m1fn. Integer tensors are copied

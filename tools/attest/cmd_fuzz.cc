@@ -1,5 +1,5 @@
 // `attest fuzz --kernel K --seed S (--cases N | --time SEC) [--shard I/N] [--out DIR]` and
-// `attest fuzz --merge DIR...` (DESIGN.md "CLI contract"; issue 6, Deliver 3): draws
+// `attest fuzz --merge DIR...` (docs/design.md "CLI contract"; docs/fuzz.md): draws
 // (check, case) pairs inside the kernel's capabilities, shrinks the first failure, writes
 // DIR/<check>-<hash>.case.json and prints its one-line repro. Exit codes: 0 nothing failed,
 // 1 a failure was found (or a merged report holds one), 2 usage or infrastructure error.

@@ -1,5 +1,5 @@
-// `attest golden verify|regen [--dir golden/cases] [--only NAME]` (DESIGN.md "CLI contract";
-// issue "The oracle", item 7): verify the pinned mp256 golden cases against the float64
+// `attest golden verify|regen [--dir golden/cases] [--only NAME]` (docs/design.md
+// "CLI contract"): verify the pinned mp256 golden cases against the float64
 // oracle, or regenerate them from reference/golden/catalog.cc. Exit 0 all hold, 1 drift
 // (inputs no longer reproduce, or the oracle left its certified bound), 2 a missing or
 // corrupt file.

@@ -1,6 +1,6 @@
 // `attest list [kernels|checks|suites|recipes|profiles|formats|schemes] [--json]`: what attest
 // knows. The JSON form of `kernels` is an array of {name, description, capabilities}, where
-// capabilities is the exec protocol's `capabilities` object (DESIGN.md).
+// capabilities is the exec protocol's `capabilities` object (docs/design.md).
 // `attest list suites --coverage --kernel K [--suite S]`: which claimed feature pairs and
 // length boundaries each suite reaches for kernel K (verify/suite_coverage.h).
 #include <iostream>

@@ -1,5 +1,5 @@
 // `attest oracle --case F.case.json --out F.safetensors [--precision double|mp128|mp256]
-// [--threads N]` (DESIGN.md "CLI contract"): runs the oracle (reference/oracle/oracle.h) on a
+// [--threads N]` (docs/design.md "CLI contract"): runs the oracle (reference/oracle/oracle.h) on a
 // case's inputs (reference/problem/inputs.h: loaded or generated, rounded to the dtype) and
 // writes o, lse, dq, dk, dv and delta as F64 (forward outputs only when the case has no
 // "do"). The file's metadata records the precision, the OracleStats and each tensor's

@@ -1,5 +1,5 @@
 // `attest quantize --scheme S [--scale-mode floor|ceil|rceil|even] [--axis A] --in F --out F`
-// (DESIGN.md "CLI contract"; reference/formats/quantize.h, docs/formats.md "Block
+// (docs/design.md "CLI contract"; reference/formats/quantize.h, docs/formats.md "Block
 // quantizers"): every float tensor NAME of a safetensors file is quantized with one scheme and
 // written as NAME (element codes: F8_E4M3 / F8_E5M2, or U8 one code per byte for fp6/fp4),
 // NAME.scale (F8_E8M0 for MX, F8_E4M3 for NVFP4, F32 descales for FP8), NAME.dequant (F64 by

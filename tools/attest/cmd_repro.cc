@@ -1,4 +1,4 @@
-// `attest repro --kernel K --case F [--check NAME] [--dump DIR]` (DESIGN.md "CLI contract"):
+// `attest repro --kernel K --case F [--check NAME] [--dump DIR]` (docs/design.md "CLI contract"):
 // re-runs the checks on a saved case with bit-identical inputs (MakeCaseInputs) and the same
 // verdict and exit code as `attest check` (0 pass, 1 finding, 2 usage). Without --check, the
 // check is read from a file name written by `attest check` (<kernel>-<check>-<tensor>-<hash>

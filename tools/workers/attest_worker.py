@@ -1,4 +1,4 @@
-"""The worker side of attest's exec protocol, for Python kernels (DESIGN.md "External
+"""The worker side of attest's exec protocol, for Python kernels (docs/design.md "External
 kernels"; docs/protocol.md): JSON lines on stdin/stdout, tensors in safetensors files.
 
 A worker calls `serve(describe, forward, backward)`. Handlers receive the request's problem
@@ -135,7 +135,7 @@ def write_safetensors(path, tensors):
     os.replace(tmp, path)  # the reader never sees a half-written file
 
 
-# ---- Problem helpers (DESIGN.md "Semantics"; reference/problem/mask.h) ----
+# ---- Problem helpers (docs/design.md "Semantics"; reference/problem/mask.h) ----
 
 def sequences(problem):
     """[(q_begin, q_len, k_begin, k_len)] per sequence, in the flattened token axis."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A worker that misbehaves on purpose, for attest's isolation tests (issue 9 acceptance:
-"a worker that exits mid-call"; kernels/exec/exec_kernel_test.cc). It is the NumPy worker,
+"""A worker that misbehaves on purpose, for attest's isolation tests ("a worker
+that exits mid-call"; kernels/exec/exec_kernel_test.cc). It is the NumPy worker,
 except that a chosen request triggers a fault:
 
   crash          SIGSEGV itself          abort         SIGABRT (os.abort)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A float32 NumPy attention worker for attest's exec protocol (DESIGN.md "External
+"""A float32 NumPy attention worker for attest's exec protocol (docs/design.md "External
 kernels"; docs/protocol.md). CI runs `attest check --kernel "exec:python3
 tools/workers/numpy_worker.py"` to test the protocol end to end.
 

@@ -1,4 +1,4 @@
-// `attest audit`'s data collection (see audit.h; issue 7 item 2). Everything is measured with
+// `attest audit`'s data collection (see audit.h; docs/audit.md). Everything is measured with
 // the library that judges kernels elsewhere: the float64 oracle, Compare (metrics.h), the
 // accuracy, non-interference and consistency checks, generator case files. The leak maps are
 // the non-interference check's perturbation (largest finite values written into inputs a row
@@ -33,8 +33,8 @@
 namespace attest {
 
 std::vector<std::string> DefaultAuditDistributions() {
-  // Issue 7 item 2 names gaussian, outlier channels, heavy tail, peaked logits and near format
-  // max; the others are the rest of the fuzz generators' value families (issue 6 item 1).
+  // Required: gaussian, outlier channels, heavy tail, peaked logits and near format max; the
+  // others are the rest of the fuzz generators' value families (docs/fuzz.md).
   return {"gaussian",      "uniform",       "outlier-channels", "heavy-tail",
           "token-scale-spread", "peaked-logits", "near-fp8-subnormal", "near-max",
           "constant-rows", "ties"};

@@ -1,4 +1,4 @@
-// `attest audit`'s data (issue 7 "attest audit", item 2; DESIGN.md "CLI contract"): the
+// `attest audit`'s data (docs/audit.md; docs/design.md "CLI contract"): the
 // measurements a person reads before a low-precision training run, collected with the
 // existing library only (oracle, metrics, accuracy / non-interference / consistency checks,
 // case files): error against sequence length and head dim for o and each gradient (kernel and
@@ -60,7 +60,7 @@ struct AuditPlan {
   int64_t bias_seqlen = 256;
 };
 
-// The distributions the issue asks for, in display order (reference/data generator names).
+// The distributions the audit requires, in display order (reference/data generator names).
 std::vector<std::string> DefaultAuditDistributions();
 AuditPlan DefaultAuditPlan();
 AuditPlan QuickAuditPlan();

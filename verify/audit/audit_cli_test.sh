@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `attest audit` end to end (issue 7 item 1; DESIGN.md "CLI contract"): exit 2 on usage errors
+# `attest audit` end to end (docs/audit.md; docs/design.md "CLI contract"): exit 2 on usage errors
 # (no kernel, --kernel with --compare, unknown kernel / baseline / distribution), reports
 # written with exit 0 or 1 otherwise, --compare renders every kernel, a forward-only kernel
 # audits without gradient charts, plain progress lines when stderr is not a terminal.

@@ -1,4 +1,4 @@
-// report.html looked at as a person would (issue 7 item 3): `attest audit --quick` on
+// report.html looked at as a person would (docs/audit.md): `attest audit --quick` on
 // cpu/mxfp8-cudnn, then the page is validated as XML (xmllint: polyglot markup, so every tag
 // closes and every attribute is quoted), checked to be self-contained (no script, no network
 // reference), laid out by headless Chromium (a copy with a measuring script reports each

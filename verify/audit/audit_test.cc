@@ -1,4 +1,4 @@
-// Tests of `attest audit`'s data and renderings (issue 7; audit.h, render.h, svg.h): the
+// Tests of `attest audit`'s data and renderings (docs/audit.md; audit.h, render.h, svg.h): the
 // cuDNN MXFP8 model leaks exactly where its shared V / dS block scales say it must (a band
 // inside each 32-position block above the causal diagonal), its leak-free variant leaks
 // nowhere, a kernel audited against itself matches its baseline bit for bit, and every chart

@@ -1,5 +1,5 @@
-// Renders audit results as HTML (inline SVG), Markdown and JSON (see render.h; issue 7 items
-// 1-2). One function builds every chart (Figures), so the page and AuditPlotIds agree on
+// Renders audit results as HTML (inline SVG), Markdown and JSON (see render.h;
+// docs/audit.md). One function builds every chart (Figures), so the page and AuditPlotIds agree on
 // what a screenshot must show.
 #include "verify/audit/render.h"
 

@@ -1,4 +1,4 @@
-// `attest audit`'s three renderings of the same data (issue 7 item 1): report.html (one
+// `attest audit`'s three renderings of the same data (docs/audit.md): report.html (one
 // self-contained page: inline CSS and SVG charts from svg.h, no script, no network, polyglot
 // markup that parses as XML), report.md and report.json. Several results render side by side
 // (`attest audit --compare K1 K2 ...`): every chart carries one series per kernel beside the

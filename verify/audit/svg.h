@@ -1,4 +1,4 @@
-// Inline SVG charts for `attest audit`'s report.html (issue 7 item 1: self-contained, inline
+// Inline SVG charts for `attest audit`'s report.html (self-contained, inline
 // SVG, no JavaScript, no network): log-y line charts, grouped bar charts, heatmaps and
 // error-bar charts, written as polyglot markup (well-formed XML inside HTML5) so that a
 // strict XML parser validates the page. Every chart is one <svg> element with an id, class

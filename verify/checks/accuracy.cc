@@ -81,7 +81,7 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   }
 
   // An empty row's lse is -inf, or +inf where the kernel declares it (kernels/kernel.h
-  // Capabilities::empty_row_lse; DESIGN.md): the reference follows the declaration (v2).
+  // Capabilities::empty_row_lse; docs/design.md): the reference follows the declaration (v2).
   if (ctx.kernel != nullptr && EmptyRowLse(ctx.kernel->capabilities()) > 0) {
     for (Tensor* t : {&ref[1], &base[1]}) {
       if (!t->defined()) continue;

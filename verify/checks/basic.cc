@@ -307,7 +307,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   }
 
   // 2. Empty rows (oracle lse = -inf) and unseen keys: exact zeros, and lse = -inf or the
-  // +inf the kernel declares (Capabilities::empty_row_lse; DESIGN.md: nothing else).
+  // +inf the kernel declares (Capabilities::empty_row_lse; docs/design.md: nothing else).
   const double empty_lse = EmptyRowLse(ctx.kernel->capabilities());
   const std::string lse_rule =
       fmt::format("lse = {} on empty rows", empty_lse > 0 ? "+inf (declared)" : "-inf");

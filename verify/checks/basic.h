@@ -1,4 +1,4 @@
-// The behavioural checks of DESIGN.md "Checks", last bullet (issue "verify/" item 4):
+// The behavioural checks of docs/design.md "Checks", last bullet (docs/checks.md):
 // determinism, unwritten outputs, special values and honesty. Each names its bug class in
 // its verdicts, so that a failure says what kind of bug it is, not only that a number is off.
 #pragma once
@@ -20,7 +20,7 @@ std::vector<Verdict> RunDeterminism(CheckContext& ctx);
 std::vector<Verdict> RunUnwrittenOutputs(CheckContext& ctx);
 
 // "special-values": no NaN/Inf where the oracle is finite (huge logits, format-edge inputs),
-// and the exact semantics of DESIGN.md "Empty rows": a row with no visible key has o = 0,
+// and the exact semantics of docs/design.md "Empty rows": a row with no visible key has o = 0,
 // lse = -inf and dq = 0; a key no query sees has dk = dv = 0 (zero-length sequences
 // included). Empty-row verdicts are only emitted for cases that have such rows.
 std::vector<Verdict> RunSpecialValues(CheckContext& ctx);

@@ -1,5 +1,5 @@
 // The check context (lazy oracle and kernel answers shared by the checks of one case) and
-// the helpers every check uses to turn kernel answers into verdicts (see check.h; DESIGN.md
+// the helpers every check uses to turn kernel answers into verdicts (see check.h; docs/design.md
 // "Checks": a call may answer Unsupported but must never be silently wrong).
 #include "verify/checks/check.h"
 

@@ -1,4 +1,4 @@
-// The check interface (DESIGN.md "Checks"; issue "verify/" items 3-4): a check takes a kernel
+// The check interface (docs/design.md "Checks"; docs/checks.md): a check takes a kernel
 // and one case, runs whatever kernel calls it needs (the harness never dies with the kernel:
 // kernel errors become failing verdicts), and returns verdicts with margins and worst
 // locations. Checks are rows of a registry; suites are lists of (check, case, seed) rows.

@@ -1,4 +1,4 @@
-// The check framework end to end (issue "verify/" items 3-5): the quick suite passes a
+// The check framework end to end: the quick suite passes a
 // correct model (cpu/flash2-bf16), and test-only broken kernels defined here fail with the
 // check that names their bug and the (b, h, i, d) where it is. Every broken kernel wraps the
 // correct model, so the only difference is the seeded bug.

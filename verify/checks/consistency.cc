@@ -1,4 +1,4 @@
-// Forward/backward consistency (see consistency.h; DESIGN.md "Checks"; FlashAttention-2,
+// Forward/backward consistency (see consistency.h; docs/design.md "Checks"; FlashAttention-2,
 // arXiv 2307.08691, Algorithm 2: D_i = rowsum(dO_i ∘ O_i), dS = P ∘ (dP - D)).
 //
 // Derivations. For a non-empty row i with weights P_ij = exp(s_ij - lse_i), Σ_j P_ij = 1:

@@ -1,4 +1,4 @@
-// The forward/backward consistency check (DESIGN.md "Checks"; issue "verify/" item 3):
+// The forward/backward consistency check (docs/design.md "Checks"; docs/checks.md):
 // identities that hold only when the backward differentiates the forward that ran. Each is
 // measured against a worst-case rounding bound built from the recipe's rounding points, so a
 // correct kernel sits far below margin 1 and a kernel whose backward differentiates something

@@ -1,4 +1,4 @@
-// The acceptance line of the verify issue on forward/backward consistency, as a test: on EVERY
+// The requirement on forward/backward consistency, as a test: on EVERY
 // row of the gate suite that runs `consistency`, the correct low-precision models
 // cpu/mxfp8-pvbf16 and cpu/nvfp4-mixed (and cpu/mxfp8-cudnn, whose only permitted gate failure
 // is non-interference) pass the check, and every mutant whose bug class is "consistency"
@@ -40,7 +40,7 @@ TEST(ConsistencyGap, GateRowsSeparateMutantsFromCorrectModelsTenfold) {
   ASSERT_NE(gate, nullptr);
   const std::vector<std::string> correct = {"cpu/mxfp8-pvbf16", "cpu/nvfp4-mixed",
                                             "cpu/mxfp8-cudnn"};
-  // The gap is asserted against the two leak-free-by-recipe models of the acceptance line;
+  // The gap is asserted against the two leak-free-by-recipe models of the requirement;
   // cpu/mxfp8-cudnn must pass but is reported only.
   const size_t gap_models = 2;
   const std::vector<const MutantSpec*> mutants = MutantsByClass("consistency");

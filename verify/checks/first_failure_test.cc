@@ -1,4 +1,4 @@
-// Keeps the claim of docs/checks.md honest (issue "verify/" acceptance: every mutant fails
+// Keeps the claim of docs/checks.md honest (every mutant fails
 // the gate, and the first failing check is the one that names its bug class), cheaply: for
 // each mutant of kernels/mutants, the gate's rows of its bug_class check run in gate order up
 // to the first that fails (one must), then on that row's case every check diagnosed before

@@ -1,4 +1,4 @@
-// Metamorphic relations (DESIGN.md "Checks", last bullet; issue "verify/" item 4): the
+// Metamorphic relations (docs/design.md "Checks", last bullet; docs/checks.md): the
 // kernel against itself on a transformed problem, no oracle involved, so even errors far
 // below the accuracy tolerance show (a kernel that leaks 1e-6 of a neighbouring head passes
 // accuracy and fails permutation).

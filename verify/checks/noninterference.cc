@@ -1,4 +1,4 @@
-// The non-interference check (see noninterference.h; DESIGN.md "Checks", REFERENCES.md
+// The non-interference check (see noninterference.h; docs/design.md "Checks", docs/references.md
 // "Low-precision attention recipes and their failure modes": a block scale shared across a
 // causal diagonal or a document boundary lets hidden values move visible outputs).
 #include "verify/checks/noninterference.h"

@@ -1,4 +1,4 @@
-// The non-interference check (DESIGN.md "Checks"; REFERENCES.md "Low-precision attention
+// The non-interference check (docs/design.md "Checks"; docs/references.md "Low-precision attention
 // recipes and their failure modes"): outputs of rows that must not see a set of inputs are
 // BITWISE unchanged when those inputs are perturbed, including perturbations large enough to
 // move shared block scales (format max, 448, sign flips, tiny values). Forward (o, lse) and

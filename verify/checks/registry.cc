@@ -1,5 +1,5 @@
 // The table of checks (check.h AllChecks/FindCheck) and the diagnosis order (check.h
-// DiagnosisOrder; issue "verify/": the first failing check names the bug class). Adding a
+// DiagnosisOrder: the first failing check names the bug class). Adding a
 // check is adding a row here and a step in the diagnosis order.
 #include <algorithm>
 

@@ -3,7 +3,7 @@
  * (g++), so that the CPU build of exactly this code runs attest's gate in CI
  * (examples/host_flash.cc) and the CUDA build (examples/cuda_flash.cu) runs it on a GPU.
  *
- * Semantics: DESIGN.md "Semantics" and reference/problem/mask.h (bottom-right or top-left
+ * Semantics: docs/design.md "Semantics" and reference/problem/mask.h (bottom-right or top-left
  * causal diagonal, windows relative to it, score = softcap(scale q.k) - alibi distance,
  * empty rows o = 0 and lse = -inf). Arithmetic: inputs widened to fp32, fp32 fused
  * multiply-adds, online softmax (Milakov & Gimelshein 2018, FlashAttention-2 Alg. 1) for the

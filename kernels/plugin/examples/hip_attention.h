@@ -2,7 +2,7 @@
 // every per-lane step of the kernel, written once and compiled both for the GPU
 // (hip_attention_device.hip, clang++-19 for gfx1100 / gfx1151) and for the host, where
 // hip_attention_emulate.h runs the same steps lane by lane with a CPU model of the WMMA
-// instruction. Semantics are DESIGN.md's (flash_attn_func layout, bottom-right or top-left
+// instruction. Semantics are docs/design.md's (flash_attn_func layout, bottom-right or top-left
 // causal, sliding window on the same diagonal, GQA head h -> h / (Hq / Hkv), empty rows
 // o = 0 and lse = -inf); the algorithm is FlashAttention-2's forward (Dao, 2023, Algorithm 1)
 // with one 16-row query tile per wave and 16-key tiles.
@@ -100,7 +100,7 @@ ATTEST_HD inline BlockIndex MakeBlockIndex(const AttentionParams& p, int64_t x, 
   return blk;
 }
 
-// DESIGN.md "Masks" (reference/problem/mask.cc MaskView::InBand for causal and windows).
+// docs/design.md "Masks" (reference/problem/mask.cc MaskView::InBand for causal and windows).
 ATTEST_HD inline bool Visible(const AttentionParams& p, int64_t i, int64_t j) {
   if (i < 0 || i >= p.seqlen_q || j < 0 || j >= p.seqlen_k) return false;
   const int64_t diag = i + p.diag_offset;

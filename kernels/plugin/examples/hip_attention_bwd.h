@@ -9,11 +9,11 @@
 //     heads are summed in mirrored pairs (g, r − 1 − g), so reversing them is bitwise neutral.
 //   dQ: one block per 16 query rows of one (batch, head); loops over key tiles.
 //     P = exp2(Q Kᵀ scale_log2 − lse₂), dP = dO Vᵀ, dS = P ∘ (dP − Δ); dQ += dS K (× scale).
-// Δ_i = Σ_c dO_ic O_ic from the forward's f16 o (DESIGN.md: D = rowsum(dO∘O)), by WMMA as
+// Δ_i = Σ_c dO_ic O_ic from the forward's f16 o (docs/design.md: D = rowsum(dO∘O)), by WMMA as
 // dP is (see StoreDelta); P is
 // recomputed from the forward's lse; P and dS are rounded to f16 as WMMA operands, dP stays
 // f32. Rows with lse = −inf (empty) have P = 0, so dq = 0 there, and keys no query sees get
-// dk = dv = 0 (DESIGN.md "Empty rows").
+// dk = dv = 0 (docs/design.md "Empty rows").
 #pragma once
 
 #include "kernels/plugin/examples/hip_attention.h"

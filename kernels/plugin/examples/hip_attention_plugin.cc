@@ -1,4 +1,4 @@
-// The example HIP plugin (issue 9 item 3; C ABI kernels/plugin/attest_kernel.h): fp16
+// The example HIP plugin (docs/hip.md; C ABI kernels/plugin/attest_kernel.h): fp16
 // attention forward and backward on RDNA3 WMMA (hip_attention.h, hip_attention_bwd.h).
 // Two kernels:
 //   wmma-f16           device HIP: launches the device code (hip_attention_device.hip,
@@ -146,7 +146,7 @@ int32_t MakeParams(const attest_problem& p, const Tensors& t, int32_t device_typ
   k.seqlen_q = p.seqlen_q;
   k.seqlen_k = p.seqlen_k;
   k.window_left = p.window_left;
-  // Causal is the window (L, 0) (DESIGN.md; reference/problem/mask.cc).
+  // Causal is the window (L, 0) (docs/design.md; reference/problem/mask.cc).
   k.window_right = p.causal ? (p.window_right < 0 ? 0 : std::min<int64_t>(p.window_right, 0))
                             : p.window_right;
   k.diag_offset = p.causal_top_left ? 0 : p.seqlen_k - p.seqlen_q;

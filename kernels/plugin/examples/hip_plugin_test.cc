@@ -1,7 +1,7 @@
 // Tests of the example HIP plugin (hip_attention_plugin.cc) through its C ABI: the library
 // loads and describes itself, the device kernel says there is no HIP device on this machine,
 // features it lacks are refused, and the emulated kernel (the device code's own steps run on
-// the CPU with a model of WMMA) matches attention computed in double from DESIGN.md's
+// the CPU with a model of WMMA) matches attention computed in double from docs/design.md's
 // definition, with the mask taken from attest's reference (reference/problem/mask.h).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
