@@ -171,7 +171,8 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
       const double score_error = p.softcap * tanh_error;
       double v_max = 0;
       if (k == 0) {
-        for (double x : ToF64(ctx.inputs.v).span<const double>()) {
+        const Tensor v_all = ToF64(ctx.inputs.v);  // alive while its span is read
+        for (double x : v_all.span<const double>()) {
           if (std::isfinite(x)) v_max = std::max(v_max, std::fabs(x));
         }
       }
