@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -226,9 +227,9 @@ struct DpRoundingAllowance {
 };
 
 // What one term (query i, key j) of a row contributes, given P_ij, t'_ij, dP_ij, D_i and
-// dS_ij (f64, from the run's own lse and o) and the row's query index i (problem rows).
-using TermWeight = double (*)(const void* ctx, int64_t qi, int64_t h, double prob, double tprime,
-                              double dp, double delta, double ds);
+// dS_ij (f64, from the run's own lse and o) and the row's flat index in lse's layout.
+using TermWeight = double (*)(const void* ctx, size_t row, double prob, double tprime, double dp,
+                              double delta, double ds);
 
 // The walk DpRoundingBound and PairRoundingBound share: dq_id += w_ij |k_jd| and dk_jd +=
 // w_ij |q_id| over every visible (i, j), w_ij = |scale| weight(...).
@@ -255,8 +256,9 @@ DpRoundingAllowance TermBound(const Problem& p, const CaseInputs& in, const Tens
       const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
       for (int64_t i = 0; i < seq.q_len; ++i) {
         const int64_t qi = seq.q_begin + i;
-        const double lse_i = L[static_cast<size_t>(
-            p.varlen() ? h * p.TotalQ() + qi : (b * hq + h) * p.seqlen_q + i)];
+        const size_t row = static_cast<size_t>(
+            p.varlen() ? h * p.TotalQ() + qi : (b * hq + h) * p.seqlen_q + i);
+        const double lse_i = L[row];
         if (!std::isfinite(lse_i)) continue;  // empty row (or a non-finite answer: no bound)
         double delta = 0;  // D_i = rowsum(dO_i ∘ o_i)
         for (int64_t c = 0; c < dv; ++c) delta += DO[at(qi, hq, h, dv) + c] * O[at(qi, hq, h, dv) + c];
@@ -275,7 +277,7 @@ DpRoundingAllowance TermBound(const Problem& p, const CaseInputs& in, const Tens
             tprime = 1 - t * t;
           }
           const double ds = prob * (dp - delta) * tprime;
-          const double w = abs_scale * weight(wctx, qi, h, prob, tprime, dp, delta, ds);
+          const double w = abs_scale * weight(wctx, row, prob, tprime, dp, delta, ds);
           if (!std::isfinite(w)) continue;
           for (int64_t c = 0; c < d; ++c) {
             AQ[at(qi, hq, h, d) + c] += w * std::fabs(K[at(kj, hkv, g, d) + c]);
@@ -295,8 +297,7 @@ DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, cons
   } c{dp_format, FormatOf(p.dtype).value_or(Format::kF32)};
   return TermBound(
       p, in, o, lse,
-      [](const void* x, int64_t, int64_t, double prob, double tprime, double dp, double,
-         double ds) {
+      [](const void* x, size_t, double prob, double tprime, double dp, double, double ds) {
         const Ctx& f = *static_cast<const Ctx*>(x);
         // (1 + Quantum(1)): the rounded run's dS may exceed the exact one by the first
         // term (where P (dP - D) cancels), and its own dS rounding scales with it.
@@ -331,12 +332,9 @@ DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, cons
 // ulps of its row allowed 2.4e-7, and a dq that is exactly 0 unpadded (constant rows: dP = D)
 // by 1.6e-7.
 struct PairInputs {
-  Tensor dl;  // [rows] per (query, head): |lse_a - lse_b|, lse's layout
-  Tensor dd;  // per (query, head): dD_i, lse's layout
+  Tensor dl;  // per (query, head), lse's layout: |lse_a - lse_b|
+  Tensor dd;  // per (query, head), lse's layout: dD_i
   Format ds;
-  int64_t hq, sq;
-  bool varlen;
-  int64_t total_q;
 };
 
 DpRoundingAllowance PairRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o_a,
@@ -350,7 +348,7 @@ DpRoundingAllowance PairRoundingBound(const Problem& p, const CaseInputs& in, co
   const Tensor la = ToF64(lse_a), lb = ToF64(lse_b), oa = ToF64(o_a), ob = ToF64(o_b);
   const Tensor dout = ToF64(in.dout);
   PairInputs c{Tensor::Zeros(DType::kF64, p.LseShape()), Tensor::Zeros(DType::kF64, p.LseShape()),
-               ds_format, p.heads_q, p.seqlen_q, p.varlen(), p.TotalQ()};
+               ds_format};
   const auto A = la.span<const double>(), B = lb.span<const double>();
   const auto DL = c.dl.span<double>(), DD = c.dd.span<double>();
   for (size_t e = 0; e < DL.size(); ++e) {
@@ -380,13 +378,12 @@ DpRoundingAllowance PairRoundingBound(const Problem& p, const CaseInputs& in, co
   }
   return TermBound(
       p, in, o_a, lse_a,
-      [](const void* x, int64_t qi, int64_t h, double prob, double tprime, double dp,
-         double delta, double ds) {
+      [](const void* x, size_t row, double prob, double tprime, double dp, double delta,
+         double ds) {
         const PairInputs& f = *static_cast<const PairInputs*>(x);
-        const size_t l = static_cast<size_t>(
-            f.varlen ? h * f.total_q + qi : ((qi / f.sq) * f.hq + h) * f.sq + qi % f.sq);
         return tprime * prob *
-                   (f.dl.data<double>()[l] * std::fabs(dp - delta) + f.dd.data<double>()[l]) +
+                   (f.dl.data<double>()[row] * std::fabs(dp - delta) +
+                    f.dd.data<double>()[row]) +
                Quantum(ds, f.ds);
       },
       &c);
@@ -410,41 +407,17 @@ std::optional<DpRoundingAllowance> DpAllowance(CheckContext& ctx, const Problem&
   return DpRoundingBound(p, ctx.inputs, base.fwd.o, lse, dp);
 }
 
-// The allowance of PairRoundingBound plus 2 fp32 ulps of the rows' terms, for runs a and b
-// on problem `p` with inputs `in` (the relation's layout). `lse_a` / `lse_b` undefined (a
-// kernel that returns none): lse's move is not seen, and P's magnitude comes from `lse_mag`.
-// nullopt when the term magnitudes cannot be computed (then the relation's ulps alone judge).
+// What a relation allows dq and dk beyond its ulps, per element (f64, on `p` and `in`, the
+// relation's layout): PairRoundingBound for runs a and b plus 2 fp32 ulps of the rows' terms,
+// plus `dpa` (DpAllowance, already in that layout) where the dP rounding point differs. A
+// kernel that returns no lse (JudgesLse) shows no lse move; P's magnitude then comes from
+// `oracle_lse()` (lse's layout). Undefined tensors: nothing beyond the ulps (no backward, or
+// term magnitudes that cannot be computed).
 struct RecomputeAllowance {
   Tensor dq, dk;
+  const Tensor* dq_or_null() const { return dq.defined() ? &dq : nullptr; }
+  const Tensor* dk_or_null() const { return dk.defined() ? &dk : nullptr; }
 };
-
-std::optional<RecomputeAllowance> RecomputeBound(CheckContext& ctx, const Problem& p,
-                                                 const CaseInputs& in, const Tensor& o_a,
-                                                 const Tensor& lse_a, const Tensor& o_b,
-                                                 const Tensor& lse_b, const Tensor& lse_mag) {
-  if (!in.dout.defined() || !o_a.defined() || !o_b.defined() || !lse_mag.defined()) {
-    return std::nullopt;
-  }
-  auto terms = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, lse_mag);
-  if (!terms.ok()) return std::nullopt;
-  const bool rounds = ctx.profile != nullptr && ctx.profile->needs_rounding_floor();
-  const Format ds = rounds ? FormatOf(p.dtype).value_or(Format::kF32) : Format::kF32;
-  const bool seen = lse_a.defined() && lse_b.defined();
-  DpRoundingAllowance pair = PairRoundingBound(p, in, o_a, seen ? lse_a : lse_mag, o_b,
-                                               seen ? lse_b : lse_mag, ds,
-                                               UlpFormat(ctx.profile, "o", o_a));
-  auto add_terms = [](Tensor& t, const Tensor& row_terms, int64_t width) {
-    const auto o = t.span<double>();
-    const Tensor r = ToF64(row_terms);
-    const auto ts = r.span<const double>();
-    for (size_t e = 0; e < o.size(); ++e) {
-      o[e] += 2 * Quantum(ts[e / static_cast<size_t>(width)], Format::kF32);
-    }
-  };
-  add_terms(pair.dq, terms->dq, p.head_dim);
-  add_terms(pair.dk, terms->dk, p.head_dim);
-  return RecomputeAllowance{pair.dq, pair.dk};
-}
 
 // a + b elementwise (f64), either possibly undefined.
 Tensor SumAllowance(const Tensor& a, const Tensor& b) {
@@ -456,6 +429,34 @@ Tensor SumAllowance(const Tensor& a, const Tensor& b) {
   const auto x = w.span<const double>();
   for (size_t e = 0; e < o.size(); ++e) o[e] += x[e];
   return out;
+}
+
+RecomputeAllowance RecomputeBound(CheckContext& ctx, const Problem& p, const CaseInputs& in,
+                                  const Tensor& o_a, const Tensor& lse_a, const Tensor& o_b,
+                                  const Tensor& lse_b, const std::function<Tensor()>& oracle_lse,
+                                  const DpRoundingAllowance* dpa) {
+  RecomputeAllowance out;
+  if (dpa != nullptr) out = {dpa->dq, dpa->dk};
+  if (!in.dout.defined() || !o_a.defined() || !o_b.defined()) return out;
+  const bool seen = JudgesLse(*ctx.kernel) && lse_a.defined() && lse_b.defined();
+  const Tensor lse_mag = seen ? lse_a : oracle_lse();
+  auto terms = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, lse_mag);
+  if (!terms.ok()) return out;
+  const bool rounds = ctx.profile != nullptr && ctx.profile->needs_rounding_floor();
+  const Format ds = rounds ? FormatOf(p.dtype).value_or(Format::kF32) : Format::kF32;
+  DpRoundingAllowance pair = PairRoundingBound(p, in, o_a, lse_mag, o_b, seen ? lse_b : lse_mag,
+                                               ds, UlpFormat(ctx.profile, "o", o_a));
+  auto add_terms = [](Tensor& t, const Tensor& row_terms, int64_t width) {
+    const auto o = t.span<double>();
+    const Tensor r = ToF64(row_terms);
+    const auto ts = r.span<const double>();
+    for (size_t e = 0; e < o.size(); ++e) {
+      o[e] += 2 * Quantum(ts[e / static_cast<size_t>(width)], Format::kF32);
+    }
+  };
+  add_terms(pair.dq, terms->dq, p.head_dim);
+  add_terms(pair.dk, terms->dk, p.head_dim);
+  return {SumAllowance(out.dq, pair.dq), SumAllowance(out.dk, pair.dk)};
 }
 
 // The longest block, in positions, of the kernel's recipe operands that are block-scaled along
@@ -662,24 +663,22 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
                         rel.fwd.lse, ulps, &lse_scale));
   }
   if (bwd) {
-    // The allowances are per element of the case's problem: permuted like its gradients.
-    // The two runs' own roundings, on the permuted problem (rel's layout).
-    const bool own_lse = JudgesLse(*ctx.kernel);
-    const Tensor base_lse = own_lse ? perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows) : Tensor();
-    const CaseInputs pin{q2, k2, v2, do2};
-    const std::optional<RecomputeAllowance> ra = RecomputeBound(
-        ctx, pp, pin, perm(base.fwd.o, src_q, ha, src_q_rows, 0), base_lse, rel.fwd.o,
-        own_lse ? rel.fwd.lse : Tensor(),
-        own_lse ? base_lse
-                : perm(ctx.OracleForward().lse, src_q, hl, src_q_rows, lse_rows));
-    const Tensor dq_extra = SumAllowance(
-        dpa ? perm(dpa->dq, src_q, ha, src_q_rows, 0) : Tensor(), ra ? ra->dq : Tensor());
-    const Tensor dk_extra = SumAllowance(
-        dpa ? perm(dpa->dk, src_kv, ha, src_k_rows, 0) : Tensor(), ra ? ra->dk : Tensor());
+    // The allowances on the permuted problem (rel's layout): DpAllowance's, computed on the
+    // case's problem, permuted like its gradients; the two runs' own roundings.
+    std::optional<DpRoundingAllowance> dpa_perm;
+    if (dpa) {
+      dpa_perm = DpRoundingAllowance{perm(dpa->dq, src_q, ha, src_q_rows, 0),
+                                     perm(dpa->dk, src_kv, ha, src_k_rows, 0)};
+    }
+    const RecomputeAllowance extra = RecomputeBound(
+        ctx, pp, CaseInputs{q2, k2, v2, do2}, perm(base.fwd.o, src_q, ha, src_q_rows, 0),
+        perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows), rel.fwd.o, rel.fwd.lse,
+        [&] { return perm(ctx.OracleForward().lse, src_q, hl, src_q_rows, lse_rows); },
+        dpa_perm ? &*dpa_perm : nullptr);
     out.push_back(Agree(kCheck, "dq", p, ctx.profile, perm(base.bwd->dq, src_q, ha, src_q_rows, 0),
-                        rel.bwd->dq, ulps, nullptr, dq_extra.defined() ? &dq_extra : nullptr));
+                        rel.bwd->dq, ulps, nullptr, extra.dq_or_null()));
     out.push_back(Agree(kCheck, "dk", p, ctx.profile, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
-                        rel.bwd->dk, ulps, nullptr, dk_extra.defined() ? &dk_extra : nullptr));
+                        rel.bwd->dk, ulps, nullptr, extra.dk_or_null()));
     out.push_back(Agree(kCheck, "dv", p, ctx.profile, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0),
                         rel.bwd->dv, ulps));
   }
@@ -755,16 +754,13 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     if (bwd) {
       // The window problem may run other code (a mask path instead of the causal one): each
       // run's own roundings (RecomputeBound) on top of the ulps.
-      const bool own_lse = JudgesLse(*ctx.kernel);
-      const std::optional<RecomputeAllowance> ra = RecomputeBound(
-          ctx, p, in, base.fwd.o, own_lse ? base.fwd.lse : Tensor(), rel.fwd.o,
-          own_lse ? rel.fwd.lse : Tensor(), own_lse ? base.fwd.lse : ctx.OracleForward().lse);
-      const Tensor dq_extra = SumAllowance(dpa ? dpa->dq : Tensor(), ra ? ra->dq : Tensor());
-      const Tensor dk_extra = SumAllowance(dpa ? dpa->dk : Tensor(), ra ? ra->dk : Tensor());
+      const RecomputeAllowance extra = RecomputeBound(
+          ctx, p, in, base.fwd.o, base.fwd.lse, rel.fwd.o, rel.fwd.lse,
+          [&] { return ctx.OracleForward().lse; }, dpa ? &*dpa : nullptr);
       part.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq, rel.bwd->dq, 2, nullptr,
-                           dq_extra.defined() ? &dq_extra : nullptr));
+                           extra.dq_or_null()));
       part.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk, rel.bwd->dk, 2, nullptr,
-                           dk_extra.defined() ? &dk_extra : nullptr));
+                           extra.dk_or_null()));
       part.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv, rel.bwd->dv, 2));
     }
     for (Verdict& v : part) {
@@ -959,22 +955,19 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
                         lse_ulps, &lse_scale));
   }
   if (bwd) {
-    // Not bitwise: each run's own roundings (RecomputeBound) on top of the ulps.
-    const bool own_lse = JudgesLse(*ctx.kernel);
-    const std::optional<RecomputeAllowance> ra =
-        exact ? std::nullopt
-              : RecomputeBound(ctx, p, in, base.fwd.o, own_lse ? base.fwd.lse : Tensor(),
+    // Not bitwise (exact needs !dpa): each run's own roundings (RecomputeBound) on top.
+    const RecomputeAllowance extra =
+        exact ? RecomputeAllowance{}
+              : RecomputeBound(ctx, p, in, base.fwd.o, base.fwd.lse,
                                Rows(rel.fwd.o, q_axis, q_off, nq),
-                               own_lse ? Rows(rel.fwd.lse, lse_axis, q_off, nq) : Tensor(),
-                               own_lse ? base.fwd.lse : ctx.OracleForward().lse);
-    const Tensor dq_extra = SumAllowance(dpa ? dpa->dq : Tensor(), ra ? ra->dq : Tensor());
-    const Tensor dk_extra = SumAllowance(dpa ? dpa->dk : Tensor(), ra ? ra->dk : Tensor());
+                               Rows(rel.fwd.lse, lse_axis, q_off, nq),
+                               [&] { return ctx.OracleForward().lse; }, dpa ? &*dpa : nullptr);
     out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq,
                         Rows(rel.bwd->dq, q_axis, q_off, nq), g_ulps, nullptr,
-                        dq_extra.defined() ? &dq_extra : nullptr));
+                        extra.dq_or_null()));
     out.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk,
                         Rows(rel.bwd->dk, k_axis, k_off, nk), g_ulps, nullptr,
-                        dk_extra.defined() ? &dk_extra : nullptr));
+                        extra.dk_or_null()));
     out.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv,
                         Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
   }
