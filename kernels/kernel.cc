@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reference/formats/format.h"
 #include "reference/io/json.h"
 
 namespace attest {
@@ -226,6 +227,13 @@ Expected<std::unique_ptr<Kernel>> KernelRegistry::Create(std::string_view spec) 
   }
   return Error{"unknown kernel '" + std::string(spec) +
                "' (see `attest list kernels`; external kernels are plugin:PATH or exec:CMD)"};
+}
+
+Expected<Tensor> InInputDType(const Tensor& t, DType dtype, std::string_view name) {
+  if (t.dtype() == dtype) return t;
+  auto out = FromF64(t.dtype() == DType::kF64 ? t : ToF64(t), dtype);
+  if (!out) return Error{"input '" + std::string(name) + "': " + out.error().message};
+  return out;
 }
 
 }  // namespace attest

@@ -95,6 +95,12 @@ bool IsOutputPoison(const Tensor& t, int64_t flat);
 // A float32 holding the poison's bits (for models that simulate an unwritten output).
 float OutputPoisonF32();
 
+// The tensor in the problem's input dtype, as an adapter hands it to a kernel (attest passes
+// kernels the dtype-rounded values, possibly held in f64, e.g. dO; the conversion is then
+// exact): the exec protocol's worker and the Python package's in-process kernel receive q,
+// k, v and dO in `dtype`. `name` names the tensor in the error.
+Expected<Tensor> InInputDType(const Tensor& t, DType dtype, std::string_view name);
+
 struct Unsupported {
   std::string reason;
 };

@@ -132,15 +132,6 @@ Status CheckOutput(const NamedTensors& file, std::string_view name, const Shape&
   return {};
 }
 
-// The tensor in the problem's input dtype, as a worker expects it (attest hands kernels the
-// dtype-rounded values, possibly held in f64; the conversion is then exact).
-Expected<Tensor> InDType(const Tensor& t, DType dtype, std::string_view name) {
-  if (t.dtype() == dtype) return t;
-  auto out = FromF64(t.dtype() == DType::kF64 ? t : ToF64(t), dtype);
-  if (!out) return Error{fmt::format("input '{}': {}", name, out.error().message)};
-  return out;
-}
-
 class ProtocolKernel final : public Kernel {
  public:
   using Launch = std::function<Expected<WorkerProcess>()>;
@@ -174,7 +165,7 @@ class ProtocolKernel final : public Kernel {
                                       const Tensor& v) override {
     NamedTensors in;
     for (auto [n, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
-      auto c = InDType(*t, p.dtype, n);
+      auto c = InInputDType(*t, p.dtype, n);
       if (!c) return Fail("forward", c.error().message);
       in.Add(n, *c);
     }
@@ -203,7 +194,7 @@ class ProtocolKernel final : public Kernel {
     // q, k, v and dO in the input dtype; o and lse as this kernel's forward returned them.
     for (auto [n, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v},
                         std::pair{"do", &dout}}) {
-      auto c = InDType(*t, p.dtype, n);
+      auto c = InInputDType(*t, p.dtype, n);
       if (!c) return Fail("backward", c.error().message);
       in.Add(n, *c);
     }
