@@ -45,6 +45,38 @@ def entry(name):
     return getattr(torch.ops.aten, name)
 
 
+# ---- Tensors between the exec protocol's NumPy codes and torch ----
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def to_torch(t, dtype, device):
+    """An input Tensor (codes in the problem's dtype) as a torch tensor, exactly; `dtype`
+    None keeps the tensor's own (a forward's o and lse handed back to a backward)."""
+    if t.dtype == "BF16":
+        x = torch.from_numpy(t.data.view(np.int16).copy()).view(torch.bfloat16)
+    elif t.dtype in ("F16", "F32", "F64"):
+        x = torch.from_numpy(t.data.copy())
+    else:
+        raise ValueError(f"input dtype {t.dtype} is not handled")
+    x = x.to(device=device, dtype=TORCH_DTYPES[dtype] if dtype else x.dtype)
+    if x.numel() == 0:
+        # NumPy gives an empty array zero strides; a kernel receives what torch itself makes
+        # of that shape (row-major strides, last one 1), as a user's torch.empty would be.
+        x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return x
+
+
+def to_tensor(x):
+    """A torch tensor back to a protocol Tensor in its own dtype (bf16 as codes)."""
+    x = x.detach().to("cpu").contiguous()
+    if x.dtype == torch.bfloat16:
+        return aw.Tensor(x.view(torch.int16).numpy().view(np.uint16), "BF16")
+    if x.dtype == torch.float16:
+        return aw.Tensor(x.numpy(), "F16")
+    return aw.Tensor(x.float().numpy(), "F32")
+
+
 # ---- The problem, read the way reference/problem/problem.h defines it ----
 
 
@@ -261,16 +293,55 @@ class SdpaMath(Backend):
         return c
 
     def run(self, p, q, k, v, need_lse):
-        from torch.nn.attention import sdpa_kernel, SDPBackend
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         mask, is_causal = sdpa_mask(p, self.device, q.dtype, self.args.mask_form,
                                     allow_is_causal=True)
         self.route = sdpa_route(mask, is_causal)
-        with sdpa_kernel([SDPBackend.MATH]):
-            o = entry("scaled_dot_product_attention")(qt, kt, vt, attn_mask=mask, is_causal=is_causal,
-                                               scale=aw.scale_of(p),
-                                               enable_gqa=p["heads_q"] != p["heads_kv"])
+        kw = {"attn_mask": mask, "is_causal": is_causal, "scale": aw.scale_of(p)}
+        if p["heads_q"] != p["heads_kv"]:
+            kw["enable_gqa"] = True
+        o = self.call(qt, kt, vt, **kw)
+        if isinstance(o, (tuple, list)):  # a function that also returns its weights
+            o = o[0]
         return o.transpose(1, 2), None
+
+    def call(self, q, k, v, **kw):
+        from torch.nn.attention import sdpa_kernel, SDPBackend
+        with sdpa_kernel([SDPBackend.MATH]):
+            return entry("scaled_dot_product_attention")(q, k, v, **kw)
+
+
+class SdpaCallable(SdpaMath):
+    """A user's function in SDPA's calling convention, fn(q, k, v, attn_mask=None,
+    is_causal=False, scale=None[, enable_gqa=False]) on [B, H, S, D], returning o (the Python
+    package's api="sdpa", python/attest/_kernel.py): called the way SdpaMath calls
+    F.scaled_dot_product_attention. It claims what that convention can say (masks as
+    `attn_mask`, ALiBi as a float mask, GQA where the function takes `enable_gqa`), no lse,
+    no recipe."""
+
+    name = "sdpa-callable"
+
+    def __init__(self, args, fn):
+        super().__init__(args)
+        self.fn = fn
+        try:
+            params = inspect.signature(fn).parameters
+            self.takes_gqa = "enable_gqa" in params or any(
+                x.kind == inspect.Parameter.VAR_KEYWORD for x in params.values())
+        except (TypeError, ValueError):
+            # A builtin without a signature (F.scaled_dot_product_attention): its docstring's
+            # own signature line says what it takes.
+            self.takes_gqa = "enable_gqa" in (getattr(fn, "__doc__", "") or "")
+
+    def caps(self):
+        c = super().caps()
+        c.pop("recipe", None)
+        c["gqa"] = self.takes_gqa
+        c["deterministic"] = False
+        return c
+
+    def call(self, q, k, v, **kw):
+        return self.fn(q, k, v, **kw)
 
 
 def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1):
@@ -677,19 +748,22 @@ class FlashAttn(Backend):
     `_validate_head_dims`), lse = -inf on empty rows. --deterministic passes
     deterministic=True."""
 
-    def __init__(self, args, module, func):
+    def __init__(self, args, module, func, fn=None, varlen_fn=None):
+        """The function `func` of `module` and its `*_varlen_func` sibling, or, with `fn`
+        given (the Python package's api="flash_attn"), `fn` and `varlen_fn` themselves."""
         super().__init__(args)
-        import importlib
-        mod = importlib.import_module(module)
-        self.fn = getattr(mod, func)
-        self.varlen_fn = getattr(mod, func.replace("_func", "_varlen_func"), None)
-        if self.varlen_fn is self.fn:
-            self.varlen_fn = None
+        if fn is None:
+            import importlib
+            mod = importlib.import_module(module)
+            fn = getattr(mod, func)
+            varlen_fn = getattr(mod, func.replace("_func", "_varlen_func"), None)
+        self.fn = fn
+        self.varlen_fn = varlen_fn if varlen_fn is not fn else None
         self.params = inspect.signature(self.fn).parameters
         self.fa4 = "return_lse" in self.params
         self.deterministic = bool(getattr(args, "deterministic", False))
         if self.deterministic and "deterministic" not in self.params:
-            raise ValueError(f"{module}.{func} has no `deterministic` argument")
+            raise ValueError(f"{getattr(fn, '__qualname__', fn)} has no `deterministic` argument")
         self.name = ("fa4" if self.fa4 else "fa") + ("-deterministic" if self.deterministic
                                                      else "")
         self.masks = None
@@ -764,6 +838,83 @@ class FlashAttn(Backend):
         if need_lse and lse is None:
             raise ValueError("the function returned no lse")
         return o, lse_to_attest(lse, p) if need_lse else None
+
+
+# ---- Any function in attest's own layout ----
+
+class AttestCallable(Backend):
+    """A user's function in attest's own convention (the Python package's api="attest",
+    docs/python.md): fn(problem, q, k, v) with the case file's problem object (a dict) and
+    tensors in attest's layout ([B, S, H, D], packed [total, H, D]), returning o or (o, lse)
+    with lse [B, Hq, Sq] (packed [Hq, total]). Every mask, score rule and varlen layout is the
+    function's to read from `problem`; it claims exactly the capabilities it is given."""
+
+    name = "attest-callable"
+
+    def __init__(self, args, fn, caps):
+        super().__init__(args)
+        self.fn = fn
+        self.claimed = caps
+
+    def caps(self):
+        c = self.base_caps(self.dtype)
+        c.update(self.claimed)
+        return c
+
+    def run(self, p, q, k, v, need_lse):
+        out = self.fn(p, q, k, v)
+        o, lse = (out[0], out[1] if len(out) > 1 else None) if isinstance(out, (tuple, list)) \
+            else (out, None)
+        if need_lse and lse is None:
+            raise ValueError("the function returned no lse (declare \"lse\": false if it has "
+                             "none)")
+        return o, lse if need_lse else None
+
+
+class Runner:
+    """One backend's forward and backward on torch tensors in attest's layout, as every caller
+    runs them (tools/workers/torch_worker.py over the exec protocol, the Python package in
+    process): the claim checked first (a problem outside it is Unsupported), the forward under
+    the backend's grad mode, the backward by autograd through the same call with the given dO
+    (the forward recomputed, as docs/protocol.md allows) or by an explicit `backward(problem,
+    q, k, v, o, lse, do) -> (dq, dk, dv)`."""
+
+    def __init__(self, backend, caps=None, backward=None):
+        self.backend = backend
+        self.caps = backend.caps()
+        self.caps.update(caps or {})
+        self.explicit_backward = backward
+
+    def _check(self, problem):
+        why = covers(self.caps, problem)
+        if why is not None:
+            raise aw.Unsupported(why)
+
+    def forward(self, problem, q, k, v):
+        """(o, lse) as the kernel wrote them; lse None where the claim says it has none."""
+        self._check(problem)
+        self.backend.route = ""
+        with self.backend.grad_mode():
+            return self.backend.run(problem, q, k, v, need_lse=self.caps.get("lse", True))
+
+    def backward(self, problem, q, k, v, do, o=None, lse=None):
+        """(dq, dk, dv)."""
+        self._check(problem)
+        if not self.caps.get("backward"):
+            raise aw.Unsupported(f"backward ({self.backend.name} on {self.backend.device.type})")
+        self.backend.route = ""
+        if self.explicit_backward is not None:
+            grads = self.explicit_backward(problem, q, k, v, o, lse, do)
+        else:
+            q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+            with torch.enable_grad():
+                o, _ = self.backend.run(problem, q, k, v, need_lse=False)
+                grads = torch.autograd.grad(o, (q, k, v), grad_outputs=do, allow_unused=True)
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            if g is None:
+                raise RuntimeError(f"autograd returned no {name}: the kernel's output does not "
+                                   f"depend on {name[1:]}")
+        return tuple(grads)
 
 
 def make(args):

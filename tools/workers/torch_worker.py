@@ -25,8 +25,6 @@ import json
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attest_worker as aw  # noqa: E402
 
@@ -38,88 +36,33 @@ except ImportError as e:  # describe then fails with this message on stderr
 
 import torch_backends as tb  # noqa: E402
 
-# ---- Tensors between NumPy codes and torch ----
-
-_TORCH = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-
-
-def to_torch(t, dtype, device):
-    """An input Tensor (codes in the problem's dtype) as a torch tensor, exactly."""
-    if t.dtype == "BF16":
-        x = torch.from_numpy(t.data.view(np.int16).copy()).view(torch.bfloat16)
-    elif t.dtype in ("F16", "F32", "F64"):
-        x = torch.from_numpy(t.data.copy())
-    else:
-        raise ValueError(f"input dtype {t.dtype} is not handled")
-    x = x.to(device=device, dtype=_TORCH[dtype])
-    if x.numel() == 0:
-        # NumPy gives an empty array zero strides; a kernel receives what torch itself makes
-        # of that shape (row-major strides, last one 1), as a user's torch.empty would be.
-        x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return x
-
-
-def to_tensor(x):
-    """A torch tensor back to a protocol Tensor in its own dtype (bf16 as codes)."""
-    x = x.detach().to("cpu").contiguous()
-    if x.dtype == torch.bfloat16:
-        return aw.Tensor(x.view(torch.int16).numpy().view(np.uint16), "BF16")
-    if x.dtype == torch.float16:
-        return aw.Tensor(x.numpy(), "F16")
-    return aw.Tensor(x.float().numpy(), "F32")
-
-
-
 class Worker:
+    """The exec protocol's handlers over a torch_backends.Runner: protocol Tensors in, the
+    kernel's outputs back as it wrote them."""
+
     def __init__(self, args):
         self.backend = tb.make(args)
         self.dtype = args.dtype
         self.device = torch.device(args.device)
-        self.caps = self.backend.caps()
-        if args.caps:
-            self.caps.update(json.loads(args.caps))
+        self.runner = tb.Runner(self.backend, json.loads(args.caps) if args.caps else None)
+        self.caps = self.runner.caps
 
     def describe(self):
         return f"torch-{self.backend.name}-{self.dtype}", dict(self.caps)
 
-    def _check(self, problem):
-        why = tb.covers(self.caps, problem)
-        if why is not None:
-            raise aw.Unsupported(why)
-
-    def _load(self, inputs, names, grad=False):
-        out = []
-        for n in names:
-            x = to_torch(inputs[n], self.dtype, self.device)
-            out.append(x.requires_grad_(True) if grad else x)
-        return out
+    def _load(self, inputs, names):
+        return [tb.to_torch(inputs[n], self.dtype, self.device) for n in names]
 
     def forward(self, problem, inputs):
-        self._check(problem)
-        self.backend.route = ""
-        q, k, v = self._load(inputs, ("q", "k", "v"))
-        with self.backend.grad_mode():
-            o, lse = self.backend.run(problem, q, k, v, need_lse=self.caps.get("lse", True))
-        out = {"o": to_tensor(o)}
+        o, lse = self.runner.forward(problem, *self._load(inputs, ("q", "k", "v")))
+        out = {"o": tb.to_tensor(o)}
         if lse is not None:
-            out["lse"] = to_tensor(lse)
+            out["lse"] = tb.to_tensor(lse)
         return out
 
     def backward(self, problem, inputs):
-        self._check(problem)
-        if not self.caps.get("backward"):
-            raise aw.Unsupported(f"backward ({self.backend.name} on {self.device.type})")
-        self.backend.route = ""
-        q, k, v = self._load(inputs, ("q", "k", "v"), grad=True)
-        (do,) = self._load(inputs, ("do",))
-        with torch.enable_grad():
-            o, _ = self.backend.run(problem, q, k, v, need_lse=False)
-            grads = torch.autograd.grad(o, (q, k, v), grad_outputs=do, allow_unused=True)
-        for name, g in zip(("dq", "dk", "dv"), grads):
-            if g is None:
-                raise RuntimeError(f"autograd returned no {name}: the kernel's output does not "
-                                   f"depend on {name[1:]}")
-        return {n: to_tensor(g) for n, g in zip(("dq", "dk", "dv"), grads)}
+        grads = self.runner.backward(problem, *self._load(inputs, ("q", "k", "v", "do")))
+        return {n: tb.to_tensor(g) for n, g in zip(("dq", "dk", "dv"), grads)}
 
 
 def main():

@@ -1,0 +1,101 @@
+"""The result of attest.check (docs/python.md "Reports"): the verdicts of the JSON report
+(docs/report.schema.json) as objects, and the report's JSON, JUnit, Markdown and console
+forms exactly as `attest check` writes them (the same C++ writers, verify/report.h).
+"""
+
+import json
+import math
+
+
+class Verdict:
+    """One verdict: a check's judgment of one tensor on one case. `margin` is observed /
+    allowed (<= 1 passes; inf for a categorical failure); `worst` the worst element
+    ({b, h, i, d, seq_axis, flat, observed, reference}); `repro` the command line reproducing
+    a failure; `case_label` and `case_file` the case judged and where it was saved."""
+
+    __slots__ = ("check", "tensor", "policy", "passed", "observed", "allowed", "margin",
+                 "worst", "message", "detail", "repro", "case_label", "case_file", "problem")
+
+    def __init__(self, d):
+        self.check = d["check"]
+        self.tensor = d["tensor"]
+        self.policy = d["policy"]
+        self.passed = d["pass"]
+        self.observed = d["observed"]
+        self.allowed = d["allowed"]
+        self.margin = math.inf if d["margin"] is None else d["margin"]
+        self.worst = d["worst"]
+        self.message = d["message"]
+        self.detail = d["detail"]
+        self.repro = d["repro"]
+        case = d.get("case") or {}
+        self.case_label = case.get("label", "")
+        self.case_file = case.get("file")
+        self.problem = case.get("problem")
+
+    def key(self):
+        """What two runs of the same kernel and seed agree on: check, tensor, pass, margin,
+        observed, allowed, worst location, case."""
+        return (self.check, self.tensor, self.passed, self.margin, self.observed,
+                self.allowed, json.dumps(self.worst, sort_keys=True), self.case_label)
+
+    def describe(self):
+        """Several lines: the verdict, observed/allowed at the worst location, the repro."""
+        w = self.worst or {}
+        where = ", ".join(f"{k}={w[k]}" for k in ("b", "h", "i", "d") if w.get(k) is not None)
+        head = (f"{'PASS' if self.passed else 'FAIL'} {self.check}"
+                f"{'/' + self.tensor if self.tensor else ''} margin {self.margin:.3g}")
+        lines = [head, f"  case: {self.case_label}" if self.case_label else None,
+                 f"  {self.message}",
+                 (f"  observed {self.observed:.6g}, allowed {self.allowed:.6g}"
+                  f"{' at ' + where if where else ''}"
+                  if self.observed is not None and self.allowed is not None else None),
+                 f"  policy: {self.policy}" if self.policy else None,
+                 f"  repro: {self.repro}" if self.repro else None]
+        return "\n".join(x for x in lines if x)
+
+    def __repr__(self):
+        return (f"Verdict({self.check}/{self.tensor} {'pass' if self.passed else 'FAIL'} "
+                f"margin={self.margin:.3g} case={self.case_label!r})")
+
+
+class Report:
+    """A run's verdicts and counts. `passed` is the run's outcome (what `attest check`'s exit
+    code 0 means); `failures` the failing verdicts in diagnosis order (the first names the
+    bug class); `summary()` the console report."""
+
+    def __init__(self, run, kernel):
+        self._run = run
+        self.kernel = kernel
+        self.exit_code = run.exit_code
+        self.data = json.loads(run.json)
+        self.verdicts = [Verdict(v) for v in self.data["verdicts"]]
+        self.skipped = list(self.data["skipped"])
+        self.failure_cases = list(run.failure_cases)
+
+    @property
+    def passed(self):
+        return self.exit_code == 0
+
+    @property
+    def failures(self):
+        return [v for v in self.verdicts if not v.passed]
+
+    def summary(self):
+        return self._run.console
+
+    def to_json(self):
+        return self._run.json
+
+    def to_junit(self):
+        return self._run.junit
+
+    def to_markdown(self):
+        return self._run.markdown
+
+    def __bool__(self):
+        return self.passed
+
+    def __repr__(self):
+        return (f"Report({self.kernel}: {'pass' if self.passed else 'FAIL'}, "
+                f"{len(self.failures)} of {len(self.verdicts)} verdicts failed)")
