@@ -42,7 +42,10 @@ class Verdict:
     def describe(self):
         """Several lines: the verdict, observed/allowed at the worst location, the repro."""
         w = self.worst or {}
-        where = ", ".join(f"{k}={w[k]}" for k in ("b", "h", "i", "d") if w.get(k) is not None)
+        # "i" holds the sequence index: a query's (i) or a key's (j), as seq_axis says.
+        names = {"i": w.get("seq_axis") or "i"}
+        where = ", ".join(f"{names.get(k, k)}={w[k]}" for k in ("b", "h", "i", "d")
+                          if w.get(k) is not None)
         head = (f"{'PASS' if self.passed else 'FAIL'} {self.check}"
                 f"{'/' + self.tensor if self.tensor else ''} margin {self.margin:.3g}")
         lines = [head, f"  case: {self.case_label}" if self.case_label else None,
