@@ -71,10 +71,7 @@ class Bridge:
         cannot change the harness's (torch.from_dlpack itself shares the memory)."""
         if x is None:
             return None
-        t = self.torch.from_dlpack(x)
-        if t.dtype == self.torch.float64:
-            t = t.float()
-        return t.to(self.device, copy=True)
+        return self.torch.from_dlpack(x).to(self.device, copy=True)
 
     def _out(self, t, what):
         if t is None:
@@ -128,13 +125,7 @@ def make_runner(fn, api, dtype, device, caps=None, backward=None, deterministic=
     if api == "sdpa":
         backend = tb.SdpaCallable(args, fn)
     elif api == "flash_attn":
-        varlen = getattr(fn, "varlen", None)
-        if varlen is None:
-            mod = sys.modules.get(getattr(fn, "__module__", "") or "")
-            name = getattr(fn, "__name__", "")
-            if mod is not None and name.endswith("_func"):
-                varlen = getattr(mod, name.replace("_func", "_varlen_func"), None)
-        backend = tb.FlashAttn(args, None, None, fn=fn, varlen_fn=varlen)
+        backend = tb.FlashAttn(args, None, None, fn=fn, varlen_fn=getattr(fn, "varlen", None))
     else:
         if caps is None:
             raise ValueError('api="attest" needs caps= (what the function supports)')

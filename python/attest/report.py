@@ -33,12 +33,6 @@ class Verdict:
         self.case_file = case.get("file")
         self.problem = case.get("problem")
 
-    def key(self):
-        """What two runs of the same kernel and seed agree on: check, tensor, pass, margin,
-        observed, allowed, worst location, case."""
-        return (self.check, self.tensor, self.passed, self.margin, self.observed,
-                self.allowed, json.dumps(self.worst, sort_keys=True), self.case_label)
-
     def describe(self):
         """Several lines: the verdict, observed/allowed at the worst location, the repro."""
         w = self.worst or {}

@@ -8,6 +8,7 @@ finding of a Python kernel from a shell.
 import argparse
 import importlib
 import json
+import sys
 
 from . import _kernel
 
@@ -38,7 +39,6 @@ def main(argv=None):
                         "backward(problem, q, k, v, o, lse, do) -> (dq, dk, dv)")
     args = parser.parse_args(argv)
 
-    import sys
     import attest_worker as aw
     sys.path[:0] = args.path
     fn = _resolve(args.target)

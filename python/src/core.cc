@@ -33,8 +33,9 @@
 #include "reference/dtype.h"
 #include "reference/problem/problem.h"
 #include "tools/attest/build_info.h"
+#include "tools/attest/check_run.h"
+#include "tools/attest/command.h"
 #include "tools/attest/cli_main.h"
-#include "verify/checks/check.h"
 #include "verify/coverage.h"
 #include "verify/exit_codes.h"
 #include "verify/report.h"
@@ -283,9 +284,9 @@ struct CheckRun {
   std::vector<std::string> failure_cases;
 };
 
-// `attest check` (tools/attest/cmd_check.cc RunCheck) as values: the same RunSuite, the same
-// coverage guard, the same report writers; `display_spec` is the kernel as reports and
-// repro lines name it.
+// `attest check` (tools/attest/cmd_check.cc RunCheck) as values: the same validation and run
+// (tools/attest/check_run.h), the same report writers; `display_spec` is the kernel as
+// reports and repro lines name it.
 CheckRun Check(const std::string& spec, const std::string& display_spec,
                const std::string& suite_name, uint64_t seed, const std::string& only_check,
                const std::optional<std::string>& failure_dir, int threads,
@@ -297,13 +298,14 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
     out.error = std::move(why);
     return out;
   };
-  const Suite* suite = FindSuite(suite_name);
-  if (suite == nullptr) return usage("suite: unknown suite '" + suite_name + "' (quick, gate, full)");
-  if (!only_check.empty() && FindCheck(only_check) == nullptr) {
-    return usage("check: unknown check '" + only_check + "' (see `attest list checks`)");
-  }
-  if (!(max_skipped >= 0 && max_skipped <= 1)) {
-    return usage(fmt::format("max_skipped: {} is not a share in [0, 1]", max_skipped));
+  const Suite* suite = nullptr;
+  CoveragePolicy policy;
+  try {
+    suite = &cli::SuiteNamed(suite_name, "suite");
+    cli::RequireCheck(only_check, "check");
+    policy = cli::CoverageFor(max_skipped, allow_skips, "max_skipped");
+  } catch (const cli::UsageError& e) {
+    return usage(e.what());
   }
   std::unique_ptr<Kernel> kernel;
   {
@@ -327,7 +329,7 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
   std::optional<Expected<RunResult>> result;
   try {
     nb::gil_scoped_release release;
-    result.emplace(RunSuite(*kernel, *suite, ro));
+    result.emplace(cli::RunCheckSuite(*kernel, *suite, ro, policy));
     kernel.reset();
   } catch (const StopRequested&) {
     { nb::gil_scoped_release release; kernel.reset(); }
@@ -335,14 +337,7 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
     throw nb::python_error();
   }
   if (!result->ok()) return usage(result->error().message);
-  Report& report = (*result)->report;
-  report.attest_version = std::string(cli::AttestVersion());
-  report.attest_commit = std::string(cli::AttestCommit());
-  CoveragePolicy policy;
-  policy.max_skipped_share = max_skipped;
-  policy.allow_skips = allow_skips;
-  policy.only_check = only_check;
-  ApplyCoverageGuard(report, policy);
+  const Report& report = (*result)->report;
   out.exit_code = report.passed() ? kExitPass : kExitFinding;
   out.json = ToJson(report).dump(2);
   out.junit = ToJUnitXml(report);
@@ -356,9 +351,11 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
 // as {check, label, skipped}: what the pytest plugin makes its items of.
 std::vector<nb::dict> SuiteRows(const std::string& suite_name, const std::string& caps_json,
                                 uint64_t seed) {
-  const Suite* suite = FindSuite(suite_name);
-  if (suite == nullptr) {
-    throw std::invalid_argument("suite: unknown suite '" + suite_name + "' (quick, gate, full)");
+  const Suite* suite = nullptr;
+  try {
+    suite = &cli::SuiteNamed(suite_name, "suite");
+  } catch (const cli::UsageError& e) {
+    throw std::invalid_argument(e.what());
   }
   nlohmann::json j = nlohmann::json::parse(caps_json, nullptr, false);
   if (j.is_discarded()) throw std::invalid_argument("capabilities are not JSON");
@@ -422,7 +419,6 @@ NB_MODULE(_core, m) {
         "allow_skips"_a, "verbose"_a);
   m.def("suite_rows", &SuiteRows, "suite"_a, "capabilities_json"_a, "seed"_a);
   m.def("cli", &RunCli, "args"_a, "own_process"_a = false);
-  m.def("kernel_names", [] { return Kernels().Names(); });
   m.def("kernel_capabilities", [](const std::string& spec) {
     std::unique_ptr<Kernel> kernel;
     {

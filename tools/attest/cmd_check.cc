@@ -17,6 +17,7 @@
 
 #include "kernels/builtin.h"
 #include "tools/attest/build_info.h"
+#include "tools/attest/check_run.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
 #include "verify/coverage.h"
@@ -74,9 +75,7 @@ Report EmptyReport(const CheckCliOptions& opt) {
 
 int RunCheck(const CheckCliOptions& opt) {
   if (opt.verbose && opt.quiet) throw UsageError("-v and --quiet exclude each other");
-  if (!(opt.max_skipped >= 0 && opt.max_skipped <= 1)) {
-    throw UsageError(fmt::format("--max-skipped: {} is not a share in [0, 1]", opt.max_skipped));
-  }
+  const CoveragePolicy policy = CoverageFor(opt.max_skipped, opt.allow_skips, "--max-skipped");
   // Before the run, not when the first failing case is saved.
   if (std::error_code ec; std::filesystem::exists(opt.out, ec) &&
                           !std::filesystem::is_directory(opt.out, ec)) {
@@ -84,14 +83,8 @@ int RunCheck(const CheckCliOptions& opt) {
   }
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
-  const Suite* suite = FindSuite(opt.suite);
-  if (suite == nullptr) {
-    throw UsageError("--suite: unknown suite '" + opt.suite + "' (quick, gate, full)");
-  }
-  if (!opt.only_check.empty() && FindCheck(opt.only_check) == nullptr) {
-    throw UsageError("--check: unknown check '" + opt.only_check +
-                     "' (see `attest list checks`)");
-  }
+  const Suite& suite = SuiteNamed(opt.suite, "--suite");
+  RequireCheck(opt.only_check, "--check");
   RunOptions ro;
   ro.kernel_spec = opt.kernel;
   ro.seed = opt.seed;
@@ -108,17 +101,10 @@ int RunCheck(const CheckCliOptions& opt) {
   };
   if (opt.time_budget_s > 0) ro.time_budget_s = opt.time_budget_s;
 
-  auto result = RunSuite(**kernel, *suite, ro);
+  auto result = RunCheckSuite(**kernel, suite, ro, policy);
   progress.Finish();
   if (!result.ok()) throw UsageError(result.error().message);
   Report& report = result->report;
-  report.attest_version = std::string(AttestVersion());
-  report.attest_commit = std::string(AttestCommit());
-  CoveragePolicy policy;
-  policy.max_skipped_share = opt.max_skipped;
-  policy.allow_skips = opt.allow_skips;
-  policy.only_check = opt.only_check;
-  ApplyCoverageGuard(report, policy);
   const Verbosity verbosity = opt.quiet     ? Verbosity::kQuiet
                               : opt.verbose ? Verbosity::kVerbose
                                             : Verbosity::kDefault;

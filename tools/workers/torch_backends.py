@@ -749,14 +749,20 @@ class FlashAttn(Backend):
     deterministic=True."""
 
     def __init__(self, args, module, func, fn=None, varlen_fn=None):
-        """The function `func` of `module` and its `*_varlen_func` sibling, or, with `fn`
-        given (the Python package's api="flash_attn"), `fn` and `varlen_fn` themselves."""
+        """The function `func` of `module`, or `fn` itself (the Python package's
+        api="flash_attn"), with `varlen_fn` for packed batches: by default the `*_varlen_func`
+        sibling in the same module."""
         super().__init__(args)
+        mod = None
         if fn is None:
             import importlib
             mod = importlib.import_module(module)
             fn = getattr(mod, func)
-            varlen_fn = getattr(mod, func.replace("_func", "_varlen_func"), None)
+        if varlen_fn is None:
+            import sys
+            mod = mod or sys.modules.get(getattr(fn, "__module__", None) or "")
+            name = func or getattr(fn, "__name__", "")
+            varlen_fn = getattr(mod, name.replace("_func", "_varlen_func"), None)
         self.fn = fn
         self.varlen_fn = varlen_fn if varlen_fn is not fn else None
         self.params = inspect.signature(self.fn).parameters
