@@ -134,7 +134,10 @@ class Flaky : public Wrapper {
 // floor than in bf16; it is returned in f64 so that the leak is not rounded away.
 class HeadMixer : public Wrapper {
  public:
-  HeadMixer() : Wrapper("test/head-mixer") {}
+  // `inner`: the kernel whose output leaks (default cpu/flash2-bf16).
+  explicit HeadMixer(std::unique_ptr<Kernel> inner = nullptr) : Wrapper("test/head-mixer") {
+    if (inner) inner_ = std::move(inner);
+  }
   void Edit(const Problem& p, ForwardResult& r) override {
     if (p.varlen()) return;
     const Tensor base = ToF64(r.o);
@@ -225,18 +228,34 @@ class ApproxTanh : public Wrapper {
   bool declares_;
 };
 
+// fp32 throughout: fp32 inputs, no rounding point, fp32 outputs. Only the tests build it; its
+// name is the f32 tolerance profile's.
+const Recipe& F32Recipe() {
+  static const Recipe r = [] {
+    Recipe x;
+    x.name = "f32";
+    x.description = "fp32 inputs, accumulation and outputs (tests)";
+    x.input_dtypes = {DType::kF32};
+    return x;
+  }();
+  return r;
+}
+
 // A correct FlashAttention-2 bf16 model whose key tile follows the key count (block_n 32 for
 // an even Sk, 48 for an odd one, forward and backward): padding by 9 keys retiles every real
 // row, so lse moves by fp32 ulps and P, dS round the other way here and there -- what the
 // H200's flex-triton did under padding.
+// With F32Recipe() and f32, the same for an fp32 kernel: its sums end in another order, and
+// the fp32 output shows it (what PyTorch's CPU flash attention in f32 does when padding or a
+// GQA call reaches its BLAS with other shapes).
 class Retiled : public Kernel {
  public:
-  Retiled() {
+  explicit Retiled(const Recipe& recipe = *FindRecipe("bf16"), DType dtype = DType::kBF16) {
     EngineOptions even, odd;
     even.fwd_block_n = even.bwd_block_n = 32;
     odd.fwd_block_n = odd.bwd_block_n = 48;
-    even_ = std::make_unique<Flash2Model>("test/retiled", *FindRecipe("bf16"), DType::kBF16, even);
-    odd_ = std::make_unique<Flash2Model>("test/retiled", *FindRecipe("bf16"), DType::kBF16, odd);
+    even_ = std::make_unique<Flash2Model>("test/retiled", recipe, dtype, even);
+    odd_ = std::make_unique<Flash2Model>("test/retiled", recipe, dtype, odd);
   }
   std::string name() const override { return "test/retiled"; }
   Capabilities capabilities() const override { return even_->capabilities(); }
@@ -699,6 +718,24 @@ TEST(Run, PaddingAdmitsTheRetiledKernelsRoundingNotMore) {
   PaddedNoise observed(-1.5553087e-7), larger(-1.5553087e-4);
   EXPECT_FALSE(dq_fails(observed));
   EXPECT_TRUE(dq_fails(larger));
+}
+
+// An fp32 kernel whose sums end in another order when padding, a permutation, a window or
+// the MHA counterpart changes its shapes: "2 fp32 ulps of the row" is below what reordering
+// an fp32 sum moves, and SumOrderBound (relation_bounds.h) admits it. Every relation judges o
+// and dv in f32 here; the same relations still catch a head leak of 6e-3 in f32.
+TEST(Run, Fp32KernelSummingInAnotherOrderPassesTheRelations) {
+  Retiled k(F32Recipe(), DType::kF32);
+  for (const char* check : {"padding", "permutation", "gqa-mha", "window-causal"}) {
+    RunResult r = RunQuick(k, "gate", 0, check);
+    EXPECT_TRUE(r.report.passed()) << check << "\n" << ToConsole(r.report);
+    size_t judged = 0;
+    for (const Verdict& v : r.report.verdicts) judged += v.tensor == "o" || v.tensor == "dv";
+    EXPECT_GT(judged, 0u) << check;
+  }
+  HeadMixer leak(std::make_unique<Flash2Model>("test/f32", F32Recipe(), DType::kF32));
+  RunResult r = RunQuick(leak, "gate", 0, "permutation");
+  EXPECT_TRUE(AnyFailure(r, "permutation", "o")) << ToConsole(r.report);
 }
 
 TEST(Run, RefusingAClaimedFeatureAndAnsweringWronglyOutsideFailHonesty) {

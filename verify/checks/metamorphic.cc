@@ -3,6 +3,7 @@
 // changes no feature; window needs the window claim, checked first), so a refusal of one
 // is a failure, not a skip.
 #include "verify/checks/metamorphic.h"
+#include "verify/checks/relation_bounds.h"
 
 #include <algorithm>
 #include <cmath>
@@ -78,21 +79,6 @@ RunOutputs BaseRun(std::string_view check, CheckContext& ctx, bool with_backward
   return r;
 }
 
-// The format a relation's ULPs are counted in: the precision the kernel declares for
-// `tensor` (the first policy of its profile that names a format: bf16 o and gradients for a
-// bf16 kernel, fp32 lse), not the container the values came in: fp32 results widened to
-// f64 would otherwise be held to f64 ULPs, 2^29 times finer than the kernel computes. Only
-// a profile that declares none (the low-precision families) falls back to the container.
-Format UlpFormat(const Profile* profile, std::string_view tensor, const Tensor& got) {
-  if (profile != nullptr) {
-    if (const std::vector<Policy>* policies = profile->For(tensor)) {
-      for (const Policy& policy : *policies) {
-        if (policy.format) return *policy.format;
-      }
-    }
-  }
-  return FormatOf(got.dtype()).value_or(Format::kF64);
-}
 
 // Whether `got` agrees with what the relation predicts (`expected`): bitwise when ulps is 0,
 // else |got - expected| <= ulps * Quantum(row scale) in UlpFormat, the row scale being
@@ -204,260 +190,23 @@ int64_t HeadAxis(const Problem& p, bool lse) {
   return p.varlen() ? 1 : 2;
 }
 
-// Per-element allowance (f64; dq's and dk's shapes) for comparing the backward of two runs
-// that round dP = dO·Vᵀ at different points (Kernel::BackwardDpFormat differs between the GQA
-// problem and its MHA counterpart: a hybrid kernel routes them to different backward kernels,
-// e.g. cpu/feather-fp16's fused fp16-dP path serves dense MHA only). Rounding dP_ij to
-// `dp_format` moves dS_ij = P_ij (dP_ij - D_i) t'_ij (t' = 1 - tanh^2 under softcap, else 1)
-// by at most P_ij t'_ij Quantum(dP_ij)/2 (round to nearest); the two runs then round their
-// dS_ij in the kernel's dS format (taken as the problem's dtype, where FlashAttention-2 class
-// kernels round P and dS), half a quantum each, the rounded run's at its own, possibly larger
-// value (where P (dP - D) cancels, dS is almost all rounding of dP). Summed as a worst case
-// over the terms (it also covers both runs' fp32 accumulation, 2^-24 n << 2^-11):
-//   dq_id: |scale| sum_j w_ij |k_jd|,   dk_jd: |scale| sum_{h in group} sum_i w_ij |q_id|,
-//   w_ij = P_ij t'_ij Quantum(dP_ij, dp_format) / 2 (1 + Quantum(1, dtype))
-//          + Quantum(dS_ij, dtype).
-// The worst case is reached where one key dominates a row (peaked logits, P ~ 1, D ~ dP):
-// cpu/feather-fp16 on an outlier-channels case came to 0.98 of it; the bound is rigorous, not
-// a calibrated factor.
-// P, dP and D come from the GQA run's own lse and o (a magnitude, not a reference), so no
-// oracle is involved.
-struct DpRoundingAllowance {
-  Tensor dq, dk;
-};
-
-// What one term (query i, key j) of a row contributes, given P_ij, t'_ij, dP_ij, D_i and
-// dS_ij (f64, from the run's own lse and o) and the row's flat index in lse's layout.
-using TermWeight = double (*)(const void* ctx, size_t row, double prob, double tprime, double dp,
-                              double delta, double ds);
-
-// The walk DpRoundingBound and PairRoundingBound share: dq_id += w_ij |k_jd| and dk_jd +=
-// w_ij |q_id| over every visible (i, j), w_ij = |scale| weight(...).
-DpRoundingAllowance TermBound(const Problem& p, const CaseInputs& in, const Tensor& o,
-                              const Tensor& lse, TermWeight weight, const void* wctx) {
-  const Tensor q = ToF64(in.q).Clone(), k = ToF64(in.k).Clone(), v = ToF64(in.v).Clone();
-  const Tensor dout = ToF64(in.dout).Clone(), of = ToF64(o).Clone(), lf = ToF64(lse).Clone();
-  const auto Q = q.span<const double>(), K = k.span<const double>(), V = v.span<const double>();
-  const auto DO = dout.span<const double>(), O = of.span<const double>();
-  const auto L = lf.span<const double>();
-  DpRoundingAllowance out{Tensor::Zeros(DType::kF64, p.QShape()),
-                          Tensor::Zeros(DType::kF64, p.KShape())};
-  const auto AQ = out.dq.span<double>(), AK = out.dk.span<double>();
-  const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
-  const double scale = p.EffectiveScale(), abs_scale = std::fabs(scale);
-  auto at = [](int64_t row, int64_t heads, int64_t h, int64_t width) {
-    return static_cast<size_t>((row * heads + h) * width);
-  };
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const MaskView mask(p, b);
-    const Sequence& seq = mask.sequence();
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t g = p.KvHead(h);
-      const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
-      for (int64_t i = 0; i < seq.q_len; ++i) {
-        const int64_t qi = seq.q_begin + i;
-        const size_t row = static_cast<size_t>(
-            p.varlen() ? h * p.TotalQ() + qi : (b * hq + h) * p.seqlen_q + i);
-        const double lse_i = L[row];
-        if (!std::isfinite(lse_i)) continue;  // empty row (or a non-finite answer: no bound)
-        double delta = 0;  // D_i = rowsum(dO_i ∘ o_i)
-        for (int64_t c = 0; c < dv; ++c) delta += DO[at(qi, hq, h, dv) + c] * O[at(qi, hq, h, dv) + c];
-        const auto [lo, hi] = mask.KeyBounds(i);
-        for (int64_t j = lo; j < hi; ++j) {
-          if (!mask.Visible(i, j)) continue;
-          const int64_t kj = seq.k_begin + j;
-          double dot = 0, dp = 0;
-          for (int64_t c = 0; c < d; ++c) dot += Q[at(qi, hq, h, d) + c] * K[at(kj, hkv, g, d) + c];
-          for (int64_t c = 0; c < dv; ++c) dp += DO[at(qi, hq, h, dv) + c] * V[at(kj, hkv, g, dv) + c];
-          const double sc = TransformScore(scale * dot, p.softcap, slope, mask.AlibiDistance(i, j));
-          const double prob = std::exp(sc - lse_i);
-          double tprime = 1;
-          if (p.softcap > 0) {
-            const double t = std::tanh(scale * dot / p.softcap);
-            tprime = 1 - t * t;
-          }
-          const double ds = prob * (dp - delta) * tprime;
-          const double w = abs_scale * weight(wctx, row, prob, tprime, dp, delta, ds);
-          if (!std::isfinite(w)) continue;
-          for (int64_t c = 0; c < d; ++c) {
-            AQ[at(qi, hq, h, d) + c] += w * std::fabs(K[at(kj, hkv, g, d) + c]);
-            AK[at(kj, hkv, g, d) + c] += w * std::fabs(Q[at(qi, hq, h, d) + c]);
-          }
-        }
-      }
-    }
+// The format the kernel accumulates its sums in (its recipe's; fp32 where it names none).
+Format AccumulateFormat(const CheckContext& ctx) {
+  if (ctx.profile == nullptr) return Format::kF32;
+  const Recipe* r = FindRecipe(ctx.profile->name);
+  if (r == nullptr && !ctx.profile->baseline_recipe.empty()) {
+    r = FindRecipe(ctx.profile->baseline_recipe);
   }
-  return out;
+  return r != nullptr ? r->accumulate : Format::kF32;
 }
 
-DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o,
-                                    const Tensor& lse, Format dp_format) {
-  struct Ctx {
-    Format dp, ds;
-  } c{dp_format, FormatOf(p.dtype).value_or(Format::kF32)};
-  return TermBound(
-      p, in, o, lse,
-      [](const void* x, size_t, double prob, double tprime, double dp, double, double ds) {
-        const Ctx& f = *static_cast<const Ctx*>(x);
-        // (1 + Quantum(1)): the rounded run's dS may exceed the exact one by the first
-        // term (where P (dP - D) cancels), and its own dS rounding scales with it.
-        return prob * tprime * Quantum(dp, f.dp) / 2 * (1 + Quantum(1.0, f.ds)) +
-               Quantum(ds, f.ds);
-      },
-      &c);
+// SumOrderBound on the case's own problem, P from the run's lse (the oracle's where the kernel
+// returns none).
+OrderAllowance CaseOrderBound(CheckContext& ctx, const Tensor& o, const Tensor& lse) {
+  const Tensor& l = JudgesLse(*ctx.kernel) && lse.defined() ? lse : ctx.OracleForward().lse;
+  return SumOrderBound(ctx.case_.problem, ctx.inputs, o, l, AccumulateFormat(ctx));
 }
 
-// Per-element allowance (f64; dq's and dk's shapes, on `p` and `in`) for two runs a and b of
-// the same tokens that a kernel computes in another blocking (padding moves its tiles; a
-// permutation moves a sequence to another offset). Both runs are the kernel's own: what
-// differs is where each rounds.
-//   - The forward's sums end elsewhere: lse_i moves by dl_i = |lse_a - lse_b| (observed),
-//     P_ij = exp(s_ij - lse_i) by P_ij dl_i, so dS_ij = P_ij (dP_ij - D_i) t'_ij by
-//     P_ij dl_i |dP_ij - D_i| t'_ij.
-//   - O moves within its own relation's budget, and D_i = rowsum(dO_i o_i) with it, by
-//     dD_i = sum_c |dO_ic| |o_a - o_b|_ic (observed; for values wider than the declared
-//     output format, at most 2 fp32 ulps each): dS_ij by P_ij dD_i t'_ij.
-//   - dS_ij is rounded to the kernel's dS format (the dtype where the profile declares
-//     FlashAttention-2's rounding points, term_scale.h; else fp32) in each run: values that
-//     moved can round to neighbours, one quantum apart.
-//   - The sums over keys (dq) and queries (dk) run in another order, and a kernel may form
-//     dP and D in other blocks: 2 fp32 ulps of the row's terms (term_scale.h, which carries
-//     Higham's factor for the cancelling dot products), what accuracy admits for one run. Not
-//     twice that: the dot products' cancellation is the same code on the same O in both runs,
-//     and what O's and lse's moves add is counted above from the observed moves. (Doubled,
-//     it admitted a position-dependent bias of 1e-4 in O: check_test.cc SequenceBias.)
-//   dq_id: |scale| sum_j w_ij |k_jd| + 2 Quantum_f32(terms_i),  dk_jd: likewise over i, with
-//   w_ij = t'_ij P_ij (dl_i |dP_ij - D_i| + dD_i) + Quantum(dS_ij, ds format).
-// H200, flex-triton bf16 (Triton blocks moved by padding): dk moved by 1.6e-6 where 2 bf16
-// ulps of its row allowed 2.4e-7, and a dq that is exactly 0 unpadded (constant rows: dP = D)
-// by 1.6e-7.
-struct PairInputs {
-  Tensor dl;  // per (query, head), lse's layout: |lse_a - lse_b|
-  Tensor dd;  // per (query, head), lse's layout: dD_i
-  Format ds;
-};
-
-DpRoundingAllowance PairRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o_a,
-                                      const Tensor& lse_a, const Tensor& o_b, const Tensor& lse_b,
-                                      Format ds_format, Format o_format) {
-  // D reads the O the kernel returned. Where both runs returned values of the declared output
-  // format (a bf16 O), their whole difference counts; where a kernel returned wider values,
-  // only an fp32 rounding's worth (2 fp32 ulps) does: a move of O below the declared format's
-  // resolution is no rounding of a correct kernel but a difference the o relation is too
-  // coarse to see (check_test.cc SequenceBias), and the gradients must still see it.
-  const Tensor la = ToF64(lse_a), lb = ToF64(lse_b), oa = ToF64(o_a), ob = ToF64(o_b);
-  const Tensor dout = ToF64(in.dout);
-  PairInputs c{Tensor::Zeros(DType::kF64, p.LseShape()), Tensor::Zeros(DType::kF64, p.LseShape()),
-               ds_format};
-  const auto A = la.span<const double>(), B = lb.span<const double>();
-  const auto DL = c.dl.span<double>(), DD = c.dd.span<double>();
-  for (size_t e = 0; e < DL.size(); ++e) {
-    DL[e] = std::isfinite(A[e]) && std::isfinite(B[e]) ? std::fabs(A[e] - B[e]) : 0.0;
-  }
-  const auto OA = oa.span<const double>(), OB = ob.span<const double>();
-  const auto DO = dout.span<const double>();
-  const int64_t dv = p.head_dim_v;
-  for (int64_t t = 0; t < p.TotalQ(); ++t) {  // token rows of o ([B*Sq] or packed)
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      double acc = 0;
-      for (int64_t x = 0; x < dv; ++x) {
-        const size_t e = static_cast<size_t>((t * p.heads_q + h) * dv + x);
-        double diff = std::fabs(OA[e] - OB[e]);
-        if (!std::isfinite(diff)) continue;
-        if (RoundTo(OA[e], o_format) != OA[e] || RoundTo(OB[e], o_format) != OB[e]) {
-          diff = std::min(diff, 2 * Quantum(std::max(std::fabs(OA[e]), std::fabs(OB[e])),
-                                            Format::kF32));
-        }
-        acc += std::fabs(DO[e]) * diff;
-      }
-      const int64_t l = p.varlen() ? h * p.TotalQ() + t
-                                   : ((t / p.seqlen_q) * p.heads_q + h) * p.seqlen_q +
-                                         t % p.seqlen_q;
-      DD[static_cast<size_t>(l)] = acc;
-    }
-  }
-  return TermBound(
-      p, in, o_a, lse_a,
-      [](const void* x, size_t row, double prob, double tprime, double dp, double delta,
-         double ds) {
-        const PairInputs& f = *static_cast<const PairInputs*>(x);
-        return tprime * prob *
-                   (f.dl.data<double>()[row] * std::fabs(dp - delta) +
-                    f.dd.data<double>()[row]) +
-               Quantum(ds, f.ds);
-      },
-      &c);
-}
-
-// The allowance when the kernel declares another dP rounding point for `other` than for the
-// case's problem `p` (nullopt when both agree): what rounding dP to the coarser of the two
-// moves dq and dk, on p's shapes (a missing format is fp32 dP, finer than any declared one).
-// `note` gets the verdict message's addendum.
-std::optional<DpRoundingAllowance> DpAllowance(CheckContext& ctx, const Problem& other,
-                                               const RunOutputs& base, std::string* note) {
-  const Problem& p = ctx.case_.problem;
-  if (!base.bwd) return std::nullopt;
-  const std::optional<Format> a = ctx.kernel->BackwardDpFormat(p);
-  const std::optional<Format> b = ctx.kernel->BackwardDpFormat(other);
-  if (a == b) return std::nullopt;
-  const Format dp = !a ? *b : !b ? *a : Quantum(1.0, *a) >= Quantum(1.0, *b) ? *a : *b;
-  *note = fmt::format("; dP rounded to {} in one run only", Name(dp));
-  // P's magnitude from the run's own lse, or the oracle's where the kernel returns none.
-  const Tensor& lse = JudgesLse(*ctx.kernel) ? base.fwd.lse : ctx.OracleForward().lse;
-  return DpRoundingBound(p, ctx.inputs, base.fwd.o, lse, dp);
-}
-
-// What a relation allows dq and dk beyond its ulps, per element (f64, on `p` and `in`, the
-// relation's layout): PairRoundingBound for runs a and b plus 2 fp32 ulps of the rows' terms,
-// plus `dpa` (DpAllowance, already in that layout) where the dP rounding point differs. A
-// kernel that returns no lse (JudgesLse) shows no lse move; P's magnitude then comes from
-// `oracle_lse()` (lse's layout). Undefined tensors: nothing beyond the ulps (no backward, or
-// term magnitudes that cannot be computed).
-struct RecomputeAllowance {
-  Tensor dq, dk;
-  const Tensor* dq_or_null() const { return dq.defined() ? &dq : nullptr; }
-  const Tensor* dk_or_null() const { return dk.defined() ? &dk : nullptr; }
-};
-
-// a + b elementwise (f64), either possibly undefined.
-Tensor SumAllowance(const Tensor& a, const Tensor& b) {
-  if (!a.defined()) return b;
-  if (!b.defined()) return a;
-  Tensor out = ToF64(a).Clone();
-  const Tensor w = ToF64(b);
-  const auto o = out.span<double>();
-  const auto x = w.span<const double>();
-  for (size_t e = 0; e < o.size(); ++e) o[e] += x[e];
-  return out;
-}
-
-RecomputeAllowance RecomputeBound(CheckContext& ctx, const Problem& p, const CaseInputs& in,
-                                  const Tensor& o_a, const Tensor& lse_a, const Tensor& o_b,
-                                  const Tensor& lse_b, const std::function<Tensor()>& oracle_lse,
-                                  const DpRoundingAllowance* dpa) {
-  RecomputeAllowance out;
-  if (dpa != nullptr) out = {dpa->dq, dpa->dk};
-  if (!in.dout.defined() || !o_a.defined() || !o_b.defined()) return out;
-  const bool seen = JudgesLse(*ctx.kernel) && lse_a.defined() && lse_b.defined();
-  const Tensor lse_mag = seen ? lse_a : oracle_lse();
-  auto terms = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, lse_mag);
-  if (!terms.ok()) return out;
-  const bool rounds = ctx.profile != nullptr && ctx.profile->needs_rounding_floor();
-  const Format ds = rounds ? FormatOf(p.dtype).value_or(Format::kF32) : Format::kF32;
-  DpRoundingAllowance pair = PairRoundingBound(p, in, o_a, lse_mag, o_b, seen ? lse_b : lse_mag,
-                                               ds, UlpFormat(ctx.profile, "o", o_a));
-  auto add_terms = [](Tensor& t, const Tensor& row_terms, int64_t width) {
-    const auto o = t.span<double>();
-    const Tensor r = ToF64(row_terms);
-    const auto ts = r.span<const double>();
-    for (size_t e = 0; e < o.size(); ++e) {
-      o[e] += 2 * Quantum(ts[e / static_cast<size_t>(width)], Format::kF32);
-    }
-  };
-  add_terms(pair.dq, terms->dq, p.head_dim);
-  add_terms(pair.dk, terms->dk, p.head_dim);
-  return {SumAllowance(out.dq, pair.dq), SumAllowance(out.dk, pair.dk)};
-}
 
 // The longest block, in positions, of the kernel's recipe operands that are block-scaled along
 // the sequence (recipe.h QuantAxis::kSequence; cpu/mxfp8-cudnn: V, dO, K, Q copies and dS in
@@ -522,8 +271,12 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
 
   // o, lse, dq: one query head's computation is the same in both problems (the 2-ULP budget
   // admits kernels that tile the GQA case differently).
+  // The two calls reach the kernel with other shapes and strides, and may sum in another
+  // order: SumOrderBound for o and dv, RecomputeBound for dq and dk.
+  const OrderAllowance order = CaseOrderBound(ctx, base.fwd.o, base.fwd.lse);
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2, nullptr,
+                      order.o_or_null()));
   if (JudgesLse(*ctx.kernel)) {
     const Tensor lse_scale = LseScale(p, base.fwd.lse);
     out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4, &lse_scale));
@@ -531,10 +284,14 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
   // A kernel that declares another dP rounding point for the MHA problem runs another
   // backward there: dq and dk then also differ by what that rounding moves (DpRoundingBound).
   std::string dp_note;
-  const std::optional<DpRoundingAllowance> dp_allowance = DpAllowance(ctx, mha, base, &dp_note);
+  const std::optional<DpRoundingAllowance> dp_allowance =
+      DpAllowance(ctx, mha, base.fwd, base.bwd.has_value(), &dp_note);
   if (bwd) {
+    const RecomputeAllowance extra = RecomputeBound(
+        ctx, p, in, base.fwd.o, base.fwd.lse, rel.fwd.o, rel.fwd.lse,
+        [&] { return ctx.OracleForward().lse; }, dp_allowance ? &*dp_allowance : nullptr);
     out.push_back(Agree(kCheck, "dq", p, ctx.profile, base.bwd->dq, rel.bwd->dq, 2, nullptr,
-                        dp_allowance ? &dp_allowance->dq : nullptr));
+                        extra.dq_or_null()));
     // dk, dv of a kv head: the sum over its query heads of the MHA gradients (each rounded to
     // the output dtype; the GQA kernel may round once after summing): r/2 + 1 ULPs at the
     // scale of the largest summand.
@@ -558,10 +315,10 @@ std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
         sum.Select(kv_axis, p.KvHead(h)).CopyFrom(dst);
         mag.Select(kv_axis, p.KvHead(h)).CopyFrom(dmag);
       }
-      const Tensor* extra =
-          dp_allowance && std::string_view(name) == "dk" ? &dp_allowance->dk : nullptr;
+      const Tensor* more = std::string_view(name) == "dk" ? extra.dk_or_null()
+                                                          : order.dv_or_null();
       out.push_back(Agree(kCheck, name, p, ctx.profile, sum, gqa_grad,
-                          static_cast<double>(r) / 2 + 1, &mag, extra));
+                          static_cast<double>(r) / 2 + 1, &mag, more));
     }
   }
   for (Verdict& v : out) {
@@ -654,9 +411,19 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   // when packed sequences were reversed). A real permutation bug moves values by far more.
   const double ulps = 2;
   std::string dp_note;
-  const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
+  const std::optional<DpRoundingAllowance> dpa =
+      DpAllowance(ctx, pp, base.fwd, base.bwd.has_value(), &dp_note);
+  // The permuted call may sum in another order (SumOrderBound, on the permuted problem).
+  const Tensor base_lse_perm = perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows);
+  const OrderAllowance order = SumOrderBound(
+      pp, CaseInputs{q2, k2, v2, do2}, perm(base.fwd.o, src_q, ha, src_q_rows, 0),
+      JudgesLse(*ctx.kernel) && base.fwd.lse.defined()
+          ? base_lse_perm
+          : perm(ctx.OracleForward().lse, src_q, hl, src_q_rows, lse_rows),
+      AccumulateFormat(ctx));
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, ctx.profile, perm(base.fwd.o, src_q, ha, src_q_rows, 0), rel.fwd.o, ulps));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, perm(base.fwd.o, src_q, ha, src_q_rows, 0),
+                      rel.fwd.o, ulps, nullptr, order.o_or_null()));
   if (JudgesLse(*ctx.kernel)) {
     const Tensor lse_scale = perm(LseScale(p, base.fwd.lse), src_q, hl, src_q_rows, lse_rows);
     out.push_back(Agree(kCheck, "lse", p, ctx.profile, perm(base.fwd.lse, src_q, hl, src_q_rows, lse_rows),
@@ -680,7 +447,7 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
     out.push_back(Agree(kCheck, "dk", p, ctx.profile, perm(base.bwd->dk, src_kv, ha, src_k_rows, 0),
                         rel.bwd->dk, ulps, nullptr, extra.dk_or_null()));
     out.push_back(Agree(kCheck, "dv", p, ctx.profile, perm(base.bwd->dv, src_kv, ha, src_k_rows, 0),
-                        rel.bwd->dv, ulps));
+                        rel.bwd->dv, ulps, nullptr, order.dv_or_null()));
   }
   // Locations are those of the permuted problem; say how to map them back.
   for (Verdict& v : out) {
@@ -737,6 +504,8 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     relations.push_back({left, fmt::format("no window vs window ({}, -1)", reach)});
     relations.push_back({right, fmt::format("no window vs window (-1, {})", reach)});
   }
+  // The window problem may run other code, summing in another order (SumOrderBound).
+  const OrderAllowance order = CaseOrderBound(ctx, base.fwd.o, base.fwd.lse);
   std::vector<Verdict> out;
   for (const Relation& rel_case : relations) {
     RunOutputs rel = RunKernel(kCheck, *ctx.kernel, rel_case.w, in.q, in.k, in.v, in.dout, bwd,
@@ -744,9 +513,11 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
     if (rel.stop) return *rel.stop;
     // A hybrid kernel may route the window problem to another backward (DpAllowance).
     std::string dp_note;
-    const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, rel_case.w, base, &dp_note);
+    const std::optional<DpRoundingAllowance> dpa =
+        DpAllowance(ctx, rel_case.w, base.fwd, base.bwd.has_value(), &dp_note);
     std::vector<Verdict> part;
-    part.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2));
+    part.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, rel.fwd.o, 2, nullptr,
+                         order.o_or_null()));
     if (JudgesLse(*ctx.kernel)) {
       const Tensor lse_scale = LseScale(p, base.fwd.lse);
       part.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, rel.fwd.lse, 4, &lse_scale));
@@ -761,7 +532,8 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
                            extra.dq_or_null()));
       part.push_back(Agree(kCheck, "dk", p, ctx.profile, base.bwd->dk, rel.bwd->dk, 2, nullptr,
                            extra.dk_or_null()));
-      part.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv, rel.bwd->dv, 2));
+      part.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv, rel.bwd->dv, 2, nullptr,
+                           order.dv_or_null()));
     }
     for (Verdict& v : part) {
       v.message += " (" + rel_case.what + dp_note + ")";
@@ -943,12 +715,16 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   // dq and dk then also get what its other dP rounding moves (DpAllowance), and bitwise
   // equality is off.
   std::string dp_note;
-  const std::optional<DpRoundingAllowance> dpa = DpAllowance(ctx, pp, base, &dp_note);
+  const std::optional<DpRoundingAllowance> dpa =
+      DpAllowance(ctx, pp, base.fwd, base.bwd.has_value(), &dp_note);
   const bool exact = packed && ctx.kernel->capabilities().deterministic && !dpa;
   const double o_ulps = exact ? 0 : 2, lse_ulps = exact ? 0 : 4, g_ulps = exact ? 0 : 2;
   const int64_t nq = packed ? p.TotalQ() : p.seqlen_q, nk = packed ? p.TotalK() : p.seqlen_k;
+  // Padded padding changes the shapes the kernel sums over: SumOrderBound on top.
+  const OrderAllowance order = exact ? OrderAllowance{} : CaseOrderBound(ctx, base.fwd.o, base.fwd.lse);
   std::vector<Verdict> out;
-  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq), o_ulps));
+  out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq),
+                      o_ulps, nullptr, order.o_or_null()));
   if (JudgesLse(*ctx.kernel)) {
     const Tensor lse_scale = LseScale(p, base.fwd.lse);
     out.push_back(Agree(kCheck, "lse", p, ctx.profile, base.fwd.lse, Rows(rel.fwd.lse, lse_axis, q_off, nq),
@@ -969,7 +745,8 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
                         Rows(rel.bwd->dk, k_axis, k_off, nk), g_ulps, nullptr,
                         extra.dk_or_null()));
     out.push_back(Agree(kCheck, "dv", p, ctx.profile, base.bwd->dv,
-                        Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps));
+                        Rows(rel.bwd->dv, k_axis, k_off, nk), g_ulps, nullptr,
+                        order.dv_or_null()));
   }
   for (Verdict& v : out) v.message += " (" + what + "; real tokens only" + dp_note + ")";
   return out;

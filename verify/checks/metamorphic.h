@@ -20,6 +20,8 @@
 //   window-causal: window (L, 0) without causal = causal on the same diagonal, L reaching
 //                  key 0 from every query's diagonal: Sk bottom-right, Sq top-left; and a
 //                  window whose bounds reach past every key = no window.
+// What two runs may differ by beyond their ulps (reordered fp32 sums, another dP rounding
+// point, roundings that move with the tiling) is verify/checks/relation_bounds.h.
 #pragma once
 
 #include <cstdint>
