@@ -796,6 +796,7 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
   const Capabilities caps = kernel.capabilities();
   if (!caps.backward || !caps.Covers(p) || !in.dout.defined()) return {};
   if (recipe == nullptr && !caps.recipe.empty()) recipe = FindRecipe(caps.recipe);
+  const bool declared = recipe != nullptr;
   if (recipe == nullptr) recipe = DefaultRecipe(p);
   if (recipe == nullptr) return {};  // no rounding model to bound with
   if (profile == nullptr) {
@@ -827,8 +828,33 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
         v.message = label + ops.error().message;
         v.repro = options.repro;
         out.push_back(v);
-      } else {
+      } else if (declared) {
         Identities(p, *ops, run, rd, options.repro, label, out);
+      } else {
+        // No recipe declared, so nothing says which O D = rowsum(dO∘O) reads: FlashAttention-2
+        // reads the rounded O (the default recipe's kRoundedO), a kernel that keeps its fp32
+        // O reads that (PyTorch's math backend: golden/findings/sdpa-math-dk-sum-tiny-gqa
+        // failed dk-sum by 10x under the rounded O). Both are correct, so the kernel is judged
+        // by the one its gradients fit; a wrong D fits neither.
+        RoundingModel other = rd;
+        other.delta_rounded = !rd.delta_rounded;
+        std::vector<Verdict> a, b;
+        Identities(p, *ops, run, rd, options.repro, label, a);
+        Identities(p, *ops, run, other, options.repro, label, b);
+        auto worst = [](const std::vector<Verdict>& vs) {
+          double m = 0;
+          for (const Verdict& v : vs) m = std::max(m, v.margin);
+          return m;
+        };
+        const bool use_b = worst(b) < worst(a);
+        const bool rounded = use_b ? other.delta_rounded : rd.delta_rounded;
+        for (Verdict& v : use_b ? b : a) {
+          if (v.tensor == "dk") {
+            v.message += rounded ? " (no recipe declared: D from the rounded O fits best)"
+                                 : " (no recipe declared: D from the fp32 O fits best)";
+          }
+          out.push_back(std::move(v));
+        }
       }
     }
     if (options.recipe_gradient && profile != nullptr) {

@@ -153,6 +153,65 @@ TEST(Consistency, AnUpcastKernelIsJudgedByItsOwnRecipe) {
               worst_claimed);
 }
 
+// `inner` with no recipe declared (a kernel passed to attest.check or through exec without
+// one): consistency judges D by whichever of the rounded O (FlashAttention-2) and the fp32 O
+// the gradients fit.
+class Undeclared final : public Kernel {
+ public:
+  explicit Undeclared(Kernel& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name() + " (no recipe)"; }
+  Capabilities capabilities() const override {
+    Capabilities caps = inner_.capabilities();
+    caps.recipe.clear();
+    return caps;
+  }
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override {
+    return inner_.Forward(p, q, k, v);
+  }
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    return inner_.Backward(p, q, k, v, o, lse, dout);
+  }
+
+ private:
+  Kernel& inner_;
+};
+
+// Declaring nothing is no reason for a false alarm: the upcast kernel on the math backend's
+// finding and the FlashAttention-2 model both pass undeclared, each judged by the D it uses
+// (the verdict says which); a D from the wrong O still fails (the probe, which any D source
+// leaves at 0 for a correct kernel).
+TEST(Consistency, AKernelThatDeclaresNoRecipeIsJudgedByTheDeltaItFits) {
+  RoundedOnce up_inner;
+  auto fa2_inner = check_test::MakeFlash2Bf16();
+  check_test::DeltaFromOtherO bad_inner;
+  Undeclared up(up_inner), fa2(*fa2_inner), bad(bad_inner);
+  auto c = LoadCase("golden/findings/sdpa-math-dk-sum-tiny-gqa.case.json");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto in = MakeCaseInputs(*c);
+  ASSERT_TRUE(in.ok()) << in.error().message;
+  const auto finding = CheckConsistency(up, c->problem, *in);
+  Print("upcast, no recipe", "finding", finding);
+  ASSERT_FALSE(finding.empty());
+  bool named = false;
+  for (const Verdict& v : finding) {
+    EXPECT_TRUE(v.pass) << v.message;
+    named = named || v.message.find("D from the fp32 O fits best") != std::string::npos;
+  }
+  EXPECT_TRUE(named);
+  for (const auto& [name, p] : GateCases()) {
+    const CaseInputs x = Inputs(p, 13);
+    for (Kernel* k : {static_cast<Kernel*>(&up), static_cast<Kernel*>(&fa2)}) {
+      const auto vs = CheckConsistency(*k, p, x);
+      ASSERT_FALSE(vs.empty()) << name;
+      for (const Verdict& v : vs) EXPECT_TRUE(v.pass) << k->name() << " " << name << ": " << v.message;
+    }
+    EXPECT_GT(MaxMargin(CheckConsistency(bad, p, x), "probe"), 1) << name;
+  }
+}
+
 TEST(Consistency, BackwardIgnoringDiagonalMaskIsCaught) {
   check_test::BackwardIgnoresDiagonalMask bad;
   const Problem p = check_test::CausalProblem();
