@@ -110,6 +110,14 @@ def main():
         expect(sel.returncode == 0 and "accuracy[" in sel.stdout and "honesty[" not in sel.stdout,
                "-k accuracy selects the accuracy rows alone")
 
+        # 3b. PyTorch's own SDPA on the CPU: the gate passes in f32; the bf16 flash backward's
+        # finding reproduces and the math backend passes its case (test_torch_sdpa_cpu.py).
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "attest.pytest_plugin",
+                            os.path.join(HERE, "test_torch_sdpa_cpu.py")],
+                           capture_output=True, text=True, cwd=HERE)
+        expect(r.returncode == 0, "test_torch_sdpa_cpu.py passes: " + r.stdout[-600:] +
+               r.stderr[-600:])
+
         # 4. A seeded bug fails; its repro line reproduces the failure from a shell.
         bug = attest.check(kt.sdpa_scale_bug, suite="quick", **fn_kw)
         first = bug.failures[0] if bug.failures else None
