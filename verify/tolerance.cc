@@ -95,8 +95,18 @@ std::string Num(double x) { return fmt::format("{:.3g}", x); }
 //   feather models (S <= 256) failed 8-17% of cases on dq/dk (e.g. Sq2 Sk2 with one key
 //   channel x8: dk 0.00136 vs allowed 0.00022, 6x pt). docs/tolerances.md "The rounding
 //   floor" has the counts before/after and how the bound moved on the gate's cases.
-std::vector<TensorPolicies> HighPrecision(Format out, double o_ratio, double grad_ratio,
-                                          bool rounding = false) {
+// The numbers of a HighPrecision row, by name.
+struct RatioBounds {
+  Format out;           // the format o and the gradients are delivered in
+  double o_ratio;       // o: err <= o_ratio x baseline + 2 ulps of the row
+  double grad_ratio;    // dq, dk, dv: the same with this ratio
+  bool rounding = false;  // add FlashAttention-2's rounding floor (the bf16 / f16 rows)
+};
+
+std::vector<TensorPolicies> HighPrecision(const RatioBounds& b) {
+  const Format out = b.out;
+  const double o_ratio = b.o_ratio, grad_ratio = b.grad_ratio;
+  const bool rounding = b.rounding;
   Policy o = BaselineRatio(o_ratio, 2, FloorScale::kRow, out);
   Policy g = BaselineRatio(grad_ratio, 2, FloorScale::kRow, out);
   o.rounding_floor = g.rounding_floor = rounding;
@@ -110,12 +120,21 @@ std::vector<TensorPolicies> HighPrecision(Format out, double o_ratio, double gra
   return {{"o", {o}}, {"lse", {lse}}, {"dq", {g_terms}}, {"dk", {g_terms}}, {"dv", {g}}};
 }
 
-std::vector<TensorPolicies> LowPrecision(double o_atol, double o_rtol, double o_cos,
-                                         double lse_atol, double lse_rtol, double g_atol,
-                                         double g_rtol, double g_cos) {
-  const std::vector<Policy> o = {CosineFloor(o_cos, true), AbsRel(o_atol, o_rtol, true)};
-  const std::vector<Policy> g = {CosineFloor(g_cos, true), AbsRel(g_atol, g_rtol, true)};
-  return {{"o", o}, {"lse", {AbsRel(lse_atol, lse_rtol, false)}}, {"dq", g}, {"dk", g}, {"dv", g}};
+// The numbers of a LowPrecision row, by name: o and the gradients (dq, dk, dv) each need a row
+// cosine of at least *_cos and |err| <= *_atol max|ref| + *_rtol |ref|; lse the absolute /
+// relative pair alone.
+struct AbsRelBounds {
+  double o_atol, o_rtol, o_cos;
+  double lse_atol, lse_rtol;
+  double grad_atol, grad_rtol, grad_cos;
+};
+
+std::vector<TensorPolicies> LowPrecision(const AbsRelBounds& b) {
+  const std::vector<Policy> o = {CosineFloor(b.o_cos, true), AbsRel(b.o_atol, b.o_rtol, true)};
+  const std::vector<Policy> g = {CosineFloor(b.grad_cos, true),
+                                 AbsRel(b.grad_atol, b.grad_rtol, true)};
+  return {{"o", o}, {"lse", {AbsRel(b.lse_atol, b.lse_rtol, false)}}, {"dq", g}, {"dk", g},
+          {"dv", g}};
 }
 
 // A recipe row: the bf16 rule (see above) against the recipe's reference implementation.
@@ -123,7 +142,7 @@ Profile RecipeProfile(const char* name, const char* description) {
   Profile p{name, description,
             "bf16 ratios (docs/references.md H200: o <= 1.14x, dq <= 3.7x pt) against the recipe "
             "reference (cudnn-frontend mxfp8_ref.py's rule)",
-            HighPrecision(Format::kBF16, 2, 4), name, {}};
+            HighPrecision({.out = Format::kBF16, .o_ratio = 2, .grad_ratio = 4}), name, {}};
   return p;
 }
 
@@ -132,21 +151,34 @@ std::vector<Profile> BuildProfiles() {
   std::vector<Profile> t;
   t.push_back({"f32", "fp32 inputs and accumulation; o/grads vs an fp32 'pt' baseline",
                "bf16 rule kept (estimate: no fp32 kernel measured)",
-               HighPrecision(Format::kF32, 2, 4), {}, {}});
+               HighPrecision({.out = Format::kF32, .o_ratio = 2, .grad_ratio = 4}), {}, {}});
   t.push_back({"bf16", "bf16 inputs, fp32 accumulation (FlashAttention-2/3, cuDNN, SDPA)", kH200,
-               HighPrecision(Format::kBF16, 2, 4, true), {}, "bf16"});
+               HighPrecision(
+                   {.out = Format::kBF16, .o_ratio = 2, .grad_ratio = 4, .rounding = true}),
+               {}, "bf16"});
   t.push_back({"f16", "fp16 inputs, fp32 accumulation (FlashAttention-2, cuDNN, RDNA3)",
                "docs/references.md H200 fp16: o <= 1.08x pt, dq <= 1.31x pt; FA2's 2x/3x rules",
-               HighPrecision(Format::kF16, 2, 3, true), {}, "f16"});
+               HighPrecision(
+                   {.out = Format::kF16, .o_ratio = 2, .grad_ratio = 3, .rounding = true}),
+               {}, "f16"});
   t.push_back({"fp8", "per-tensor FP8 E4M3 operands, bf16/fp16 outputs",
                "cudnn-frontend FP8 SDPA tests: atol 0.04 rtol 0.1 (fwd); rest estimates",
-               LowPrecision(0.04, 0.1, 0.99, 0.01, 1e-3, 0.08, 0.2, 0.98), {}, {}});
+               LowPrecision({.o_atol = 0.04, .o_rtol = 0.1, .o_cos = 0.99,
+                             .lse_atol = 0.01, .lse_rtol = 1e-3,
+                             .grad_atol = 0.08, .grad_rtol = 0.2, .grad_cos = 0.98}),
+               {}, {}});
   t.push_back({"mxfp8", "MXFP8 (E4M3, E8M0 scale per 32) operands, bf16 outputs",
                "fp8 numbers (estimate); lse loosened for quantised Q, K",
-               LowPrecision(0.04, 0.1, 0.99, 0.05, 0.01, 0.08, 0.2, 0.98), {}, {}});
+               LowPrecision({.o_atol = 0.04, .o_rtol = 0.1, .o_cos = 0.99,
+                             .lse_atol = 0.05, .lse_rtol = 0.01,
+                             .grad_atol = 0.08, .grad_rtol = 0.2, .grad_cos = 0.98}),
+               {}, {}});
   t.push_back({"nvfp4", "NVFP4 (E2M1, E4M3 scale per 16, fp32 tensor scale) operands",
                "estimates from E2M1 precision",
-               LowPrecision(0.15, 0.3, 0.95, 0.2, 0.05, 0.3, 0.5, 0.9), {}, {}});
+               LowPrecision({.o_atol = 0.15, .o_rtol = 0.3, .o_cos = 0.95,
+                             .lse_atol = 0.2, .lse_rtol = 0.05,
+                             .grad_atol = 0.3, .grad_rtol = 0.5, .grad_cos = 0.9}),
+               {}, {}});
   // One row per recipe of reference/recipes: judged against the recipe's own reference.
   t.push_back(RecipeProfile("mxfp8-cudnn",
                             "recipe mxfp8-cudnn: cuDNN MXFP8 SDPA (P x16 -> E4M3)"));

@@ -206,7 +206,9 @@ TEST(Consistency, AKernelThatDeclaresNoRecipeIsJudgedByTheDeltaItFits) {
     for (Kernel* k : {static_cast<Kernel*>(&up), static_cast<Kernel*>(&fa2)}) {
       const auto vs = CheckConsistency(*k, p, x);
       ASSERT_FALSE(vs.empty()) << name;
-      for (const Verdict& v : vs) EXPECT_TRUE(v.pass) << k->name() << " " << name << ": " << v.message;
+      for (const Verdict& v : vs) {
+        EXPECT_TRUE(v.pass) << k->name() << " " << name << ": " << v.message;
+      }
     }
     EXPECT_GT(MaxMargin(CheckConsistency(bad, p, x), "probe"), 1) << name;
   }

@@ -721,7 +721,8 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   const double o_ulps = exact ? 0 : 2, lse_ulps = exact ? 0 : 4, g_ulps = exact ? 0 : 2;
   const int64_t nq = packed ? p.TotalQ() : p.seqlen_q, nk = packed ? p.TotalK() : p.seqlen_k;
   // Padded padding changes the shapes the kernel sums over: SumOrderBound on top.
-  const OrderAllowance order = exact ? OrderAllowance{} : CaseOrderBound(ctx, base.fwd.o, base.fwd.lse);
+  const OrderAllowance order =
+      exact ? OrderAllowance{} : CaseOrderBound(ctx, base.fwd.o, base.fwd.lse);
   std::vector<Verdict> out;
   out.push_back(Agree(kCheck, "o", p, ctx.profile, base.fwd.o, Rows(rel.fwd.o, q_axis, q_off, nq),
                       o_ulps, nullptr, order.o_or_null()));
