@@ -13,6 +13,7 @@
 #include "reference/golden/sha256.h"
 #include "reference/io/files.h"
 #include "reference/io/json.h"
+#include "verify/repro.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"
@@ -221,7 +222,7 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
         const auto path = FuzzCasePath(*options.out_dir, f.check, f.shrunk);
         if (Status s = SaveCase(path, f.shrunk); !s.ok()) return s.error();
         f.case_file = path;
-        f.repro = ReproCommand(options.kernel_spec, path) + " --check " + f.check;
+        f.repro = ReproCommand(options.kernel_spec, path, f.check);
       } else {
         // No directory: the case is printed whole by the caller; the repro names the seed.
         f.repro = fmt::format("attest fuzz --kernel {} --seed {} --cases {} --shard {}/{}",

@@ -5,6 +5,8 @@
 // verify/junit_consumer_test.py reads the reports with junitparser as those consumers do.
 #include "verify/report.h"
 
+#include "verify/repro.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "reference/golden/sha256.h"
 #include "reference/io/files.h"
 #include "verify/checks/check.h"
 
@@ -107,15 +108,6 @@ size_t Utf8Length(std::string_view s, size_t i) {
   return n;
 }
 
-std::string Sanitize(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    out += ok ? c : '_';
-  }
-  return out.substr(0, 80);
-}
 
 }  // namespace
 
@@ -689,31 +681,13 @@ Status WriteTextFile(const std::filesystem::path& path, std::string_view text) {
   return WriteFileAtomic(path, text);
 }
 
-std::string ReproCommand(std::string_view kernel, const std::filesystem::path& case_file) {
-  // Single quotes keep spaces of exec: kernels together in a shell.
-  const auto quote = [](std::string_view s) {
-    if (s.find_first_of(" \t'\"$\\;&|<>()*?") == std::string_view::npos) return std::string(s);
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  return fmt::format("attest repro --kernel {} --case {}", quote(kernel),
-                     quote(case_file.string()));
-}
-
 Expected<std::filesystem::path> SaveFailureCase(const Case& c, const std::filesystem::path& dir,
                                                 std::string_view kernel, const Verdict& verdict) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error{fmt::format("{}: cannot create directory: {}", dir.string(), ec.message())};
-  // The name's suffix comes from the case text through SHA-256: the same file name for the
-  // same case under every compiler and standard library.
-  const uint64_t hash = ContentHash64(CaseToText(c));
-  const std::string name =
-      fmt::format("{}-{}-{}-{:08x}.case.json", Sanitize(kernel), Sanitize(verdict.check),
-                  Sanitize(verdict.tensor.empty() ? "all" : verdict.tensor),
-                  static_cast<uint32_t>(hash >> 32));
-  const std::filesystem::path path = dir / name;
+  const std::filesystem::path path =
+      dir / FailureCaseFileName(CaseToText(c), kernel, verdict.check, verdict.tensor);
   if (Status s = SaveCase(path, c); !s.ok()) return s.error();
   return path;
 }

@@ -78,8 +78,6 @@ std::string XmlEscape(std::string_view text);
 // the path on failure.
 Status WriteTextFile(const std::filesystem::path& path, std::string_view text);
 
-// The one-line repro of a failing check: "attest repro --kernel K --case F".
-std::string ReproCommand(std::string_view kernel, const std::filesystem::path& case_file);
 // Saves the failing case under `dir` as "<kernel>-<check>-<tensor>-<hash>.case.json" (names
 // sanitised to [A-Za-z0-9._-]) and returns its path; the hash is of the case's canonical
 // text, so the same failure writes the same file.

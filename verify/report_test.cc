@@ -3,6 +3,7 @@
 // docs/report.schema.json (verify/validate_report.py), Markdown escaping, JUnit XML (distinct
 // testcase names, skipped, error, times, escaping) and its validation by `xmllint --schema
 // verify/testdata/junit.xsd` (libxml2-utils), plus the failure-case writer.
+#include "verify/repro.h"
 #include "verify/report.h"
 
 #include <gtest/gtest.h>
@@ -366,6 +367,14 @@ TEST(Report, FailureCaseAndRepro) {
             "attest repro --kernel cpu/flash2-bf16 --case /tmp/x.case.json");
   EXPECT_EQ(ReproCommand("exec:python3 w.py", "a b.json"),
             "attest repro --kernel 'exec:python3 w.py' --case 'a b.json'");
+  EXPECT_EQ(ReproCommand("cpu/flash2-bf16", "x.case.json", "gqa-mha"),
+            "attest repro --kernel cpu/flash2-bf16 --case x.case.json --check gqa-mha");
+  EXPECT_EQ(CheckCommand("exec:python3 -m attest.worker m:f", "gate", 7),
+            "attest check --kernel 'exec:python3 -m attest.worker m:f' --suite gate --seed 7");
+  EXPECT_EQ(AuditCommand("cpu/mxfp8-cudnn", 0), "attest audit --kernel cpu/mxfp8-cudnn --seed 0");
+  EXPECT_EQ(PendingReproCommand("cpu/flash2-bf16", "tile+1: B1 H2:2", "accuracy"),
+            "attest repro --kernel cpu/flash2-bf16 --case 'tile+1: B1 H2:2' --check accuracy");
+  EXPECT_EQ(ShellQuote("it's"), "'it'\\''s'");
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "kernels/exec/children.h"
-#include "reference/golden/sha256.h"
 #include "reference/problem/inputs.h"
+#include "verify/repro.h"
 #include "verify/report.h"
 #include "verify/tolerance.h"
 
@@ -43,7 +43,7 @@ Status SaveFailures(std::vector<Verdict>& verdicts, const Case& c, std::string_v
     if (v.pass || !options.failure_dir) continue;
     auto path = SaveFailureCase(c, *options.failure_dir, options.kernel_spec, v);
     if (!path.ok()) return path.error();
-    v.repro = fmt::format("{} --check {}", ReproCommand(options.kernel_spec, *path), check);
+    v.repro = ReproCommand(options.kernel_spec, *path, check);
     v.case_file = path->string();
     result.failure_cases.push_back(*path);
   }
@@ -121,10 +121,8 @@ Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile*
   ctx.inputs = std::move(inputs).value();
   ctx.profile = profile;
   ctx.oracle_options = options.oracle;
-  // Perturbations drawn by checks follow the case, so a saved case reproduces them; for a
-  // case with input files the seed comes from its text through SHA-256, the same under every
-  // compiler and standard library.
-  ctx.seed = c.generator ? c.generator->seed : ContentHash64(CaseToText(c));
+  // Perturbations drawn by checks follow the case, so a saved case reproduces them.
+  ctx.seed = CaseSeed(c);
   return ctx;
 }
 
@@ -179,8 +177,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
       Verdict v = Failure(row.check, "", "runs within the suite's time budget",
                           fmt::format("[{}] not run: the suite's time budget of {} s ran out",
                                       inst.label, *options.time_budget_s));
-      v.repro = fmt::format("attest check --kernel {} --suite {} --seed {}", options.kernel_spec,
-                            suite.name, options.seed);
+      v.repro = CheckCommand(options.kernel_spec, suite.name, options.seed);
       result.report.verdicts.push_back(std::move(v));
       continue;
     }
@@ -194,8 +191,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
       ctx_text = text;
     }
     ctx->label = inst.label;
-    ctx->repro = fmt::format("attest check --kernel {} --suite {} --seed {}", options.kernel_spec,
-                             suite.name, options.seed);
+    ctx->repro = CheckCommand(options.kernel_spec, suite.name, options.seed);
     std::vector<Verdict> verdicts;
     try {
       verdicts = RunOne(*check, *ctx);
@@ -260,8 +256,7 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
   KernelErrorFolder folder;
   for (const CheckInfo* check : checks) {
     ++report.rows;
-    ctx.repro = fmt::format("attest repro --kernel {} --case {} --check {}", options.kernel_spec,
-                            label, check->name);
+    ctx.repro = PendingReproCommand(options.kernel_spec, label, check->name);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Verdict> verdicts;
     try {

@@ -3,12 +3,14 @@
 #include "reference/problem/inputs.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "reference/data/generate.h"
 #include "reference/formats/format.h"
+#include "reference/golden/sha256.h"
 #include "reference/io/safetensors.h"
 #include "reference/problem/budget.h"
 
@@ -86,6 +88,10 @@ Expected<CaseInputs> MakeCaseInputs(const Case& c) {
   const DType dtype = c.problem.dtype;
   return CaseInputs{RoundTensor(gen->q, dtype), RoundTensor(gen->k, dtype),
                     RoundTensor(gen->v, dtype), RoundTensor(gen->dout, dtype)};
+}
+
+uint64_t CaseSeed(const Case& c) {
+  return c.generator ? c.generator->seed : ContentHash64(CaseToText(c));
 }
 
 }  // namespace attest

@@ -26,6 +26,7 @@
 #include "verify/checks/consistency.h"
 #include "verify/checks/noninterference.h"
 #include "verify/metrics.h"
+#include "verify/repro.h"
 #include "verify/report.h"
 #include "verify/suite.h"
 #include "verify/tolerance.h"
@@ -235,7 +236,7 @@ class Auditor {
     if (v.pass || opt_.out_dir.empty()) return {};
     auto path = SaveFailureCase(c, opt_.out_dir / "cases", opt_.kernel_spec, v);
     if (!path.ok()) return path.error();
-    v.repro = ReproCommand(opt_.kernel_spec, *path) + " --check " + v.check;
+    v.repro = ReproCommand(opt_.kernel_spec, *path, v.check);
     return {};
   }
   Expected<AuditCase> Measure(const std::string& label, const Case& c, bool judge);
@@ -272,7 +273,7 @@ Expected<AuditCase> Auditor::Measure(const std::string& label, const Case& c, bo
   ctx.oracle_options = oracle_;
   ctx.seed = c.generator->seed;
   ctx.label = label;
-  ctx.repro = fmt::format("attest audit --kernel {} --seed {}", opt_.kernel_spec, opt_.seed);
+  ctx.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
   const Problem& p = c.problem;
   try {
     const bool bwd = ctx.inputs.dout.defined() && (backward_ || baseline_backward_);
@@ -515,7 +516,7 @@ Status Auditor::MeasureNonInterference(AuditResult& r) {
     if (!in.ok()) return Error{n.label + ": " + in.error().message};
     NonInterferenceOptions o;
     o.seed = n.c.generator->seed;  // as `attest repro` on the saved case draws it
-    o.repro = fmt::format("attest audit --kernel {} --seed {}", opt_.kernel_spec, opt_.seed);
+    o.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
     n.verdicts = CheckNonInterference(kernel_, n.c.problem, *in, o);
     if (n.verdicts.empty()) n.note = "not applicable: nothing is hidden from any row";
     for (const Verdict& v : n.verdicts) n.leaks = n.leaks || !v.pass;
@@ -579,7 +580,7 @@ Status Auditor::MeasureConsistency(AuditResult& r) {
     auto in = MakeCaseInputs(c.c);
     if (!in.ok()) return Error{c.label + ": " + in.error().message};
     ConsistencyOptions o;
-    o.repro = fmt::format("attest audit --kernel {} --seed {}", opt_.kernel_spec, opt_.seed);
+    o.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
     c.verdicts = CheckConsistency(kernel_, c.c.problem, *in, o, nullptr, &profile_);
     if (c.verdicts.empty()) c.note = "not applicable to this case";
     for (Verdict& v : c.verdicts) {
