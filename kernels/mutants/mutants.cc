@@ -12,55 +12,21 @@
 namespace attest {
 namespace {
 
-// ---- Operands of the local recipe copies -----------------------------------------------------
+// ---- Recipe edits ----------------------------------------------------------------------------
 
-// MXFP8 E4M3, 32-element blocks with E8M0 scales, RCEIL scale rule (cuDNN and
-// TransformerEngine float_to_e8m0; cudnn-frontend test/python/sdpa/mxfp8_ref.py).
-OperandQuant Mx(QuantAxis axis) {
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kBlock;
-  q.scheme.block = "mxfp8-e4m3";
-  q.scheme.block_options.scale_mode = ScaleMode::kRceil;
-  q.axis = axis;
-  return q;
-}
-
-// Every element x -> round(x · pre_scale, f) / pre_scale, saturating (cvt.rn.satfinite).
-OperandQuant Scaled(Format f, double pre_scale) {
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kElement;
-  q.scheme.element = f;
-  q.scheme.pre_scale = pre_scale;
-  q.scheme.overflow = Overflow::kSaturate;
-  return q;
-}
-
-// FP8 E4M3 with a current-scaling fp32 scale (448 / amax, TransformerEngine
-// Float8CurrentScaling) over the whole operand: the amax spans every position.
-OperandQuant Fp8TensorCurrent() {
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kBlock;
-  q.scheme.block = "fp8-tensor-e4m3";
-  q.scheme.block_options.pow2_scale = false;
-  q.axis = QuantAxis::kSequence;
-  return q;
-}
-
-// FP8 E4M3 with a current-scaling fp32 scale per (batch, head): a 2-D block of the fp8-block
+// A static-descale FP8 operand (the parent's Fp8Static, reference/recipes/recipe.cc) turned
+// into one with a current-scaling fp32 scale per (batch, head): a 2-D block of the fp8-block
 // scheme spanning the whole sequence (row_axis 1 of [B, S, H, D]) and the whole head dim.
 // FlashAttention-3's descale shape (hopper/flash_api.cpp CHECK_SHAPE(k_descale, batch_size,
 // num_heads_k)), filled from the data instead of a calibration.
-OperandQuant Fp8PerBatchHeadCurrent() {
+void CurrentScalePerBatchHead(OperandQuant& q) {
   constexpr int64_t kWhole = int64_t{1} << 40;
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kBlock;
   q.scheme.block = "fp8-block-e4m3";
+  q.scheme.block_options.tensor_amax.reset();
   q.scheme.block_options.row_axis = 1;
   q.scheme.block_options.block_rows = kWhole;
   q.scheme.block_options.block_size = kWhole;
-  q.scheme.block_options.pow2_scale = false;
   q.axis = QuantAxis::kHeadDim;
-  return q;
 }
 
 // The parent's recipe row (reference/recipes/recipe.cc; mutants_test checks every parent
@@ -116,7 +82,12 @@ std::vector<MutantSpec> BuildCatalogue() {
               "(TransformerEngine #3248, flash-attention #2707, cudnn-frontend PRs #983/#1123)",
        .change = "recipe: P·V's V operand MXFP8 along the sequence instead of bf16",
        .bug_class = "non-interference",
-       .edit_recipe = [](Recipe& r) { r.pv.b = Mx(QuantAxis::kSequence); },
+       // The parent's MXFP8 operand of Q·Kᵀ, blocked along the sequence for P·V's V.
+       .edit_recipe =
+           [](Recipe& r) {
+             r.pv.b = r.qk.b;
+             r.pv.b.axis = QuantAxis::kSequence;
+           },
        .problem = Case(Case(96, 96), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(101),
        .differs = {"o", "dq", "dk"}});
@@ -128,7 +99,11 @@ std::vector<MutantSpec> BuildCatalogue() {
               "another's (TransformerEngine #3248; cudnn-frontend PR #1123)",
        .change = "recipe: dS·K's K operand MXFP8 along the (packed) sequence",
        .bug_class = "non-interference",
-       .edit_recipe = [](Recipe& r) { r.dsk.b = Mx(QuantAxis::kSequence); },
+       .edit_recipe =
+           [](Recipe& r) {
+             r.dsk.b = r.qk.b;
+             r.dsk.b.axis = QuantAxis::kSequence;
+           },
        .problem = Case(Case(60, 60),
                        [](Problem& p) {
                          p.batch = 2;
@@ -151,8 +126,11 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug_class = "non-interference",
        .edit_recipe =
            [](Recipe& r) {
-             r.pv.b = Fp8TensorCurrent();
-             r.dov.b = Fp8TensorCurrent();
+             // The parent's per-token-head FP8 V, with one amax over the whole tensor.
+             for (OperandQuant* v : {&r.pv.b, &r.dov.b}) {
+               v->scheme.per_vector_tensor_scale = false;
+               v->axis = QuantAxis::kSequence;
+             }
            },
        .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(123),
@@ -169,8 +147,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug_class = "non-interference",
        .edit_recipe =
            [](Recipe& r) {
-             r.qk = {Fp8PerBatchHeadCurrent(), Fp8PerBatchHeadCurrent()};
-             r.pv.b = Fp8PerBatchHeadCurrent();
+             for (OperandQuant* x : {&r.qk.a, &r.qk.b, &r.pv.b}) CurrentScalePerBatchHead(*x);
            },
        .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(124),
@@ -339,7 +316,11 @@ std::vector<MutantSpec> BuildCatalogue() {
               "below 2^-9 underflows and the row loses mass (ROCm/FlyDSL PR #1020: up to 36%)",
        .change = "recipe: P before P·V rounded to e4m3fn (saturating, no pre-scale)",
        .bug_class = "accuracy",
-       .edit_recipe = [](Recipe& r) { r.pv.a = Scaled(Format::kE4M3FN, 1.0); },
+       .edit_recipe =
+           [](Recipe& r) {
+             r.pv.a.scheme.element = Format::kE4M3FN;  // the parent's P rounding, to e4m3
+             r.pv.a.scheme.overflow = Overflow::kSaturate;
+           },
        .problem = Case(64, 256),
        .generator = Gaussian(116, {{"q", {{"std", 2.0}}}}),
        .differs = {"o", "dq", "dk"}});
