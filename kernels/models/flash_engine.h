@@ -16,7 +16,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/kernel.h"
 #include "reference/problem/problem.h"
@@ -41,36 +43,71 @@ enum class BackwardVariant : uint8_t {
   kFusedNoAtomics,
 };
 
-// Seeded faults for the mutant catalogue (kernels/mutants/mutants.h): each one a small,
-// realistic deviation from the correct algorithm, named after the real bug class it
-// reproduces. Every fault is off by default, and with all of them off the engine computes
-// bitwise what it computed before the hooks existed (docs/kernels.md "Mutants" says how that
-// was checked).
-struct EngineFaults {
-  // Forward.
-  bool empty_row_nan = false;          // no empty-row guard: o = 0 · (1/0) = NaN
-  bool lse_log2 = false;               // lse returned in log2 units (the kernel's internal base)
-  bool lse_scaled_twice = false;       // lse = m · scale² + log(l): the max scaled twice
-  bool split_kv_bad_combine = false;   // two KV splits combined with weights l_i / Σl (no
-                                       // exp(m_i − m) rescale)
-  float rescale_threshold_log2 = 0;    // > 0: the row max is only updated when it grows by more
-                                       // than this (log2 units), so P reaches 2^threshold
-  bool store_swap_columns = false;     // o stored with d-columns 0 and 1 swapped (norm kept)
-  bool skip_last_partial_tile = false; // the last partial query tile is never written
-  // Scores (forward and backward).
-  bool softcap_s_tanh_s = false;       // softcap computed as s · tanh(s)
-  bool gqa_head_mod = false;           // query head h reads kv head h % Hkv
-  // Backward.
-  bool softcap_no_bwd_derivative = false;  // dS not multiplied by 1 − tanh²
-  bool bwd_diag_tile_unmasked = false;     // partially masked tiles computed without the mask
-  bool masked_ds_nan = false;              // P = exp2(s − lse) everywhere: NaN in empty rows
-  std::optional<Format> delta_o_format;    // D from O rounded to this format (saturating)
-  uint64_t dq_order_rotation = 0;          // dQ's key tiles walked starting at this tile
-  // Block-scaled input operands (forward and backward).
-  int mx_scale_offset = 0;                 // MX E8M0 scale exponent off by this much
-  bool zero_amax_block_nan = false;        // a block of amax 0 dequantises to 0/0 = NaN
+// The rows of a query tile's online softmax (flash_fwd_kernel.h: acc_o, row_max, row_sum):
+// fp32 O accumulator [rows, Dv], row max in score units, row sum of P.
+struct SoftmaxRows {
+  std::vector<float> acc, row_max, row_sum;
+  SoftmaxRows(int64_t rows, int64_t dv);
+};
 
-  bool operator==(const EngineFaults&) const = default;
+// Hook points of the engine. A seeded bug whose deviation lives inside the tiled loop (the
+// mutant catalogue, kernels/mutants/mutants.h) substitutes one step here; every other
+// deviation is a recipe edit or a wrapper around the parent kernel, so the correct models never
+// test a fault. Each hook is a coarse point (per operand, per tile or per row, never per element
+// of a GEMM), and each default is the correct step: the engine runs exactly these when
+// EngineOptions::hooks is null, as every correct model does.
+class EngineHooks {
+ public:
+  virtual ~EngineHooks() = default;
+
+  // An input operand (Q, K, V, dO) represented as its recipe's scheme says, for schemes other
+  // than kNone: reference/recipes/recipe.h QuantizeOperand over `shape` blocked along `axis`.
+  virtual Expected<std::vector<float>> QuantizeInput(std::span<const float> values,
+                                                     const Shape& shape, int64_t axis,
+                                                     const OperandScheme& scheme) const;
+
+  // GQA: the kv head that query head h reads (h / (Hq/Hkv)), and the r-th query head of kv head
+  // g's group (g · Hq/Hkv + r; the backward sums a group's dK, dV in r order).
+  virtual int64_t KvHead(const Problem& p, int64_t h) const;
+  virtual int64_t GroupHead(const Problem& p, int64_t g, int64_t r) const;
+
+  // Softcap of n raw scores x = q·k in place, before the cap multiplies back (folded into the
+  // exp2's scale): flash::apply_softcap, x ← tanh(x · softmax_scale / cap). `tanh_out` (null in
+  // the forward) receives the tanh values for the backward's derivative.
+  virtual void Softcap(float softmax_scale, float cap, float* s, float* tanh_out,
+                       int64_t n) const;
+
+  // Forward online softmax (softmax.h softmax_rescale_o): the row max a row keeps after a tile,
+  // given the previous one and the max over both; scale_log2 converts score units to log2.
+  virtual float RowMax(float previous, float candidate, float scale_log2) const;
+
+  // Forward split-KV (flash-decoding): a query tile's key tiles cut into this many ranges, each
+  // with its own online softmax; 1 (FlashAttention-2) or 2.
+  virtual int KvSplits() const;
+  // Row i of two splits' states combined into o (Dv values rounded to `out_format`) and its
+  // lse: o = Σ_s exp(lse_s − lse) · acc_s / l_s, lse = log Σ_s exp(lse_s).
+  virtual void CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i,
+                               int64_t dv, float scale_softmax, Format out_format, float* o,
+                               float* lse) const;
+
+  // Forward: the lse of a row with a positive sum, lse = max · scale + log(sum) as one FMA
+  // (softmax.h normalize_softmax_lse).
+  virtual float RowLse(float row_max, float row_sum, float scale_softmax) const;
+
+  // Backward: the lse in log2 units, as P's recomputation subtracts it (lse · log2 e).
+  virtual float LseLog2(float lse) const;
+  // Backward: the visibility of a tile with `visible` visible pairs (vis: 1 where visible),
+  // as the backward's mask step leaves it (correct: unchanged).
+  virtual void BackwardTileMask(int64_t visible, std::vector<uint8_t>& vis) const;
+  // Backward: one row of P recomputed in place from its n scores, P = exp2(s · scale_log2 −
+  // lse_log2), 0 where masked and in rows with a non-finite lse (empty rows).
+  virtual void RecomputeP(float* s, const uint8_t* vis, int64_t n, float lse, float lse_log2,
+                          float scale_log2) const;
+  // Backward under softcap: dS ← dS · (1 − tanh²) for n entries of a tile.
+  virtual void SoftcapDerivative(float* ds, const float* tanh, int64_t n) const;
+  // Backward: the key tile (of `key_tiles`) that the walk accumulating dQ starts at, going up
+  // and wrapping around (correct: 0, the deterministic ascending order).
+  virtual int64_t DqFirstKeyTile(int64_t key_tiles) const;
 };
 
 struct EngineOptions {
@@ -80,7 +117,9 @@ struct EngineOptions {
   int64_t bwd_block_n = 128;
   BackwardVariant backward = BackwardVariant::kFlash2;
   int threads = 0;  // 0: hardware_concurrency(); results do not depend on it
-  EngineFaults faults;  // all off: the correct algorithm
+  // Null: the correct algorithm. Else the hooks a mutant substitutes (not owned; must outlive
+  // the call).
+  const EngineHooks* hooks = nullptr;
 };
 
 // The format the backward rounds dP = dO·Vᵀ to before dP − D, or nullopt (kept in fp32):

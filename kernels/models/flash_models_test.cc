@@ -475,6 +475,29 @@ TEST(FlashModels, ForwardAndBackwardAreBitwiseDeterministicAcrossThreadCounts) {
   EXPECT_TRUE(b1.dv.BitwiseEqual(b2.dv));
 }
 
+// EngineHooks' default split-KV combine (flash_fwd_kernel.h combine_attn_seqk_parallel) is a
+// correct one: with the key tiles in two splits, o and lse stay within rounding of the
+// one-pass result (the catalogue's split-kv-combine mutant substitutes a wrong combine here).
+class TwoKvSplits : public EngineHooks {
+ public:
+  int KvSplits() const override { return 2; }
+};
+
+TEST(FlashModels, DefaultSplitKvCombineMatchesOnePass) {
+  Problem p = oracle_test::Base(1, 2, 2, 64, 512, 64, 64);
+  p.causal = true;
+  const auto in = DtypeInputs(p, 13, 2.0);
+  const Recipe& recipe = *FindRecipe("bf16");
+  const TwoKvSplits hooks;
+  EngineOptions split;
+  split.hooks = &hooks;
+  auto one = Take(FlashForward(p, recipe, in.q, in.k, in.v), "one pass");
+  auto two = Take(FlashForward(p, recipe, in.q, in.k, in.v, split), "two splits");
+  EXPECT_FALSE(one.o.BitwiseEqual(two.o)) << "the split must change the arithmetic";
+  EXPECT_LT(MaxAbsDiff(ToF64(one.o), ToF64(two.o)), 2 * 0x1p-8 * MaxAbs(ToF64(one.o)));
+  EXPECT_LT(MaxAbsDiff(ToF64(one.lse), ToF64(two.lse)), 1e-5 * MaxAbs(ToF64(one.lse)) + 1e-6);
+}
+
 TEST(FlashModels, MaskedKeysContributeExactZeros) {
   // Causal: rows that cannot see the last 40 keys keep bitwise-identical o, lse and dq when
   // those keys (and their values) change by large amounts; dk/dv of keys no query sees are 0.

@@ -52,6 +52,7 @@ class LowpModel : public Kernel {
                                         const Tensor& dout) override;
   std::string last_route() const override { return route_; }
   const Recipe& recipe() const { return *recipe_; }
+  const EngineOptions& options() const { return options_; }
 
  private:
   // The Unsupported reason for a problem outside the capabilities, with the spec's limits.

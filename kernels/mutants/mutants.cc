@@ -6,61 +6,27 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/builtin.h"
 #include "kernels/models/flash_models.h"
+#include "kernels/models/lowp_models.h"
 
 namespace attest {
 namespace {
 
-// ---- Operands of the local recipe copies -----------------------------------------------------
+// ---- Recipe edits ----------------------------------------------------------------------------
 
-// MXFP8 E4M3, 32-element blocks with E8M0 scales, RCEIL scale rule (cuDNN and
-// TransformerEngine float_to_e8m0; cudnn-frontend test/python/sdpa/mxfp8_ref.py).
-OperandQuant Mx(QuantAxis axis) {
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kBlock;
-  q.scheme.block = "mxfp8-e4m3";
-  q.scheme.block_options.scale_mode = ScaleMode::kRceil;
-  q.axis = axis;
-  return q;
-}
-
-// Every element x -> round(x · pre_scale, f) / pre_scale, saturating (cvt.rn.satfinite).
-OperandQuant Scaled(Format f, double pre_scale) {
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kElement;
-  q.scheme.element = f;
-  q.scheme.pre_scale = pre_scale;
-  q.scheme.overflow = Overflow::kSaturate;
-  return q;
-}
-
-// FP8 E4M3 with a current-scaling fp32 scale (448 / amax, TransformerEngine
-// Float8CurrentScaling) over the whole operand: the amax spans every position.
-OperandQuant Fp8TensorCurrent() {
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kBlock;
-  q.scheme.block = "fp8-tensor-e4m3";
-  q.scheme.block_options.pow2_scale = false;
-  q.axis = QuantAxis::kSequence;
-  return q;
-}
-
-// FP8 E4M3 with a current-scaling fp32 scale per (batch, head): a 2-D block of the fp8-block
+// A static-descale FP8 operand (the parent's Fp8Static, reference/recipes/recipe.cc) turned
+// into one with a current-scaling fp32 scale per (batch, head): a 2-D block of the fp8-block
 // scheme spanning the whole sequence (row_axis 1 of [B, S, H, D]) and the whole head dim.
 // FlashAttention-3's descale shape (hopper/flash_api.cpp CHECK_SHAPE(k_descale, batch_size,
 // num_heads_k)), filled from the data instead of a calibration.
-OperandQuant Fp8PerBatchHeadCurrent() {
+void CurrentScalePerBatchHead(OperandQuant& q) {
   constexpr int64_t kWhole = int64_t{1} << 40;
-  OperandQuant q;
-  q.scheme.kind = OperandKind::kBlock;
   q.scheme.block = "fp8-block-e4m3";
+  q.scheme.block_options.tensor_amax.reset();
   q.scheme.block_options.row_axis = 1;
   q.scheme.block_options.block_rows = kWhole;
   q.scheme.block_options.block_size = kWhole;
-  q.scheme.block_options.pow2_scale = false;
   q.axis = QuantAxis::kHeadDim;
-  return q;
 }
 
 // The parent's recipe row (reference/recipes/recipe.cc; mutants_test checks every parent
@@ -94,12 +60,6 @@ GeneratorSpec Gaussian(uint64_t seed, nlohmann::json params = nlohmann::json::ob
   return GeneratorSpec{"gaussian", seed, std::move(params)};
 }
 
-EngineFaults Faults(void (*set)(EngineFaults&)) {
-  EngineFaults f;
-  set(f);
-  return f;
-}
-
 // ---- The catalogue ---------------------------------------------------------------------------
 
 std::vector<MutantSpec> BuildCatalogue() {
@@ -116,7 +76,12 @@ std::vector<MutantSpec> BuildCatalogue() {
               "(TransformerEngine #3248, flash-attention #2707, cudnn-frontend PRs #983/#1123)",
        .change = "recipe: P·V's V operand MXFP8 along the sequence instead of bf16",
        .bug_class = "non-interference",
-       .edit_recipe = [](Recipe& r) { r.pv.b = Mx(QuantAxis::kSequence); },
+       // The parent's MXFP8 operand of Q·Kᵀ, blocked along the sequence for P·V's V.
+       .edit_recipe =
+           [](Recipe& r) {
+             r.pv.b = r.qk.b;
+             r.pv.b.axis = QuantAxis::kSequence;
+           },
        .problem = Case(Case(96, 96), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(101),
        .differs = {"o", "dq", "dk"}});
@@ -128,7 +93,11 @@ std::vector<MutantSpec> BuildCatalogue() {
               "another's (TransformerEngine #3248; cudnn-frontend PR #1123)",
        .change = "recipe: dS·K's K operand MXFP8 along the (packed) sequence",
        .bug_class = "non-interference",
-       .edit_recipe = [](Recipe& r) { r.dsk.b = Mx(QuantAxis::kSequence); },
+       .edit_recipe =
+           [](Recipe& r) {
+             r.dsk.b = r.qk.b;
+             r.dsk.b.axis = QuantAxis::kSequence;
+           },
        .problem = Case(Case(60, 60),
                        [](Problem& p) {
                          p.batch = 2;
@@ -151,8 +120,11 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug_class = "non-interference",
        .edit_recipe =
            [](Recipe& r) {
-             r.pv.b = Fp8TensorCurrent();
-             r.dov.b = Fp8TensorCurrent();
+             // The parent's per-token-head FP8 V, with one amax over the whole tensor.
+             for (OperandQuant* v : {&r.pv.b, &r.dov.b}) {
+               v->scheme.per_vector_tensor_scale = false;
+               v->axis = QuantAxis::kSequence;
+             }
            },
        .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(123),
@@ -169,8 +141,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug_class = "non-interference",
        .edit_recipe =
            [](Recipe& r) {
-             r.qk = {Fp8PerBatchHeadCurrent(), Fp8PerBatchHeadCurrent()};
-             r.pv.b = Fp8PerBatchHeadCurrent();
+             for (OperandQuant* x : {&r.qk.a, &r.qk.b, &r.pv.b}) CurrentScalePerBatchHead(*x);
            },
        .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(124),
@@ -199,9 +170,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "D = rowsum(dO∘O) computed from another O than forward returned (its FP8 copy), "
               "so D ≠ rowsum(P∘dP) (Attn-QAT, arXiv 2603.00040; cuDNN computes D from the "
               "BF16 O: cudnn-frontend mxfp8_ref.py)",
-       .change = "fault delta_o_format = e4m3fn",
+       .change = "wrapper: the backward reads o rounded to e4m3fn (saturating) for D",
        .bug_class = "consistency",
-       .faults = Faults([](EngineFaults& f) { f.delta_o_format = Format::kE4M3FN; }),
+       .edit_backward_o = OAsE4m3,
        .problem = Case(64, 64),
        .generator = Gaussian(104),
        .differs = {"dq", "dk"}});
@@ -211,9 +182,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "a fully masked row normalised without a guard gives 0·(1/0) = NaN instead of "
               "o = 0 (flash-attention #443 class; FlexAttention test_fully_masked_out_rows)",
-       .change = "fault empty_row_nan",
+       .change = "wrapper: o = NaN in rows whose lse is −inf (no visible key)",
        .bug_class = "special-values",
-       .faults = Faults([](EngineFaults& f) { f.empty_row_nan = true; }),
+       .edit_forward = NanInEmptyRows,
        .problem = Case(Case(80, 48), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(105),
        .differs = {"o", "dq", "dk"}});
@@ -223,9 +194,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "keys past the causal bound unmasked in the backward's diagonal tile only "
               "(flash-attention #443: keys beyond seqlen_k unmasked in the backward; ROCm/aiter "
               "#3551: a backward missing its bounds mask)",
-       .change = "fault bwd_diag_tile_unmasked",
+       .change = "hook BackwardTileMask: a partially masked tile computed fully visible",
        .bug_class = "non-interference",
-       .faults = Faults([](EngineFaults& f) { f.bwd_diag_tile_unmasked = true; }),
+       .hooks = &DiagTileUnmaskedHooks(),
        .problem = Case(Case(100, 100), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(106),
        .differs = {"dq", "dk", "dv"}});
@@ -257,9 +228,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "softcap computed as s·tanh(s) instead of cap·tanh(s/cap) (flash-attention PR "
               "#2402)",
-       .change = "fault softcap_s_tanh_s",
+       .change = "hook Softcap: t·tanh(t) for t = scale·q·k, divided by the cap",
        .bug_class = "accuracy",
-       .faults = Faults([](EngineFaults& f) { f.softcap_s_tanh_s = true; }),
+       .hooks = &SoftcapSTanhSHooks(),
        .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 5.0; }),
        .generator = Gaussian(109, {{"q", {{"std", 2.0}}}}),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
@@ -268,9 +239,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "softcap's derivative 1 − tanh² missing in the backward (flash-attention PR "
               "#2402; PR #2544: varlen backward with softcap wrong dq)",
-       .change = "fault softcap_no_bwd_derivative",
+       .change = "hook SoftcapDerivative: none",
        .bug_class = "consistency",
-       .faults = Faults([](EngineFaults& f) { f.softcap_no_bwd_derivative = true; }),
+       .hooks = &SoftcapNoDerivativeHooks(),
        .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 2.0; }),
        .generator = Gaussian(110, {{"q", {{"std", 3.0}}}}),
        .differs = {"dq", "dk"}});
@@ -280,9 +251,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "lse returned in log2 units, off by a factor ln 2 (pytorch #181645: flex "
               "returned lse off by ln 2)",
-       .change = "fault lse_log2 (the backward reads it consistently)",
+       .change = "wrapper: lse · log2(e); hook LseLog2: the backward reads it as base 2",
        .bug_class = "accuracy",
-       .faults = Faults([](EngineFaults& f) { f.lse_log2 = true; }),
+       .hooks = &LseLog2BackwardHooks(),
+       .edit_forward = LseInLog2Units,
        .problem = Case(64, 64),
        .generator = Gaussian(111),
        .differs = {"lse"}});
@@ -291,9 +263,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "the row max scaled twice in lse = m·scale + log(l) (pytorch #181645 class); the "
               "backward's P recomputed from it is unnormalised",
-       .change = "fault lse_scaled_twice",
+       .change = "hook RowLse: (max · scale) · scale + log(sum)",
        .bug_class = "accuracy",
-       .faults = Faults([](EngineFaults& f) { f.lse_scaled_twice = true; }),
+       .hooks = &LseScaledTwiceHooks(),
        .problem = Case(64, 64),
        .generator = Gaussian(112, {{"q", {{"std", 2.0}}}}),
        .differs = {"lse", "dq", "dk", "dv"}});
@@ -302,9 +274,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "split-KV partials combined with weights l_s/Σl instead of exp(lse_s − lse): "
               "results differ beyond rounding (flash-attention #1647)",
-       .change = "fault split_kv_bad_combine (keys in two splits)",
+       .change = "hooks KvSplits = 2, CombineKvSplits with weights l_s/Σl",
        .bug_class = "accuracy",
-       .faults = Faults([](EngineFaults& f) { f.split_kv_bad_combine = true; }),
+       .hooks = &SplitKvBadCombineHooks(),
        .problem = Case(32, 256),
        .generator = Gaussian(113, {{"q", {{"std", 2.0}}}}),
        .differs = {"o", "lse", "dq", "dk"}});
@@ -313,9 +285,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "GQA query head h mapped to kv head h % Hkv instead of h / (Hq/Hkv) "
               "(TransformerEngine #3216 class: FA4 GQA dq wrong)",
-       .change = "fault gqa_head_mod",
+       .change = "hooks KvHead = h % Hkv, GroupHead = r·Hkv + g",
        .bug_class = "gqa-mha",
-       .faults = Faults([](EngineFaults& f) { f.gqa_head_mod = true; }),
+       .hooks = &GqaHeadModHooks(),
        .problem = Case(48, 48, 4, 2),
        .generator = Gaussian(114),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
@@ -326,9 +298,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "a lazy online-softmax rescale (threshold 8 in log2 units) lets P·16 reach 2^12 "
               "> 448 before the E4M3 cast, which saturates or gives NaN as the parent's cast "
               "does (flash-attention #2577: FA4 FP8 cosine dropping at 128-key boundaries)",
-       .change = "fault rescale_threshold_log2 = 8",
+       .change = "hook RowMax: the max kept unless it grows by more than 2^8",
        .bug_class = "special-values",
-       .faults = Faults([](EngineFaults& f) { f.rescale_threshold_log2 = 8.0f; }),
+       .hooks = &LazyRescaleHooks(),
        .problem = Case(64, 256),
        .generator = Gaussian(115, {{"q", {{"std", 3.0}}}}),
        .differs = {"o", "lse", "dq", "dk"}});
@@ -339,7 +311,11 @@ std::vector<MutantSpec> BuildCatalogue() {
               "below 2^-9 underflows and the row loses mass (ROCm/FlyDSL PR #1020: up to 36%)",
        .change = "recipe: P before P·V rounded to e4m3fn (saturating, no pre-scale)",
        .bug_class = "accuracy",
-       .edit_recipe = [](Recipe& r) { r.pv.a = Scaled(Format::kE4M3FN, 1.0); },
+       .edit_recipe =
+           [](Recipe& r) {
+             r.pv.a.scheme.element = Format::kE4M3FN;  // the parent's P rounding, to e4m3
+             r.pv.a.scheme.overflow = Overflow::kSaturate;
+           },
        .problem = Case(64, 256),
        .generator = Gaussian(116, {{"q", {{"std", 2.0}}}}),
        .differs = {"o", "dq", "dk"}});
@@ -348,9 +324,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "mxfp8-pvbf16",
        .bug = "MX E8M0 scale exponent one too small: every block's largest elements saturate "
               "(vllm PR #43557: MXFP4 scale from exponent(amax/6) off by one)",
-       .change = "fault mx_scale_offset = -1",
+       .change = "hook QuantizeInput: MX E8M0 scale exponent − 1",
        .bug_class = "accuracy",
-       .faults = Faults([](EngineFaults& f) { f.mx_scale_offset = -1; }),
+       .hooks = &MxScaleOffByOneHooks(),
        .problem = Case(64, 64),
        .generator = Gaussian(117),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
@@ -360,7 +336,7 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "claims determinism while dQ's accumulation order over key tiles varies from run "
               "to run (flash-attention #2244: FA3 deterministic mode still varied dq; #414)",
-       .change = "dq_order_rotation = backward call count + 1 (first key tile of the walk)",
+       .change = "hook DqFirstKeyTile = the backward call count (dQ's walk starts there)",
        .bug_class = "determinism",
        .vary_dq_order = true,
        .problem = Case(128, 640),
@@ -372,9 +348,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "bf16",
        .bug = "o stored with two d-columns swapped: every row keeps its norm (flash-attention "
               "PR #2553: norm-only comparisons missed a permutation)",
-       .change = "fault store_swap_columns",
+       .change = "wrapper: o stored with d-columns 0 and 1 swapped",
        .bug_class = "accuracy",
-       .faults = Faults([](EngineFaults& f) { f.store_swap_columns = true; }),
+       .edit_forward = SwapOColumns01,
        .problem = Case(64, 64),
        .generator = Gaussian(119),
        .differs = {"o", "dq", "dk"}});
@@ -384,9 +360,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .bug = "the last partial query tile is never written: its rows keep the output "
               "buffer's (NaN-poisoned) content (tile-count rounding; pytorch #153799 class: "
               "seq 1025)",
-       .change = "fault skip_last_partial_tile",
+       .change = "wrapper: rows of the last partial query tile keep the poison bytes",
        .bug_class = "unwritten-outputs",
-       .faults = Faults([](EngineFaults& f) { f.skip_last_partial_tile = true; }),
+       .edit_forward = SkipLastPartialQueryTile,
        .problem = Case(200, 200),
        .generator = Gaussian(120),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
@@ -400,9 +376,9 @@ std::vector<MutantSpec> BuildCatalogue() {
               "into the dS products (facebookexperimental/triton PR #3395: clear NaN dS in "
               "masked tiles before quantising, where the MX block's scale turns NaN; "
               "flash-attention #1947: zero P at masked positions)",
-       .change = "fault masked_ds_nan",
+       .change = "hook RecomputeP: exp2(s − lse) without the guard",
        .bug_class = "special-values",
-       .faults = Faults([](EngineFaults& f) { f.masked_ds_nan = true; }),
+       .hooks = &MaskedDsNanHooks(),
        .problem = Case(Case(80, 48), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(121),
        .differs = {"dq", "dk", "dv"}});
@@ -411,9 +387,9 @@ std::vector<MutantSpec> BuildCatalogue() {
        .parent_recipe = "mxfp8-cudnn",
        .bug = "a block of amax 0 (a zero V channel) gives scale 0 and 0/0 = NaN on "
               "dequantisation (ROCm/aiter #4289: per-channel V scale of 0)",
-       .change = "fault zero_amax_block_nan",
+       .change = "hook QuantizeInput: zero-amax blocks dequantised to NaN",
        .bug_class = "special-values",
-       .faults = Faults([](EngineFaults& f) { f.zero_amax_block_nan = true; }),
+       .hooks = &ZeroAmaxBlockNanHooks(),
        .problem = Case(64, 64),
        .generator = Gaussian(122, {{"v", {{"std", 0.0}}}}),
        .differs = {"o", "dq", "dk"}});
@@ -473,6 +449,9 @@ const Recipe& ParentRecipe(const MutantSpec& spec) { return TheCatalogue().paren
 const Recipe& MutantRecipe(const MutantSpec& spec) { return TheCatalogue().mutants[IndexOf(spec)]; }
 
 std::unique_ptr<Kernel> MakeParent(const MutantSpec& spec) {
+  for (const LowpModelSpec& row : LowpModelSpecs()) {
+    if (row.name == spec.parent) return std::make_unique<LowpModel>(row);
+  }
   return std::make_unique<Flash2Model>(std::string(spec.parent), ParentRecipe(spec),
                                        ParentDType(spec));
 }
@@ -497,10 +476,21 @@ Problem ApplyProblemFault(const Problem& p, ProblemFault fault) {
   return out;
 }
 
-MutantKernel::MutantKernel(const MutantSpec& spec) : spec_(&spec) {
-  // The parent's claims, exactly: from the registered parent where there is one.
-  Expected<std::unique_ptr<Kernel>> registered = Kernels().Create(spec.parent);
-  caps_ = registered.ok() ? (*registered)->capabilities() : MakeParent(spec)->capabilities();
+MutantKernel::MutantKernel(const MutantSpec& spec) : MutantKernel(spec, MakeParent(spec)) {}
+
+MutantKernel::MutantKernel(const MutantSpec& spec, std::unique_ptr<Kernel> parent)
+    : spec_(&spec), parent_(std::move(parent)), caps_(parent_->capabilities()) {
+  // The parent's tiles (the engine's defaults for a parent that is no engine model).
+  if (const auto* flash = dynamic_cast<const Flash2Model*>(parent_.get())) {
+    options_ = flash->options();
+  } else if (const auto* lowp = dynamic_cast<const LowpModel*>(parent_.get())) {
+    options_ = lowp->options();
+  }
+  options_.hooks = nullptr;
+}
+
+bool MutantKernel::RunsEngine() const {
+  return spec_->edit_recipe != nullptr || spec_->hooks != nullptr || spec_->vary_dq_order;
 }
 
 KernelAnswer<ForwardResult> MutantKernel::Forward(const Problem& p, const Tensor& q,
@@ -508,10 +498,19 @@ KernelAnswer<ForwardResult> MutantKernel::Forward(const Problem& p, const Tensor
   route_ = "mutant forward";
   std::string why;
   if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
-  EngineOptions options;
-  options.faults = spec_->faults;
-  return FlashForward(ApplyProblemFault(p, spec_->problem_fault), MutantRecipe(*spec_), q, k, v,
-                      options);
+  const Problem read = ApplyProblemFault(p, spec_->problem_fault);
+  KernelAnswer<ForwardResult> out;
+  if (RunsEngine()) {
+    EngineOptions options = options_;
+    options.hooks = spec_->hooks;
+    out = FlashForward(read, MutantRecipe(*spec_), q, k, v, options);
+  } else {
+    out = parent_->Forward(read, q, k, v);
+  }
+  if (auto* result = std::get_if<ForwardResult>(&out); result && spec_->edit_forward) {
+    spec_->edit_forward(p, options_, *result);
+  }
+  return out;
 }
 
 KernelAnswer<BackwardResult> MutantKernel::Backward(const Problem& p, const Tensor& q,
@@ -521,12 +520,16 @@ KernelAnswer<BackwardResult> MutantKernel::Backward(const Problem& p, const Tens
   route_ = "mutant backward";
   std::string why;
   if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
-  EngineOptions options;
-  options.faults = spec_->faults;
   ++backward_calls_;
-  if (spec_->vary_dq_order) options.faults.dq_order_rotation = backward_calls_;
-  return FlashBackward(ApplyProblemFault(p, spec_->problem_fault), MutantRecipe(*spec_), q, k, v, o,
-                       lse, dout, options);
+  const Problem read = ApplyProblemFault(p, spec_->problem_fault);
+  const Tensor o_read = spec_->edit_backward_o ? spec_->edit_backward_o(o) : o;
+  if (!RunsEngine()) return parent_->Backward(read, q, k, v, o_read, lse, dout);
+  EngineOptions options = options_;
+  options.hooks = spec_->hooks;
+  // Run-to-run state: every call starts dQ's walk at another key tile.
+  const DqRotationHooks rotation(backward_calls_);
+  if (spec_->vary_dq_order) options.hooks = &rotation;
+  return FlashBackward(read, MutantRecipe(*spec_), q, k, v, o_read, lse, dout, options);
 }
 
 void RegisterMutants(KernelRegistry& registry) {

@@ -2,14 +2,17 @@
 // named `mutant/<name>`): seeded-bug kernels, each a small deviation from a correct model of
 // kernels/models/ that reproduces one real bug class (the sources are the issues and PRs of
 // docs/references.md "Real bugs worth modelling" and "FP8 P pitfalls"). A mutant is
-// data: its parent, a recipe edit and/or engine faults (flash_engine.h EngineFaults) and a
-// documented case (a Problem and a generator seed) on which it provably differs from its
-// parent (mutants_test shows it). A mutant lies exactly as the buggy kernel would: it claims
+// data: its parent, its deviation and a documented case (a Problem and a generator seed) on
+// which it provably differs from its parent (mutants_test shows it). The deviation is a recipe
+// edit, a problem fault, a wrapper around the parent kernel (deviations.h) or, for a bug that
+// lives inside the tiled loop, engine hooks (flash_engine.h EngineHooks, deviations.h): never
+// a flag the correct models test. A mutant lies exactly as the buggy kernel would: it claims
 // its parent's capabilities, determinism included. docs/kernels.md "Mutants" has the table.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,6 +20,7 @@
 
 #include "kernels/kernel.h"
 #include "kernels/models/flash_engine.h"
+#include "kernels/mutants/deviations.h"
 #include "reference/problem/case_file.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
@@ -47,12 +51,17 @@ struct MutantSpec {
   // must be the first failing check of `attest check --suite gate` on this mutant
   // (docs/checks.md; verify/checks/first_failure_test.cc keeps it true).
   std::string_view bug_class{};
-  // The deviation: a recipe edit (null: none), engine faults, a problem fault, and whether
-  // dQ's accumulation order changes from call to call (EngineFaults::dq_order_rotation set
-  // to the kernel's backward call count + 1).
+  // The deviation, each part optional: a recipe edit of the parent's recipe; a problem fault;
+  // engine hooks (a static object); wrappers that edit the parent's forward outputs and the o
+  // the backward reads; and whether dQ's accumulation order changes from call to call
+  // (DqRotationHooks with the kernel's backward call count). A mutant with no recipe edit, no
+  // hooks and a fixed dQ order runs its parent kernel itself; the others run the engine on the
+  // mutant's recipe with the parent's tiles.
   void (*edit_recipe)(Recipe&) = nullptr;
-  EngineFaults faults{};
   ProblemFault problem_fault = ProblemFault::kNone;
+  const EngineHooks* hooks = nullptr;
+  ForwardEdit edit_forward = nullptr;
+  BackwardOEdit edit_backward_o = nullptr;
   bool vary_dq_order = false;
   // The documented case.
   Problem problem{};
@@ -71,20 +80,25 @@ const MutantSpec* FindMutant(std::string_view name);  // "empty-row-nan" or "mut
 // The rows whose bug_class is `check`, in catalogue order.
 std::vector<const MutantSpec*> MutantsByClass(std::string_view check);
 
-// The parent's recipe: the row of AllRecipes() named spec.parent_recipe. The mutant's recipe is that recipe after spec.edit_recipe; it
-// keeps the parent's name, because the buggy kernel claims the parent's recipe.
+// The parent's recipe: the row of AllRecipes() named spec.parent_recipe. The mutant's recipe is
+// that recipe after spec.edit_recipe; it keeps the parent's name, because the buggy kernel
+// claims the parent's recipe.
 const Recipe& ParentRecipe(const MutantSpec& spec);
 const Recipe& MutantRecipe(const MutantSpec& spec);
 
-// The parent the mutant deviates from: the engine on ParentRecipe() with default options
-// (for registered parents this computes the registered kernel's bits; mutants_test checks).
+// The parent the mutant deviates from, built by the models' own constructors
+// (kernels/models/): the LowpModel row named spec.parent, else a Flash2Model on
+// ParentRecipe() with default options; for registered parents this is the registered kernel
+// (mutants_test checks its bits).
 std::unique_ptr<Kernel> MakeParent(const MutantSpec& spec);
 
-// A mutant kernel. Capabilities are the parent's: the registered parent's when it is
-// registered, else those of MakeParent().
+// A mutant kernel around its parent kernel: the parent's capabilities and claims, its answers
+// where the deviation is a wrapper, the engine with the parent's tiles where it is a recipe
+// edit or hooks.
 class MutantKernel : public Kernel {
  public:
-  explicit MutantKernel(const MutantSpec& spec);
+  explicit MutantKernel(const MutantSpec& spec);  // the parent MakeParent(spec) builds
+  MutantKernel(const MutantSpec& spec, std::unique_ptr<Kernel> parent);
   std::string name() const override { return "mutant/" + std::string(spec_->name); }
   Capabilities capabilities() const override { return caps_; }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
@@ -93,11 +107,20 @@ class MutantKernel : public Kernel {
                                         const Tensor& v, const Tensor& o, const Tensor& lse,
                                         const Tensor& dout) override;
   std::string last_route() const override { return route_; }
+  std::optional<Format> BackwardDpFormat(const Problem& p) const override {
+    return parent_->BackwardDpFormat(p);
+  }
   const MutantSpec& spec() const { return *spec_; }
 
  private:
+  // Whether the deviation needs the engine (a recipe edit, hooks, a varying dQ order) rather
+  // than the parent kernel itself.
+  bool RunsEngine() const;
+
   const MutantSpec* spec_;
+  std::unique_ptr<Kernel> parent_;
   Capabilities caps_;
+  EngineOptions options_;  // the parent's engine options (tiles), without hooks
   uint64_t backward_calls_ = 0;  // per kernel object: the "run-to-run" state of vary_dq_order
   std::string route_;
 };
@@ -105,7 +128,7 @@ class MutantKernel : public Kernel {
 // The problem as a kernel with `fault` reads it.
 Problem ApplyProblemFault(const Problem& p, ProblemFault fault);
 
-// Registers mutant/<name> for every row.
+// Registers mutant/<name> for every row (each kernel built around MakeParent()).
 void RegisterMutants(KernelRegistry& registry);
 
 }  // namespace attest

@@ -31,7 +31,7 @@ double Metric(const std::vector<Verdict>& vs) {
 
 // Whether the mutant's fault can change anything on problem p.
 bool Acts(const MutantSpec& spec, const Problem& p) {
-  if (spec.faults.softcap_no_bwd_derivative) return p.softcap > 0;
+  if (spec.hooks == &SoftcapNoDerivativeHooks()) return p.softcap > 0;
   return true;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/case_file.h"
+#include "kernels/mutants/mutants.h"
 #include "verify/checks/check_test_kernels.h"
 
 namespace attest {
@@ -228,12 +230,10 @@ TEST(Consistency, BackwardIgnoringDiagonalMaskIsCaught) {
   EXPECT_EQ(MaxMargin(vs, "probe"), 0);
 }
 
-// The engine's own seeded fault (kernels/models/flash_engine.h EngineFaults): partially
-// masked backward tiles computed without the mask.
+// The catalogue's engine-hook mutant (kernels/mutants/deviations.h DiagTileUnmaskedHooks):
+// partially masked backward tiles computed without the mask.
 TEST(Consistency, EngineFaultDiagonalTileUnmaskedIsCaught) {
-  EngineOptions options;
-  options.faults.bwd_diag_tile_unmasked = true;
-  Flash2Model bad("test/bwd-diag-tile-unmasked", *FindRecipe("bf16"), DType::kBF16, options);
+  MutantKernel bad(*FindMutant("bwd-diag-tile-unmasked"));
   for (const auto& [name, p] : GateCases()) {
     if (!p.causal && p.window_left < 0) continue;  // document masks: no partial interval tile
     const auto vs = CheckConsistency(bad, p, Inputs(p, 13));
@@ -242,14 +242,12 @@ TEST(Consistency, EngineFaultDiagonalTileUnmaskedIsCaught) {
   }
 }
 
-// The engine's seeded fault softcap_no_bwd_derivative (flash-attention PR #2402): dS not
+// The catalogue's mutant softcap-no-bwd-derivative (flash-attention PR #2402): dS not
 // multiplied by 1 − tanh²(s/cap).
 TEST(Consistency, MissingSoftcapDerivativeIsCaught) {
   Problem p = check_test::CausalProblem();
   p.softcap = 5.0;
-  EngineOptions options;
-  options.faults.softcap_no_bwd_derivative = true;
-  Flash2Model bad("test/softcap-no-bwd-derivative", *FindRecipe("bf16"), DType::kBF16, options);
+  MutantKernel bad(*FindMutant("softcap-no-bwd-derivative"));
   const CaseInputs in = Inputs(p, 13);
   const auto vs = CheckConsistency(bad, p, in);
   Print(bad.name().c_str(), "softcap", vs);
@@ -275,9 +273,7 @@ TEST(Consistency, MissingSoftcapDerivativeIsCaught) {
 TEST(Consistency, SoftcapProbeCatchesTheMissingDerivativeAtCap30) {
   Problem p = check_test::CausalProblem();
   p.softcap = 30.0;
-  EngineOptions options;
-  options.faults.softcap_no_bwd_derivative = true;
-  Flash2Model bad("test/softcap-no-bwd-derivative", *FindRecipe("bf16"), DType::kBF16, options);
+  MutantKernel bad(*FindMutant("softcap-no-bwd-derivative"));
   auto good = check_test::MakeFlash2Bf16();
   const CaseInputs in = Inputs(p, 13);
   const auto probe_margin = [](const std::vector<Verdict>& vs) {
@@ -343,9 +339,8 @@ TEST(Consistency, FeatherFusedDpRoundingIsBoundedAndNeeded) {
   const double mh = MaxMargin(CheckConsistency(hiding, p, in), "probe");
   EXPECT_GT(mh, 1) << "without the dP term the bound is too tight for the fused path";
 
-  EngineOptions options;
-  options.faults.delta_o_format = Format::kE4M3FN;
-  FeatherModel bad(options);
+  // mutant/delta-from-other-o's wrapper around this kernel instead of its catalogue parent.
+  MutantKernel bad(*FindMutant("delta-from-other-o"), std::make_unique<FeatherModel>());
   const auto b = CheckConsistency(bad, p, in);
   const double mb = MaxMargin(b, "probe");
   EXPECT_GT(mb, 10) << "D from an e4m3 O on the fused route";

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "verify/checks/check.h"
+#include "kernels/mutants/mutants.h"
 #include "verify/checks/check_test_kernels.h"
 
 namespace attest {
@@ -163,11 +164,10 @@ TEST(NonInterference, BackwardIgnoringDiagonalMaskLeaksIntoDkDv) {
   EXPECT_TRUE(Find(vs, "o")->pass);
 }
 
-// The engine's own seeded fault: partially masked backward tiles computed without the mask.
+// The catalogue's engine-hook mutant: partially masked backward tiles computed without the
+// mask.
 TEST(NonInterference, EngineFaultDiagonalTileUnmaskedLeaks) {
-  EngineOptions options;
-  options.faults.bwd_diag_tile_unmasked = true;
-  Flash2Model bad("test/bwd-diag-tile-unmasked", *FindRecipe("bf16"), DType::kBF16, options);
+  MutantKernel bad(*FindMutant("bwd-diag-tile-unmasked"));
   for (const Problem& p : {check_test::CausalProblem(), check_test::WindowProblem()}) {
     const auto vs = CheckNonInterference(bad, p, Inputs(p, 11));
     bool failed = false;

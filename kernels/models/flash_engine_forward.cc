@@ -1,0 +1,191 @@
+// The engine's forward (flash_engine.h FlashForward): FlashAttention-2's Algorithm 1 as
+// flash-attention csrc/flash_attn/src/flash_fwd_kernel.h compute_attn_1rowblock and softmax.h
+// run it, one query tile of one head per work item.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/models/flash_engine.h"
+#include "kernels/models/flash_engine_internal.h"
+#include "reference/formats/format.h"
+#include "reference/problem/mask.h"
+
+namespace attest {
+namespace engine_detail {
+namespace {
+
+struct ForwardPlan {
+  const Problem* p;
+  const Recipe* recipe;
+  const EngineOptions* opt;
+  ScoreParams sp;
+  Operand q, k, v;  // as the recipe represents them for Q·Kᵀ (q, k) and P·V (v)
+  Format out_format;
+  std::vector<float> o;    // [total_q, Hq, Dv], rounded to out_format
+  std::vector<float> lse;  // lse layout
+};
+
+// One query tile of one head (flash_fwd_kernel.h compute_attn_1rowblock).
+Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
+  const Problem& p = *plan.p;
+  const EngineHooks& hooks = HooksOf(*plan.opt);
+  const MaskView mask(p, b);
+  const Sequence& seq = mask.sequence();
+  const int64_t bm = plan.opt->fwd_block_m, bn = plan.opt->fwd_block_n;
+  const int64_t mlen = std::min(bm, seq.q_len - m0);
+  const int64_t d = p.head_dim, dv = p.head_dim_v, hk = hooks.KvHead(p, h);
+
+  std::vector<float> qt(static_cast<size_t>(mlen * d));
+  GatherRows(plan.q, seq.q_begin + m0, h, mlen, qt.data());
+  std::vector<float> kt(static_cast<size_t>(d * bn)), vt(static_cast<size_t>(bn * dv));
+  std::vector<float> s(static_cast<size_t>(mlen * bn));
+  std::vector<uint8_t> vis;
+
+  // Key tiles that can hold a visible key for some row of this tile (n_block_min/max):
+  // nb from `top` down to `bottom` (empty when top < bottom).
+  int64_t lo = seq.k_len, hi = 0;
+  for (int64_t i = m0; i < m0 + mlen; ++i) {
+    const auto [l, r] = mask.KeyBounds(i);
+    if (l < r) lo = std::min(lo, l), hi = std::max(hi, r);
+  }
+  const int64_t top = hi > lo ? (hi - 1) / bn : -1;
+  const int64_t bottom = hi > lo ? lo / bn : 0;
+
+  // flash_fwd_kernel.h iterates the key blocks in reverse order (last block first).
+  auto run_tiles = [&](int64_t nb_top, int64_t nb_bottom, SoftmaxRows& st) -> Status {
+    for (int64_t nb = nb_top; nb >= nb_bottom; --nb) {
+      const int64_t n0 = nb * bn, nlen = std::min(bn, seq.k_len - n0);
+      if (TileMask(mask, m0, mlen, n0, nlen, vis) == 0) continue;  // skipped exactly, no effect
+      GatherRowsTransposed(plan.k, seq.k_begin + n0, hk, nlen, kt.data());
+      GatherRows(plan.v, seq.k_begin + n0, hk, nlen, vt.data());
+      std::fill(s.begin(), s.begin() + mlen * nlen, 0.0f);
+      GemmAcc(s.data(), nlen, qt.data(), d, 1, kt.data(), nlen, mlen, nlen, d);
+      TransformScores(plan.sp, hooks, mask, h, m0, mlen, n0, nlen, vis, s, nullptr);
+      // softmax.h softmax_rescale_o: new max, rescale row_sum and acc_o, then exp2 with the
+      // scale folded in: p = exp2(s · scale_log2 − max · scale_log2).
+      for (int64_t i = 0; i < mlen; ++i) {
+        float* si = s.data() + i * nlen;
+        float m_new = st.row_max[i];
+        for (int64_t j = 0; j < nlen; ++j) m_new = std::max(m_new, si[j]);
+        m_new = hooks.RowMax(st.row_max[i], m_new, plan.sp.scale_log2);
+        const float m_cur = m_new == -kInf ? 0.0f : m_new;  // Check_inf
+        const float rescale = std::exp2((st.row_max[i] - m_cur) * plan.sp.scale_log2);
+        st.row_max[i] = m_new;
+        st.row_sum[i] *= rescale;
+        for (int64_t c = 0; c < dv; ++c) st.acc[i * dv + c] *= rescale;
+        const float max_scaled = m_new == -kInf ? 0.0f : m_new * plan.sp.scale_log2;
+        for (int64_t j = 0; j < nlen; ++j) {
+          si[j] = std::exp2(FmaF32(si[j], plan.sp.scale_log2, -max_scaled));
+          st.row_sum[i] += si[j];  // the row sum uses P before its rounding (FA2)
+        }
+      }
+      // P rounded before P·V (convert_type<Element>(acc_s)).
+      if (Status r = RoundTile(s, mlen, nlen, plan.recipe->pv.a, false); !r) return r;
+      GemmAcc(st.acc.data(), dv, s.data(), nlen, 1, vt.data(), dv, mlen, dv, nlen);
+    }
+    return Status::Ok();
+  };
+
+  // FlashAttention-2 runs every key tile into one state; a split-KV hook (flash-decoding)
+  // runs the upper and the lower half of the tiles into two and combines them per row.
+  SoftmaxRows st(mlen, dv);
+  const bool split = hooks.KvSplits() == 2 && top > bottom;
+  const int64_t mid = split ? bottom + (top - bottom + 1) / 2 : bottom;
+  if (Status r = run_tiles(top, mid, st); !r) return r;
+  SoftmaxRows st2(split ? mlen : 0, dv);
+  if (split) {
+    if (Status r = run_tiles(mid - 1, bottom, st2); !r) return r;
+  }
+
+  // softmax.h normalize_softmax_lse: o = acc · (1 / sum); lse = max · scale + log(sum).
+  for (int64_t i = 0; i < mlen; ++i) {
+    float* out = plan.o.data() + ((seq.q_begin + m0 + i) * p.heads_q + h) * dv;
+    float& lse = plan.lse[static_cast<size_t>(LseIndex(p, b, h, m0 + i))];
+    if (split) {
+      hooks.CombineKvSplits(st, st2, i, dv, plan.sp.scale_softmax, plan.out_format, out, &lse);
+      continue;
+    }
+    const float sum = st.row_sum[i];
+    const bool empty = sum == 0 || sum != sum;
+    const float inv = empty ? 1.0f : 1.0f / sum;
+    for (int64_t c = 0; c < dv; ++c) {
+      out[c] = empty ? 0.0f : RoundElement(st.acc[i * dv + c] * inv, plan.out_format);
+    }
+    lse = empty ? -kInf : hooks.RowLse(st.row_max[i], sum, plan.sp.scale_softmax);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace engine_detail
+
+using engine_detail::ForwardPlan;
+using engine_detail::ForwardRowBlock;
+using engine_detail::HooksOf;
+using engine_detail::InputFloats;
+using engine_detail::InputFormat;
+using engine_detail::kInf;
+using engine_detail::MakeOutput;
+using engine_detail::MakeScoreParams;
+using engine_detail::Operand;
+using engine_detail::Prepare;
+using engine_detail::RunItems;
+
+KernelAnswer<ForwardResult> FlashForward(const Problem& p, const Recipe& recipe, const Tensor& q,
+                                         const Tensor& k, const Tensor& v,
+                                         const EngineOptions& options) {
+  if (Status s = Validate(p); !s) return s.error();
+  if (Status s = ValidateInputShapes(p, q, k, v); !s) return s.error();
+  if (std::string why = EngineUnsupportedReason(p, recipe, options); !why.empty()) {
+    return Unsupported{why};
+  }
+  ForwardPlan plan;
+  plan.p = &p;
+  plan.recipe = &recipe;
+  plan.opt = &options;
+  plan.sp = MakeScoreParams(p);
+  plan.out_format = recipe.output.value_or(InputFormat(p));
+  const Operand raw_q{InputFloats(q, p.dtype), p.heads_q, p.head_dim};
+  const Operand raw_k{InputFloats(k, p.dtype), p.heads_kv, p.head_dim};
+  const Operand raw_v{InputFloats(v, p.dtype), p.heads_kv, p.head_dim_v};
+  {
+    const EngineHooks& hooks = HooksOf(options);
+    Expected<Operand> a = Prepare(p, raw_q, recipe.qk.a, hooks);
+    if (!a.ok()) return a.error();
+    Expected<Operand> b = Prepare(p, raw_k, recipe.qk.b, hooks);
+    if (!b.ok()) return b.error();
+    Expected<Operand> c = Prepare(p, raw_v, recipe.pv.b, hooks);
+    if (!c.ok()) return c.error();
+    plan.q = std::move(*a);
+    plan.k = std::move(*b);
+    plan.v = std::move(*c);
+  }
+  plan.o.assign(static_cast<size_t>(p.TotalQ() * p.heads_q * p.head_dim_v), 0.0f);
+  plan.lse.assign(static_cast<size_t>(Tensor::NumElements(p.LseShape())), -kInf);
+  struct Item {
+    int64_t b, h, m0;
+  };
+  std::vector<Item> items;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t q_len = SequenceOf(p, b).q_len;
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      for (int64_t m0 = 0; m0 < q_len; m0 += options.fwd_block_m) {
+        items.push_back({b, h, m0});
+      }
+    }
+  }
+  if (Status s = RunItems(static_cast<int64_t>(items.size()), options.threads,
+                          [&](int64_t i) {
+                            const Item& it = items[static_cast<size_t>(i)];
+                            return ForwardRowBlock(plan, it.b, it.h, it.m0);
+                          });
+      !s) {
+    return s.error();
+  }
+  ForwardResult out;
+  out.o = MakeOutput(p.OShape(), plan.o, plan.out_format);
+  out.lse = MakeOutput(p.LseShape(), plan.lse, Format::kF32);
+  return out;
+}
+
+}  // namespace attest
