@@ -9,6 +9,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/io/json.h"
+#include "reference/recipes/recipe_json.h"
 
 namespace attest {
 namespace {
@@ -168,8 +169,19 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
     caps.profile = j["profile"].get<std::string>();
   }
   if (j.contains("recipe")) {
-    if (!j["recipe"].is_string()) return Error{"capabilities.recipe: not a string"};
-    caps.recipe = j["recipe"].get<std::string>();
+    // A built-in recipe's name, or the whole recipe as an object (docs/protocol.md "Recipes"),
+    // registered so that the checks judge the kernel by it.
+    if (j["recipe"].is_object()) {
+      auto r = RecipeFromJson(j["recipe"], "capabilities.recipe");
+      if (!r.ok()) return r.error();
+      auto declared = DeclareRecipe(*r, "capabilities.recipe");
+      if (!declared.ok()) return declared.error();
+      caps.recipe = std::string((*declared)->name);
+    } else if (j["recipe"].is_string()) {
+      caps.recipe = j["recipe"].get<std::string>();
+    } else {
+      return Error{"capabilities.recipe: not a string (a recipe's name) or an object (a recipe)"};
+    }
   }
   if (j.contains("empty_row_lse")) {
     const auto& e = j["empty_row_lse"];

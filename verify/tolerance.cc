@@ -8,8 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <mutex>
 #include <limits>
 #include <nlohmann/json.hpp>
+
+#include "reference/recipes/recipe.h"
 
 namespace attest {
 namespace {
@@ -137,13 +141,35 @@ std::vector<TensorPolicies> LowPrecision(const AbsRelBounds& b) {
           {"dv", g}};
 }
 
-// A recipe row: the bf16 rule (see above) against the recipe's reference implementation.
-Profile RecipeProfile(const char* name, const char* description) {
-  Profile p{name, description,
+// A recipe row: the bf16 rule (see above) against the recipe's reference implementation, with
+// the ulps of the format the recipe delivers o and the gradients in.
+Profile RecipeProfile(std::string_view name, std::string_view description,
+                      Format out = Format::kBF16) {
+  Profile p{std::string(name), std::string(description),
             "bf16 ratios (docs/references.md H200: o <= 1.14x, dq <= 3.7x pt) against the recipe "
             "reference (cudnn-frontend mxfp8_ref.py's rule)",
-            HighPrecision({.out = Format::kBF16, .o_ratio = 2, .grad_ratio = 4}), name, {}};
+            HighPrecision({.out = out, .o_ratio = 2, .grad_ratio = 4}), std::string(name), {}};
   return p;
+}
+
+// The row of a recipe a kernel declared (reference/recipes/recipe_json.h): the recipe rows'
+// rule, built once per recipe and kept for the process's life.
+const Profile* DeclaredRecipeProfile(std::string_view name) {
+  const Recipe* r = FindDeclaredRecipe(name);
+  if (r == nullptr) return nullptr;
+  static std::mutex mu;
+  static std::deque<Profile>* rows = new std::deque<Profile>;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Profile& p : *rows) {
+    if (p.name == name) return &p;
+  }
+  const Format in = r->input_dtypes.empty()
+                        ? Format::kBF16
+                        : FormatOf(r->input_dtypes.front()).value_or(Format::kBF16);
+  rows->push_back(RecipeProfile(r->name, "declared recipe " + std::string(r->name) + ": " +
+                                             std::string(r->description),
+                                r->output.value_or(in)));
+  return &rows->back();
 }
 
 std::vector<Profile> BuildProfiles() {
@@ -388,7 +414,7 @@ const Profile* FindProfile(std::string_view name) {
   // Recipes "bf16" and "f16" share their dtype's row; "fp16" is the common alias.
   if (name == "fp16") return FindProfile("f16");
   if (name == "fp32") return FindProfile("f32");
-  return nullptr;
+  return DeclaredRecipeProfile(name);
 }
 
 const Profile* ProfileForDType(DType dtype) {

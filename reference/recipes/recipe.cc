@@ -299,7 +299,7 @@ const Recipe* FindRecipe(std::string_view name) {
   for (const Recipe& r : Table()) {
     if (r.name == name) return &r;
   }
-  return nullptr;
+  return FindDeclaredRecipe(name);
 }
 
 Status ValidateRecipe(const Recipe& r) {

@@ -98,7 +98,10 @@ struct Recipe {
 
 // Every named recipe, in a fixed order.
 std::span<const Recipe> AllRecipes();
+// Built-in rows first, then recipes kernels declared (recipe_json.h DeclareRecipe).
 const Recipe* FindRecipe(std::string_view name);
+// A declared recipe by name (nullptr when none); recipe_json.cc holds them.
+const Recipe* FindDeclaredRecipe(std::string_view name);
 
 // Checks that every operand of the recipe names something that exists (block schemes in
 // quantize.h's registry, power-of-two pre-scales); the Error names the recipe and GEMM.

@@ -12,6 +12,7 @@
 #include "reference/formats/format.h"
 #include "reference/formats/quantize.h"
 #include "reference/recipes/recipe.h"
+#include "reference/recipes/recipe_json.h"
 #include "tools/attest/command.h"
 #include "verify/checks/check.h"
 #include "verify/suite_coverage.h"
@@ -84,11 +85,10 @@ nlohmann::json ListSuites() {
   return out;
 }
 
+// Every built-in recipe in the schema a kernel declares one in (recipe_json.h).
 nlohmann::json ListRecipes() {
   nlohmann::json out = nlohmann::json::array();
-  for (const Recipe& r : AllRecipes()) {
-    out.push_back({{"name", r.name}, {"description", r.description}});
-  }
+  for (const Recipe& r : AllRecipes()) out.push_back(RecipeToJson(r));
   return out;
 }
 

@@ -1,0 +1,106 @@
+// Recipes as JSON: every built-in recipe survives the round trip field for field, a declared
+// copy of a built-in is the built-in, and a malformed recipe is refused with the field named.
+#include "reference/recipes/recipe_json.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace attest {
+namespace {
+
+TEST(RecipeJson, EveryBuiltinRecipeRoundTrips) {
+  for (const Recipe& r : AllRecipes()) {
+    const nlohmann::json j = RecipeToJson(r);
+    auto back = RecipeFromJson(j, "recipe");
+    ASSERT_TRUE(back.ok()) << r.name << ": " << back.error().message;
+    EXPECT_EQ(RecipeToJson(*back), j) << r.name;
+    // The same contents under a built-in's name are that built-in row.
+    auto declared = DeclareRecipe(*back, "recipe");
+    ASSERT_TRUE(declared.ok()) << declared.error().message;
+    EXPECT_EQ(*declared, &r);
+    EXPECT_TRUE(IsBuiltinRecipe(*declared));
+  }
+}
+
+TEST(RecipeJson, ADeclaredRecipeIsFoundByName) {
+  nlohmann::json j = RecipeToJson(*FindRecipe("mxfp8-pvbf16"));
+  j["name"] = "test-json-floor";
+  j["gemms"]["qk"]["a"]["scale_mode"] = "floor";
+  auto r = RecipeFromJson(j, "recipe");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  auto d = DeclareRecipe(*r, "recipe");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_FALSE(IsBuiltinRecipe(*d));
+  EXPECT_EQ(FindRecipe("test-json-floor"), *d);
+  EXPECT_EQ((*d)->qk.a.scheme.block_options.scale_mode, ScaleMode::kFloor);
+  EXPECT_EQ(RecipeToJson(**d), j);
+  // Declaring it again is a no-op; other contents under its name are refused.
+  EXPECT_EQ(*DeclareRecipe(*r, "recipe"), *d);
+  j["gemms"]["qk"]["a"]["scale_mode"] = "ceil";
+  auto other = RecipeFromJson(j, "recipe");
+  ASSERT_TRUE(other.ok());
+  auto clash = DeclareRecipe(*other, "capabilities.recipe");
+  ASSERT_FALSE(clash.ok());
+  EXPECT_NE(clash.error().message.find("capabilities.recipe.name: 'test-json-floor' is already "
+                                       "declared"), std::string::npos)
+      << clash.error().message;
+}
+
+TEST(RecipeJson, ErrorsNameTheField) {
+  const nlohmann::json base = RecipeToJson(*FindRecipe("mxfp8-cudnn"));
+  struct Bad {
+    const char* what;
+    nlohmann::json j;
+    const char* message;
+  };
+  std::vector<Bad> bad;
+  auto edit = [&](const char* what, auto f, const char* message) {
+    nlohmann::json j = base;
+    j["name"] = "test-json-bad";
+    f(j);
+    bad.push_back({what, j, message});
+  };
+  edit("unknown field", [](nlohmann::json& j) { j["acumulate"] = "f32"; },
+       "c.recipe.acumulate: unknown field");
+  edit("scale mode", [](nlohmann::json& j) { j["gemms"]["qk"]["b"]["scale_mode"] = "nearest"; },
+       "c.recipe.gemms.qk.b.scale_mode: unknown scale mode 'nearest'");
+  edit("scale mode on FP8", [](nlohmann::json& j) {
+         j["gemms"]["qk"]["b"] = {{"kind", "block"}, {"scheme", "fp8-tensor-e4m3"},
+                                  {"axis", "head_dim"}, {"scale_mode", "floor"}};
+       },
+       "c.recipe.gemms.qk.b.scale_mode: only MX schemes have one");
+  edit("scheme", [](nlohmann::json& j) { j["gemms"]["pv"]["b"]["scheme"] = "mxfp9"; },
+       "c.recipe.gemms.pv.b.scheme: unknown block scheme 'mxfp9'");
+  edit("pre-scale", [](nlohmann::json& j) { j["gemms"]["pv"]["a"]["pre_scale"] = 12; },
+       "c.recipe.gemms.pv.a.pre_scale: 12 is not a positive power of two");
+  edit("axis", [](nlohmann::json& j) { j["gemms"]["dov"]["a"]["axis"] = "rows"; },
+       "c.recipe.gemms.dov.a.axis: unknown axis 'rows'");
+  edit("gemm", [](nlohmann::json& j) { j["gemms"]["qv"] = j["gemms"]["qk"]; },
+       "c.recipe.gemms.qv: unknown GEMM");
+  edit("format", [](nlohmann::json& j) { j["output"] = "bf15"; },
+       "c.recipe.output: unknown format 'bf15'");
+  edit("delta", [](nlohmann::json& j) { j["delta"] = "o"; }, "c.recipe.delta: unknown source 'o'");
+  edit("dtypes", [](nlohmann::json& j) { j["input_dtypes"] = {"e4m3fn"}; },
+       "c.recipe.input_dtypes: entries must be bf16, f16 or f32");
+  edit("name", [](nlohmann::json& j) { j["name"] = "a b"; }, "c.recipe.name: 1 to 64 characters");
+  for (const Bad& b : bad) {
+    auto r = RecipeFromJson(b.j, "c.recipe");
+    ASSERT_FALSE(r.ok()) << b.what;
+    EXPECT_NE(r.error().message.find(b.message), std::string::npos)
+        << b.what << ": " << r.error().message;
+  }
+  // A built-in's name with other contents.
+  nlohmann::json j = base;
+  j["lse"] = "f16";
+  auto r = RecipeFromJson(j, "c.recipe");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  auto d = DeclareRecipe(*r, "c.recipe");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message.find("'mxfp8-cudnn' is already a built-in recipe"),
+            std::string::npos)
+      << d.error().message;
+}
+
+}  // namespace
+}  // namespace attest

@@ -1,0 +1,169 @@
+// A kernel that declares its recipe as data (reference/recipes/recipe_json.h; docs/protocol.md
+// "Recipes") is judged as a built-in model is: the recipe is registered under its name, its
+// tolerance row is the recipe rows' rule against its own reference, and the checks quantise
+// at its declared operands. Two correct MXFP8 kernels (OCP FLOOR and cuDNN-style RCEIL E8M0
+// scales, blocks of 32 along D for Q.K^T and dO.V^T, the rest in bf16) declare their recipes
+// through capabilities JSON, as an exec worker does, and pass the gate; a kernel that declares
+// the FLOOR recipe and computes otherwise fails: V blocked along the sequence, a backward at
+// unquantised Q and K, an E8M0 exponent one too small.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kernels/kernel.h"
+#include "kernels/models/lowp_models.h"
+#include "kernels/mutants/deviations.h"
+#include "reference/recipes/recipe.h"
+#include "reference/recipes/recipe_json.h"
+#include "verify/report.h"
+#include "verify/run.h"
+#include "verify/suite.h"
+
+namespace attest {
+namespace {
+
+// The gate for the FLOOR kernel (its quick subset under the sanitizers, where the gate costs
+// minutes); the quick suite for the RCEIL kernel (the built-in mxfp8-pvbf16 recipe under
+// another name; cpu/mxfp8-pvbf16 passes the gate, docs/checks.md) and for the bugs.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr const char* kGate = "quick";
+#else
+constexpr const char* kGate = "gate";
+#endif
+
+// mxfp8-pvbf16's recipe under another name, with every MX scale mode set to `mode`, edited as
+// JSON the way a kernel author writes one.
+nlohmann::json Mxfp8Recipe(const std::string& name, const std::string& mode) {
+  nlohmann::json r = RecipeToJson(*FindRecipe("mxfp8-pvbf16"));
+  r["name"] = name;
+  r["description"] = "MXFP8 E4M3, " + mode + " E8M0 scales per 32 along D for Q.K^T and dO.V^T";
+  for (auto& [gemm, operands] : r["gemms"].items()) {
+    for (auto& [side, op] : operands.items()) {
+      if (op.contains("scale_mode")) op["scale_mode"] = mode;
+    }
+  }
+  return r;
+}
+
+// The capabilities an external kernel sends (docs/protocol.md), recipe as an object.
+Capabilities Declare(const nlohmann::json& recipe) {
+  nlohmann::json j = CapabilitiesToJson(LowpModel(LowpModelSpecs()[1]).capabilities());
+  j.erase("profile");
+  j["recipe"] = recipe;
+  auto caps = CapabilitiesFromJson(j);
+  EXPECT_TRUE(caps.ok()) << caps.error().message;
+  return caps.ok() ? *caps : Capabilities{};
+}
+
+LowpModelSpec SpecFor(std::string_view name, std::string_view recipe) {
+  LowpModelSpec s = LowpModelSpecs()[1];  // cpu/mxfp8-pvbf16: head dims, GQA, varlen
+  EXPECT_EQ(s.recipe, "mxfp8-pvbf16");
+  s.name = name;
+  s.recipe = recipe;
+  return s;
+}
+
+// Declares `caps`; runs the forward with `fwd` and the backward with `bwd`.
+class Declaring final : public Kernel {
+ public:
+  Declaring(std::string name, Capabilities caps, std::unique_ptr<Kernel> fwd,
+            std::unique_ptr<Kernel> bwd)
+      : name_(std::move(name)), caps_(std::move(caps)), fwd_(std::move(fwd)),
+        bwd_(std::move(bwd)) {}
+  std::string name() const override { return name_; }
+  Capabilities capabilities() const override { return caps_; }
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override {
+    return fwd_->Forward(p, q, k, v);
+  }
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    return bwd_->Backward(p, q, k, v, o, lse, dout);
+  }
+
+ private:
+  std::string name_;
+  Capabilities caps_;
+  std::unique_ptr<Kernel> fwd_, bwd_;
+};
+
+RunResult RunSuiteOn(Kernel& k, const char* suite) {
+  RunOptions o;
+  o.kernel_spec = k.name();
+  auto r = RunSuite(k, *FindSuite(suite), o);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return std::move(r).value();
+}
+
+TEST(DeclaredRecipe, CorrectFloorAndRceilKernelsPassAndThreeRecipeBugsFail) {
+  const Capabilities floor_caps = Declare(Mxfp8Recipe("test-mxfp8-floor", "floor"));
+  const Capabilities rceil_caps = Declare(Mxfp8Recipe("test-mxfp8-rceil", "rceil"));
+  ASSERT_EQ(floor_caps.recipe, "test-mxfp8-floor");
+  ASSERT_NE(FindRecipe("test-mxfp8-floor"), nullptr);
+  const LowpModelSpec floor_spec = SpecFor("test/mxfp8-floor", "test-mxfp8-floor");
+  const LowpModelSpec rceil_spec = SpecFor("test/mxfp8-rceil", "test-mxfp8-rceil");
+  auto model = [](const LowpModelSpec& s, EngineOptions o = {}) {
+    return std::make_unique<LowpModel>(s, o);
+  };
+  for (auto [spec, caps, suite] : {std::tuple{&floor_spec, floor_caps, kGate},
+                                    std::tuple{&rceil_spec, rceil_caps, "quick"}}) {
+    Declaring k(std::string(spec->name), caps, model(*spec), model(*spec));
+    const RunResult r = RunSuiteOn(k, suite);
+    EXPECT_TRUE(r.report.passed()) << ToConsole(r.report);
+  }
+
+  // The bugs, each in a kernel that declares the FLOOR recipe.
+  nlohmann::json seq = Mxfp8Recipe("test-bug-v-sequence-blocks", "floor");
+  seq["gemms"]["pv"]["b"] = {{"kind", "block"}, {"scheme", "mxfp8-e4m3"}, {"axis", "sequence"},
+                             {"scale_mode", "floor"}, {"per_vector_tensor_scale", false}};
+  nlohmann::json unq = Mxfp8Recipe("test-bug-bwd-unquantised-qk", "floor");
+  unq["gemms"]["qk"] = {{"a", {{"kind", "none"}}}, {"b", {{"kind", "none"}}}};
+  Declare(seq);
+  Declare(unq);
+  const LowpModelSpec seq_spec = SpecFor("test/v-sequence-blocks", "test-bug-v-sequence-blocks");
+  const LowpModelSpec unq_spec = SpecFor("test/bwd-unquantised-qk", "test-bug-bwd-unquantised-qk");
+  EngineOptions off;
+  off.hooks = &MxScaleOffByOneHooks();
+  struct Bug {
+    std::unique_ptr<Kernel> k;
+    const char* what;
+  };
+  std::vector<Bug> bugs;
+  bugs.push_back({std::make_unique<Declaring>("test/v-sequence-blocks", floor_caps,
+                                              model(seq_spec), model(seq_spec)),
+                  "V blocked along the sequence"});
+  bugs.push_back({std::make_unique<Declaring>("test/bwd-unquantised-qk", floor_caps,
+                                              model(floor_spec), model(unq_spec)),
+                  "backward at unquantised Q, K"});
+  bugs.push_back({std::make_unique<Declaring>("test/e8m0-off-by-one", floor_caps,
+                                              model(floor_spec, off), model(floor_spec, off)),
+                  "E8M0 exponent one too small"});
+  for (Bug& b : bugs) {
+    const RunResult r = RunSuiteOn(*b.k, "quick");
+    EXPECT_FALSE(r.report.passed()) << b.what;
+    int failed = 0;
+    for (const Verdict& v : r.report.verdicts) failed += !v.pass;
+    std::printf("  %-30s %d verdicts failed\n", b.what, failed);
+  }
+}
+
+TEST(DeclaredRecipe, ItsToleranceRowIsTheRecipeRule) {
+  const Capabilities caps = Declare(Mxfp8Recipe("test-mxfp8-floor-row", "floor"));
+  auto profile = ProfileFor(caps);
+  ASSERT_TRUE(profile.ok()) << profile.error().message;
+  EXPECT_EQ((*profile)->name, "test-mxfp8-floor-row");
+  EXPECT_EQ((*profile)->baseline_recipe, "test-mxfp8-floor-row");
+  const Profile* builtin = FindProfile("mxfp8-pvbf16");
+  ASSERT_NE(builtin, nullptr);
+  EXPECT_EQ(ProfileToJson(**profile)["tensors"], ProfileToJson(*builtin)["tensors"]);
+}
+
+}  // namespace
+}  // namespace attest
