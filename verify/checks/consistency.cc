@@ -803,6 +803,12 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
     Expected<const Profile*> pr = ProfileFor(caps);
     if (pr.ok()) profile = *pr;
   }
+  // A low-precision family's row (fp8, mxfp8, nvfp4: absolute and cosine bounds, no baseline)
+  // with no recipe declared: nothing says which operands the kernel quantises, so the default
+  // recipe's bf16 rounding model would judge an MXFP8 kernel's identities and gradient (a
+  // correct one failed its recipe gradient by 50x and the probe by 1276x). Consistency needs the
+  // recipe (docs/protocol.md "Recipes"); the profile's own checks still judge the kernel.
+  if (!declared && profile != nullptr && !profile->needs_baseline()) return {};
   const RoundingModel rd = RoundingOf(p, *recipe, kernel.BackwardDpFormat(p));
   std::vector<Verdict> out;
   // Identities and the recipe gradient on one set of inputs; false when the kernel refused.

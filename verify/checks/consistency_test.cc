@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/builtin.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/case_file.h"
@@ -214,6 +215,51 @@ TEST(Consistency, AKernelThatDeclaresNoRecipeIsJudgedByTheDeltaItFits) {
     }
     EXPECT_GT(MaxMargin(CheckConsistency(bad, p, x), "probe"), 1) << name;
   }
+}
+
+// A kernel that declares a low-precision family's profile ("mxfp8") and no recipe: nothing
+// says where it quantises, so there is no rounding model to bound its identities or a recipe
+// gradient to compare with. Judged by the bf16 default recipe, a correct MXFP8 kernel failed
+// (cpu/mxfp8-pvbf16 declaring only "mxfp8"); consistency now leaves such a kernel to the
+// profile's checks, and judges the same kernel fully once it declares its recipe.
+TEST(Consistency, AGenericLowPrecisionProfileWithoutARecipeIsNotJudgedAsBf16) {
+  auto model = Kernels().Create("cpu/mxfp8-pvbf16");
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  class FamilyOnly final : public Kernel {
+   public:
+    explicit FamilyOnly(Kernel& inner) : inner_(inner) {}
+    std::string name() const override { return "test/mxfp8-family-profile"; }
+    Capabilities capabilities() const override {
+      Capabilities caps = inner_.capabilities();
+      caps.recipe.clear();
+      caps.profile = "mxfp8";
+      return caps;
+    }
+    KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v) override {
+      return inner_.Forward(p, q, k, v);
+    }
+    KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& o, const Tensor& lse,
+                                          const Tensor& dout) override {
+      return inner_.Backward(p, q, k, v, o, lse, dout);
+    }
+
+   private:
+    Kernel& inner_;
+  } family(**model);
+  double worst_declared = 0;
+  for (const auto& [name, p] : GateCases()) {
+    if (!(*model)->capabilities().Covers(p)) continue;
+    const CaseInputs x = Inputs(p, 13);
+    const auto vs = CheckConsistency(family, p, x);
+    Print(family.name().c_str(), name, vs);
+    EXPECT_TRUE(vs.empty()) << name;
+    const auto full = CheckConsistency(**model, p, x);
+    ASSERT_FALSE(full.empty()) << name;
+    for (const Verdict& v : full) worst_declared = std::max(worst_declared, v.margin);
+  }
+  EXPECT_LE(worst_declared, 1);
 }
 
 TEST(Consistency, BackwardIgnoringDiagonalMaskIsCaught) {
