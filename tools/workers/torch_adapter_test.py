@@ -34,6 +34,7 @@ except ImportError:
 
 import attest_worker as aw  # noqa: E402
 import torch_backends as tb  # noqa: E402
+import torch_backends_common as tbc  # noqa: E402
 import torch_probe as tp  # noqa: E402
 
 CALLS = []
@@ -449,12 +450,13 @@ def self_test():
         b.device = torch.device("cpu")
         return b
 
-    # 1. Drops the window (a claimed feature not passed).
+    # 1. Drops the window (a claimed feature not passed): window_of replaced where the adapter
+    # reads it and where torch_backends_common's has_window does.
     b = stand_in_flash()
     real = tb.window_of
-    tb.window_of = lambda p: [-1, -1]
+    tb.window_of = tbc.window_of = lambda p: [-1, -1]
     caught += check_backend("mutant: drops window", b, verbose=False) > 0
-    tb.window_of = real
+    tb.window_of = tbc.window_of = real
     # 2. Repeats kv heads (GQA emulated).
     b = stand_in_flash()
     run = b.run

@@ -1,6 +1,6 @@
-// Renders audit results as HTML (inline SVG), Markdown and JSON (see render.h;
-// docs/audit.md). One function builds every chart (Figures), so the page and AuditPlotIds agree on
-// what a screenshot must show.
+// Renders audit results as an HTML page (inline SVG) and a Markdown report (see render.h;
+// docs/audit.md). The charts come from render_figures.cc (Figures), report.json from
+// render_json.cc.
 #include "verify/audit/render.h"
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "verify/audit/render_internal.h"
 #include "verify/audit/svg.h"
 #include "verify/report.h"
 #include "verify/suite.h"
@@ -19,7 +20,6 @@
 namespace attest {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // A mean over n seeds is called systematic when |mean| / standard error exceeds Student's t
 // at two-sided p = 0.001 with n - 1 degrees of freedom (the one-sample t-test; the t rather
 // than the normal quantile because n is small and the standard error is itself estimated).
@@ -37,11 +37,23 @@ double TCritical(int dof) {
   return 3.460;
 }
 
-nlohmann::json Num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
+}  // namespace
+
+namespace audit_render {
+
+bool Systematic(double mean, double se, int n) {
+  return n >= 3 && std::isfinite(se) && std::fabs(mean) > TCritical(n - 1) * se;
 }
+
+}  // namespace audit_render
+
+namespace {
+
+using audit_render::Figure;
+using audit_render::Figures;
+using audit_render::IdPart;
+using audit_render::PlotTensors;
+using audit_render::Systematic;
 
 std::string Fmt(double v, const char* spec = "{:.3g}") {
   if (std::isnan(v)) return "–";
@@ -63,29 +75,6 @@ std::string Cell(const std::string& s) {
   }
   return out;
 }
-
-std::string IdPart(const std::string& s) {
-  std::string out;
-  for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '-';
-  return out;
-}
-
-std::vector<std::string> PlotTensors(std::span<const AuditResult> results) {
-  std::vector<std::string> t = {"o"};
-  for (const AuditResult& r : results) {
-    if (r.has_backward) return {"o", "dq", "dk", "dv"};
-  }
-  return t;
-}
-
-// The plotted error: relative L2 over finite pairs, or +inf when the kernel returned a
-// non-finite value where the oracle is finite (drawn at the top edge, never hidden).
-double RelL2(const KernelErrors& e, const std::string& t) {
-  auto it = e.tensors.find(t);
-  if (it == e.tensors.end() || !it->second.present) return kNaN;
-  return it->second.nonfinite > 0 ? std::numeric_limits<double>::infinity() : it->second.rel_l2;
-}
-
 // A table cell of the error: "0.0412", or "inf (12 non-finite)".
 std::string ErrorCell(const KernelErrors& e, const std::string& t) {
   auto it = e.tensors.find(t);
@@ -109,228 +98,6 @@ const AuditVerdict* Worst(const AuditResult& r, Pred pred) {
   }
   return w;
 }
-
-bool Systematic(double mean, double se, int n) {
-  return n >= 3 && std::isfinite(se) && std::fabs(mean) > TCritical(n - 1) * se;
-}
-
-struct Figure {
-  std::string section;  // "seqlen", "head_dim", "distribution", "leak", "bias"
-  std::string id;
-  std::string svg;
-};
-
-// One series per kernel plus the baseline (once when every result measured the same one).
-std::vector<svg::Series> SweepSeries(std::span<const AuditResult> results,
-                                     const Sweep AuditResult::*member, const std::string& tensor,
-                                     const std::vector<double>& xs) {
-  std::vector<svg::Series> series;
-  std::vector<std::vector<double>> baselines;
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Sweep& sw = results[i].*member;
-    svg::Series k, b;
-    k.name = results[i].kernel;
-    k.color = svg::kKernelColors[i % 5];
-    b.name = results[i].baseline + " (baseline)";
-    b.color = svg::kBaselineColor;
-    b.dashed = true;
-    for (double x : xs) {
-      double ky = kNaN, by = kNaN;
-      for (size_t c = 0; c < sw.x.size(); ++c) {
-        if (sw.x[c] != x) continue;
-        ky = RelL2(sw.cases[c].kernel, tensor);
-        by = RelL2(sw.cases[c].baseline, tensor);
-      }
-      k.y.push_back(ky);
-      b.y.push_back(by);
-    }
-    series.push_back(std::move(k));
-    bool seen = false;
-    for (const auto& other : baselines) {
-      bool same = other.size() == b.y.size();
-      for (size_t j = 0; same && j < b.y.size(); ++j) {
-        same = other[j] == b.y[j] || (std::isnan(other[j]) && std::isnan(b.y[j]));
-      }
-      seen = seen || same;
-    }
-    if (!seen) {
-      if (!baselines.empty()) b.name = results[i].baseline + " (baseline of " + results[i].kernel + ")";
-      baselines.push_back(b.y);
-      series.push_back(std::move(b));
-    }
-  }
-  // Baselines after the kernels, so kernels' colours come first in the legend.
-  std::stable_partition(series.begin(), series.end(),
-                        [](const svg::Series& s) { return !s.dashed; });
-  return series;
-}
-
-std::vector<Figure> Figures(std::span<const AuditResult> results) {
-  std::vector<Figure> figs;
-  if (results.empty()) return figs;
-  const std::vector<std::string> tensors = PlotTensors(results);
-  // Error against sequence length / head dim: union of the x values of every result.
-  auto sweep_figs = [&](const Sweep AuditResult::*member, const std::string& section,
-                        const std::string& what, const std::string& tick_prefix) {
-    std::set<double> xset;
-    for (const AuditResult& r : results) xset.insert((r.*member).x.begin(), (r.*member).x.end());
-    const std::vector<double> xs(xset.begin(), xset.end());
-    std::vector<std::string> ticks;
-    for (double x : xs) ticks.push_back(tick_prefix + fmt::format("{:g}", x));
-    for (const std::string& t : tensors) {
-      svg::LineChart c;
-      c.id = "plot-" + section + "-" + t;
-      c.title = t + ": relative L2 error vs " + what;
-      c.x_label = (results[0].*member).x_label;
-      c.y_label = "||" + t + " - oracle|| / ||oracle||";
-      c.x = xs;
-      c.x_ticks = ticks;
-      c.series = SweepSeries(results, member, t, xs);
-      figs.push_back({section, c.id, svg::Render(c)});
-    }
-  };
-  sweep_figs(&AuditResult::seqlen, "seqlen", "sequence length", "");
-  sweep_figs(&AuditResult::head_dim, "headdim", "head dim", "");
-
-  // Error by distribution: groups are the first result's distributions.
-  const std::vector<std::string>& dists = results[0].plan.distributions;
-  for (const std::string& t : tensors) {
-    svg::BarChart c;
-    c.id = "plot-dist-" + t;
-    c.title = t + ": relative L2 error by input distribution";
-    c.y_label = "||" + t + " - oracle|| / ||oracle||";
-    c.groups = dists;
-    std::vector<double> base;
-    for (size_t i = 0; i < results.size(); ++i) {
-      svg::Series s;
-      s.name = results[i].kernel;
-      s.color = svg::kKernelColors[i % 5];
-      for (const std::string& g : dists) {
-        double y = kNaN;
-        for (const AuditCase& a : results[i].distributions.cases) {
-          if (a.label == g) y = RelL2(a.kernel, t);
-          if (a.label == g && i == 0) base.push_back(RelL2(a.baseline, t));
-        }
-        s.y.push_back(y);
-      }
-      c.series.push_back(std::move(s));
-    }
-    svg::Series b;
-    b.name = results[0].baseline + " (baseline)";
-    b.color = svg::kBaselineColor;
-    b.y = base;
-    c.series.push_back(std::move(b));
-    figs.push_back({"distribution", c.id, svg::Render(c)});
-  }
-
-  // Leak maps: one row of maps per kernel.
-  for (const AuditResult& r : results) {
-    for (const LeakMap& m : r.leak.maps) {
-      svg::Heatmap h;
-      h.id = "plot-leak-" + IdPart(r.kernel) + "-" + IdPart(m.tensor);
-      h.title = r.kernel + ": " + m.tensor;
-      h.row_label = m.row_label + " (positions)";
-      h.col_label = m.col_label + " (positions)";
-      h.rows = m.rows;
-      h.cols = m.cols;
-      h.cells = m.cells;
-      h.block = m.block;
-      figs.push_back({"leak", h.id, svg::Render(h)});
-    }
-  }
-
-  // Gradient bias: signed and magnitude, with +-2 standard errors.
-  for (const bool magnitude : {false, true}) {
-    svg::ErrorBarChart c;
-    c.id = magnitude ? "plot-bias-magnitude" : "plot-bias-signed";
-    c.title = magnitude ? "magnitude bias: mean(err * sign(ref)) / rms(err)"
-                        : "signed bias: mean(err) / rms(err)";
-    c.y_label = "bias (+-2 standard errors)";
-    c.groups = tensors;
-    for (size_t i = 0; i <= results.size(); ++i) {
-      const bool base = i == results.size();
-      const AuditResult& r = results[base ? 0 : i];
-      svg::Series s;
-      s.name = base ? r.baseline + " (baseline)" : r.kernel;
-      s.color = base ? svg::kBaselineColor : svg::kKernelColors[i % 5];
-      for (const std::string& t : tensors) {
-        double y = kNaN, e = kNaN;
-        for (const BiasStat& b : r.bias) {
-          if (b.tensor != t) continue;
-          y = base ? (magnitude ? b.baseline_magnitude_mean : b.baseline_mean)
-                   : (magnitude ? b.kernel_magnitude_mean : b.kernel_mean);
-          e = base ? (magnitude ? b.baseline_magnitude_se : b.baseline_se)
-                   : (magnitude ? b.kernel_magnitude_se : b.kernel_se);
-        }
-        s.y.push_back(y);
-        s.err.push_back(e);
-      }
-      c.series.push_back(std::move(s));
-    }
-    figs.push_back({"bias", c.id, svg::Render(c)});
-  }
-  return figs;
-}
-
-nlohmann::json VerdictsJson(const AuditResult& r) {
-  Report rep;
-  rep.kernel = r.kernel;
-  rep.suite = "audit";
-  rep.seed = r.seed;
-  for (const AuditVerdict& v : r.verdicts) rep.verdicts.push_back(v.verdict);
-  nlohmann::json j = ToJson(rep)["verdicts"];
-  for (size_t i = 0; i < r.verdicts.size(); ++i) {
-    j[i]["area"] = r.verdicts[i].area;
-    j[i]["case"] = r.verdicts[i].case_label;
-  }
-  return j;
-}
-
-nlohmann::json ErrorsJson(const KernelErrors& e) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [name, t] : e.tensors) {
-    if (!t.present) continue;
-    j[name] = {{"rel_l2", Num(t.rel_l2)},
-               {"max_rel", Num(t.max_rel)},
-               {"bias", Num(t.bias)},
-               {"magnitude_bias", Num(t.magnitude_bias)},
-               {"nonfinite", t.nonfinite},
-               {"elements", t.elements}};
-  }
-  if (!e.note.empty()) j["note"] = e.note;
-  return j;
-}
-
-nlohmann::json SweepJson(const Sweep& s) {
-  nlohmann::json cases = nlohmann::json::array();
-  for (size_t i = 0; i < s.cases.size(); ++i) {
-    const AuditCase& a = s.cases[i];
-    cases.push_back({{"x", s.x[i]},
-                     {"label", a.label},
-                     {"case", CaseToJson(a.c)},
-                     {"kernel", ErrorsJson(a.kernel)},
-                     {"baseline", ErrorsJson(a.baseline)}});
-  }
-  return {{"name", s.name}, {"x_label", s.x_label}, {"cases", cases}};
-}
-
-nlohmann::json PlanJson(const AuditPlan& p) {
-  return {{"heads", p.heads},
-          {"seqlens", p.seqlens},
-          {"seqlen_head_dim", p.seqlen_head_dim},
-          {"head_dims", p.head_dims},
-          {"head_dim_seqlen", p.head_dim_seqlen},
-          {"distributions", p.distributions},
-          {"distribution_params", p.distribution_params},
-          {"distribution_seqlen", p.distribution_seqlen},
-          {"leak_seqlen", p.leak_seqlen},
-          {"leak_block", p.leak_block},
-          {"ni_seqlens", p.ni_seqlens},
-          {"consistency_seqlen", p.consistency_seqlen},
-          {"bias_seeds", p.bias_seeds},
-          {"bias_seqlen", p.bias_seqlen}};
-}
-
 // "margin 0.41" cells of a verdict list, "PASS"/"FAIL" first.
 std::string MarginText(const Verdict& v) {
   return fmt::format("{} {}", v.pass ? "PASS" : "FAIL", Fmt(v.margin));
@@ -406,107 +173,6 @@ std::string PassFail(bool pass) {
 }
 
 }  // namespace
-
-std::vector<std::string> AuditPlotIds(std::span<const AuditResult> results) {
-  std::vector<std::string> ids;
-  for (const Figure& f : Figures(results)) ids.push_back(f.id);
-  return ids;
-}
-
-nlohmann::json AuditToJson(std::span<const AuditResult> results) {
-  nlohmann::json kernels = nlohmann::json::array();
-  bool passed = true;
-  for (const AuditResult& r : results) {
-    passed = passed && r.passed();
-    nlohmann::json maps = nlohmann::json::array();
-    for (const LeakMap& m : r.leak.maps) {
-      nlohmann::json cells = nlohmann::json::array();
-      for (double x : m.cells) cells.push_back(std::isnan(x) ? nlohmann::json() : Num(x));
-      maps.push_back({{"tensor", m.tensor},
-                      {"rows", m.rows},
-                      {"cols", m.cols},
-                      {"row_label", m.row_label},
-                      {"col_label", m.col_label},
-                      {"block", m.block},
-                      {"perturbation", m.perturbation},
-                      {"judged_cells", m.judged_cells},
-                      {"leaking_cells", m.leaking_cells},
-                      {"max_change", Num(m.max_change)},
-                      {"note", m.note},
-                      {"cells", cells}});
-    }
-    nlohmann::json ni = nlohmann::json::array();
-    for (const NonInterferenceCase& c : r.non_interference.cases) {
-      Report rep;
-      rep.verdicts = c.verdicts;
-      ni.push_back({{"label", c.label},
-                    {"size", c.size},
-                    {"leaks", c.leaks},
-                    {"note", c.note},
-                    {"case", CaseToJson(c.c)},
-                    {"verdicts", ToJson(rep)["verdicts"]}});
-    }
-    nlohmann::json cons = nlohmann::json::array();
-    for (const ConsistencyCase& c : r.consistency) {
-      Report rep;
-      rep.verdicts = c.verdicts;
-      cons.push_back({{"label", c.label},
-                      {"note", c.note},
-                      {"case", CaseToJson(c.c)},
-                      {"verdicts", ToJson(rep)["verdicts"]}});
-    }
-    nlohmann::json bias = nlohmann::json::array();
-    for (const BiasStat& b : r.bias) {
-      bias.push_back({{"tensor", b.tensor},
-                      {"seeds", b.n},
-                      {"elements_per_seed", b.elements},
-                      {"kernel", {{"mean", Num(b.kernel_mean)}, {"se", Num(b.kernel_se)}}},
-                      {"baseline", {{"mean", Num(b.baseline_mean)}, {"se", Num(b.baseline_se)}}},
-                      {"kernel_magnitude",
-                       {{"mean", Num(b.kernel_magnitude_mean)}, {"se", Num(b.kernel_magnitude_se)}}},
-                      {"baseline_magnitude",
-                       {{"mean", Num(b.baseline_magnitude_mean)},
-                        {"se", Num(b.baseline_magnitude_se)}}},
-                      {"systematic", Systematic(b.kernel_mean, b.kernel_se, b.n) ||
-                                         Systematic(b.kernel_magnitude_mean,
-                                                    b.kernel_magnitude_se, b.n)}});
-    }
-    const NonInterferenceSummary& s = r.non_interference;
-    kernels.push_back(
-        {{"kernel", r.kernel},
-         {"description", r.kernel_description},
-         {"baseline", r.baseline},
-         {"profile", r.profile},
-         {"recipe", r.recipe},
-         {"backward", r.has_backward},
-         {"sequence_block_scales", r.sequence_block_scales},
-         {"passed", r.passed()},
-         {"failures", r.failures()},
-         {"leaks", r.leaks()},
-         {"seconds", r.seconds},
-         {"seed", r.seed},
-         {"plan", PlanJson(r.plan)},
-         {"sweeps",
-          {{"seqlen", SweepJson(r.seqlen)},
-           {"head_dim", SweepJson(r.head_dim)},
-           {"distribution", SweepJson(r.distributions)}}},
-         {"leak_maps", {{"problem", ProblemToJson(r.leak.problem)}, {"maps", maps}}},
-         {"non_interference",
-          {{"cases", ni},
-           {"smallest_leak", s.smallest_leak >= 0
-                                 ? nlohmann::json(s.cases[static_cast<size_t>(s.smallest_leak)].label)
-                                 : nlohmann::json()},
-           {"case_file", s.case_file},
-           {"repro", s.repro}}},
-         {"consistency", cons},
-         {"bias", bias},
-         {"verdicts", VerdictsJson(r)}});
-  }
-  return {{"tool", "attest audit"},
-          {"baseline", results.empty() ? "" : results[0].baseline},
-          {"passed", passed},
-          {"kernels", kernels}};
-}
 
 std::string AuditToMarkdown(std::span<const AuditResult> results) {
   std::string md = "# attest audit\n\n";

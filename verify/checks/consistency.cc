@@ -1,27 +1,7 @@
-// Forward/backward consistency (see consistency.h; docs/design.md "Checks"; FlashAttention-2,
-// arXiv 2307.08691, Algorithm 2: D_i = rowsum(dO_i ∘ O_i), dS = P ∘ (dP - D)).
-//
-// Derivations. For a non-empty row i with weights P_ij = exp(s_ij - lse_i), Σ_j P_ij = 1:
-//   Σ_j dS_ij = Σ_j P_ij dP_ij - D_i Σ_j P_ij = dO_i·(Σ_j P_ij v_j) - D_i = dO_i·O_i - D_i = 0,
-// so Σ_j dK_j = scale Σ_i q_i Σ_j dS_ij = 0 exactly for the exact gradient. With softcap,
-// dK_j = scale Σ_i c_ij dS_ij q_i with c_ij = 1 - tanh²(raw_ij / cap) varying over j, and
-// Σ_j c_ij dS_ij is not 0; the identity is then used in its weighted form: the prediction is
-// scale Σ_i q_i Σ_j c_ij dS_ij with dS from the kernel's own P and D (a backward that drops
-// c misses by Σ_j (1 - c_ij) dS_ij per row, far above the rounding bound). ALiBi leaves the
-// identity intact (the bias does not depend on q or k). FlashAttention reads D from the ROUNDED O (DeltaSource::kRoundedO), so
-// Σ_j dS_ij = dO_i·(O_i^fp32 - O_i^rounded) ≠ 0; the prediction therefore uses
-// r_i = Σ_j P_ij dP_ij - rowsum(dO_i ∘ O_i^kernel), which is that term, computed here in f64.
-// Σ_j dV_j = Σ_i (Σ_j P_ij) dO_i = Σ_{non-empty i} dO_i.
-// Constant-V probe: with v_j = c for every key of a sequence the exact O_i is c whatever P
-// is, so dq and dk vanish; a kernel computes dS_ij = P_ij (dO_i·c - D_i) with D_i from its
-// returned O, i.e. dS_ij = -P_ij e_i with e_i = dO_i·(O_i - c), known here exactly.
-//
-// Bounds are first-order worst-case (Higham, "Accuracy and Stability of Numerical
-// Algorithms", 2nd ed., §3.1: a length-n fp32 sum errs by at most γ_n Σ|terms|,
-// γ_n = n u/(1 - n u), u = 2^-24), one term per rounding point of the recipe (and dP's rounding
-// where the recipe's `dp` or the kernel's BackwardDpFormat(p) names one), times 2 for the
-// second-order terms (the oracle's ErrorBound convention), plus the smallest positive value
-// of the output format (a result that should be 0 may round to a subnormal).
+// Forward/backward consistency (see consistency.h; docs/design.md "Checks"): the rounding
+// model of a recipe, the kernel run, and CheckConsistency, which runs the identities and the
+// constant-V probe (consistency_identities.cc, with their derivations and bounds) and the
+// recipe gradient (consistency_recipe_gradient.cc).
 #include "verify/checks/consistency.h"
 
 #include <fmt/format.h>
@@ -30,23 +10,69 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/mask.h"
 #include "verify/baseline.h"
 #include "verify/checks/check.h"
-#include "verify/metrics.h"
-#include "verify/term_scale.h"
+#include "verify/checks/consistency_internal.h"
 
 namespace attest {
+namespace consistency_detail {
+
+// Forward + backward; an Error string, "" with unsupported = true, or the run.
+std::variant<KernelRun, Unsupported, Error> RunKernel(Kernel& kernel, const Problem& p,
+                                                      const Tensor& q, const Tensor& k,
+                                                      const Tensor& v, const Tensor& dout) {
+  auto fwd = kernel.Forward(p, q, k, v);
+  if (auto* u = std::get_if<Unsupported>(&fwd)) return *u;
+  if (auto* e = std::get_if<Error>(&fwd)) return Error{"forward: " + e->message};
+  KernelRun r;
+  r.o_raw = std::get<ForwardResult>(fwd).o;
+  r.lse_raw = std::get<ForwardResult>(fwd).lse;
+  r.o = ToF64(r.o_raw);
+  if (r.lse_raw.defined()) r.lse = ToF64(r.lse_raw);  // undefined: the kernel returns no lse
+  auto bwd = kernel.Backward(p, q, k, v, r.o_raw, r.lse_raw, dout);
+  if (auto* u = std::get_if<Unsupported>(&bwd)) return *u;
+  if (auto* e = std::get_if<Error>(&bwd)) return Error{"backward: " + e->message};
+  const BackwardResult& b = std::get<BackwardResult>(bwd);
+  r.dq = ToF64(b.dq);
+  r.dk = ToF64(b.dk);
+  r.dv = ToF64(b.dv);
+  return r;
+}
+
+Expected<Operands> OperandsOf(const Recipe& r, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& dout) {
+  Operands x;
+  std::pair<Tensor*, std::pair<const Tensor*, const OperandQuant*>> items[] = {
+      {&x.qs, {&q, &r.qk.a}},   {&x.ks, {&k, &r.qk.b}},    {&x.vo, {&v, &r.pv.b}},
+      {&x.dop, {&dout, &r.dov.a}}, {&x.vp, {&v, &r.dov.b}}, {&x.dov, {&dout, &r.pdo.b}},
+      {&x.kq, {&k, &r.dsk.b}},  {&x.qk, {&q, &r.dsq.b}}};
+  for (auto& [dst, src] : items) {
+    Expected<Tensor> t = QuantizeForRecipe(*src.first, *src.second);
+    if (!t.ok()) return Error{"recipe " + std::string(r.name) + ": " + t.error().message};
+    *dst = std::move(*t);
+  }
+  x.dout = dout;
+  return x;
+}
+
+}  // namespace consistency_detail
+
 namespace {
 
-constexpr std::string_view kCheck = "consistency";
-constexpr double kU32 = 0x1p-24;
-
-double Gamma(double n) { return n * kU32 / (1 - n * kU32); }
+using consistency_detail::Geometry;
+using consistency_detail::Identities;
+using consistency_detail::kCheck;
+using consistency_detail::KernelRun;
+using consistency_detail::Operands;
+using consistency_detail::OperandsOf;
+using consistency_detail::Probe;
+using consistency_detail::RecipeGradient;
+using consistency_detail::RoundingModel;
+using consistency_detail::RunKernel;
 
 // Unit roundoff of a format: half its spacing at 1.
 double UnitRoundoff(Format f) { return Quantum(1.0, f) / 2; }
@@ -86,168 +112,6 @@ double BlockTinyPerAmax(const OperandQuant& q) {
   return Quantum(0.0, s->element) / std::ldexp(1.0, Spec(s->element).max_exponent());
 }
 
-// Index arithmetic over token-major layouts ([B,S,H,X] and packed [T,H,X] alike).
-struct Geometry {
-  const Problem& p;
-  int64_t Q(int64_t t, int64_t h, int64_t d) const { return (t * p.heads_q + h) * p.head_dim + d; }
-  int64_t K(int64_t t, int64_t h, int64_t d) const { return (t * p.heads_kv + h) * p.head_dim + d; }
-  int64_t V(int64_t t, int64_t h, int64_t d) const {
-    return (t * p.heads_kv + h) * p.head_dim_v + d;
-  }
-  int64_t O(int64_t t, int64_t h, int64_t d) const {
-    return (t * p.heads_q + h) * p.head_dim_v + d;
-  }
-  int64_t Lse(const Sequence& s, int64_t h, int64_t i) const {
-    if (p.varlen()) return h * p.TotalQ() + s.q_begin + i;
-    return ((s.q_begin / p.seqlen_q) * p.heads_q + h) * p.seqlen_q + i;
-  }
-};
-
-// One query row's softmax as the kernel's lse defines it.
-struct RowWeights {
-  std::vector<int64_t> j;       // visible keys (local)
-  std::vector<double> p;        // exp(s - lse)
-  std::vector<double> c;        // ds/draw (softcap derivative; 1 without softcap)
-  double eps = 0;               // relative error bound of the kernel's fp32 weights
-};
-
-bool RowWeightsOf(const Problem& p, const Geometry& g, const MaskView& m, const double* q,
-                  const double* k, const double* lse, int64_t h, int64_t i, RowWeights& w) {
-  const Sequence& s = m.sequence();
-  const double l = lse[g.Lse(s, h, i)];
-  w.j.clear();
-  w.p.clear();
-  w.c.clear();
-  if (!std::isfinite(l)) return false;  // empty row (-inf, or +inf as FlashAttention writes)
-  const double scale = p.EffectiveScale();
-  const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
-  const int64_t kvh = p.KvHead(h);
-  double score_err = 0, s_max = 0;
-  for (int64_t j = 0; j < s.k_len; ++j) {
-    if (!m.Visible(i, j)) continue;
-    double dot = 0, abs_dot = 0;
-    for (int64_t d = 0; d < p.head_dim; ++d) {
-      const double x = q[g.Q(s.q_begin + i, h, d)] * k[g.K(s.k_begin + j, kvh, d)];
-      dot += x;
-      abs_dot += std::fabs(x);
-    }
-    const double raw = scale * dot;
-    const double sc = TransformScore(raw, p.softcap, slope, m.AlibiDistance(i, j));
-    double c = 1;
-    if (p.softcap > 0) {
-      const double t = std::tanh(raw / p.softcap);
-      c = 1 - t * t;
-    }
-    w.j.push_back(j);
-    w.p.push_back(std::exp(sc - l));
-    w.c.push_back(c);
-    score_err = std::max(score_err, Gamma(static_cast<double>(p.head_dim) + 3) * scale * abs_dot);
-    s_max = std::max(s_max, std::fabs(sc));
-  }
-  // The kernel's weights differ from exp(s - lse) by its fp32 score error and its lse (twice:
-  // once in the weight, once in the normaliser it implies), the fp32 exp and the row-sum.
-  w.eps = 2 * (score_err + kU32 * (std::fabs(l) + s_max) * 2) +
-          Gamma(static_cast<double>(s.k_len) + 4);
-  return true;
-}
-
-struct Worst {
-  double margin = 0, observed = 0, allowed = 0;
-  Location where;
-  int64_t judged = 0;
-  void Update(double obs, double allow, const Location& loc) {
-    ++judged;
-    const double m = Margin(obs, allow);
-    if (m > margin || judged == 1) {
-      margin = m;
-      observed = obs;
-      allowed = allow;
-      where = loc;
-    }
-  }
-};
-
-Verdict MakeVerdict(std::string_view tensor, std::string policy, const Worst& w,
-                    const std::string& what, const std::string& repro) {
-  Verdict v;
-  v.check = std::string(kCheck);
-  v.tensor = std::string(tensor);
-  v.policy = std::move(policy);
-  v.observed = w.observed;
-  v.allowed = w.allowed;
-  v.margin = w.margin;
-  v.pass = w.margin <= 1;
-  v.worst = w.where;
-  std::ostringstream os;
-  os << what << (v.pass ? " holds" : " violated") << ": worst " << w.where.ToString()
-     << ", |residual| " << w.observed << " vs bound " << w.allowed << " (margin " << w.margin
-     << ", " << w.judged << " checked)";
-  v.message = os.str();
-  if (!v.pass) v.repro = repro;
-  return v;
-}
-
-Location Loc(const Problem& p, std::string_view tensor, std::vector<int64_t> index, double obs,
-             double ref) {
-  Location l = Locate(LayoutOf(p, tensor), index);
-  l.observed = obs;
-  l.reference = ref;
-  return l;
-}
-
-// Full index of token-major element (t, h, d) for a tensor of p's padded or packed layout.
-std::vector<int64_t> TokenIndex(const Problem& p, int64_t t, int64_t h, int64_t d) {
-  if (p.varlen()) return {t, h, d};
-  return {t / p.seqlen_q, t % p.seqlen_q, h, d};
-}
-std::vector<int64_t> KeyIndex(const Problem& p, int64_t t, int64_t h, int64_t d) {
-  if (p.varlen()) return {t, h, d};
-  return {t / p.seqlen_k, t % p.seqlen_k, h, d};
-}
-
-struct KernelRun {
-  Tensor o_raw, lse_raw;  // as returned (for Backward)
-  Tensor o, lse;          // f64
-  Tensor dq, dk, dv;      // f64
-};
-
-// Forward + backward; an Error string, "" with unsupported = true, or the run.
-std::variant<KernelRun, Unsupported, Error> RunKernel(Kernel& kernel, const Problem& p,
-                                                      const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& dout) {
-  auto fwd = kernel.Forward(p, q, k, v);
-  if (auto* u = std::get_if<Unsupported>(&fwd)) return *u;
-  if (auto* e = std::get_if<Error>(&fwd)) return Error{"forward: " + e->message};
-  KernelRun r;
-  r.o_raw = std::get<ForwardResult>(fwd).o;
-  r.lse_raw = std::get<ForwardResult>(fwd).lse;
-  r.o = ToF64(r.o_raw);
-  if (r.lse_raw.defined()) r.lse = ToF64(r.lse_raw);  // undefined: the kernel returns no lse
-  auto bwd = kernel.Backward(p, q, k, v, r.o_raw, r.lse_raw, dout);
-  if (auto* u = std::get_if<Unsupported>(&bwd)) return *u;
-  if (auto* e = std::get_if<Error>(&bwd)) return Error{"backward: " + e->message};
-  const BackwardResult& b = std::get<BackwardResult>(bwd);
-  r.dq = ToF64(b.dq);
-  r.dk = ToF64(b.dk);
-  r.dv = ToF64(b.dv);
-  return r;
-}
-
-struct RoundingModel {
-  double u_o = 0, u_g = 0;      // output o / gradients
-  double u_pv = 0, u_pdo = 0;   // P before P·V, before Pᵀ·dO
-  double u_ds = 0;              // dS before dS·K / dSᵀ·Q (the larger of the two)
-  double tiny_ds = 0, tiny_pdo = 0;  // their absolute (subnormal) error, OperandTiny
-  // Block-scaled dS (dsk along keys for dQ, dsq along queries for dK): absolute error per
-  // unit of the block's amax (BlockTinyPerAmax).
-  double blk_ds_dq = 0, blk_ds_dk = 0;
-  // dP = dO·Vᵀ rounded before dP − D (recipe `dp` or the kernel's BackwardDpFormat; 0: fp32),
-  // and half the format's smallest positive value (a subnormal dP errs absolutely).
-  double u_dp = 0, tiny_dp = 0;
-  double tiny_o = 0, tiny_g = 0;
-  bool delta_rounded = true;
-};
-
 RoundingModel RoundingOf(const Problem& p, const Recipe& r, std::optional<Format> kernel_dp) {
   RoundingModel x;
   const Format in = FormatOf(p.dtype).value_or(Format::kF32);
@@ -271,472 +135,6 @@ RoundingModel RoundingOf(const Problem& p, const Recipe& r, std::optional<Format
     x.tiny_dp = std::max(x.tiny_dp, MinPositive(*f) / 2);
   }
   return x;
-}
-
-// Every GEMM operand as the recipe represents it (QuantizeForRecipe on the whole tensor, what
-// the engine feeds its GEMMs): the identities and the probe are statements about the products
-// the kernel forms, so they are evaluated on these, not on the unquantised inputs (a kernel
-// whose Q·Kᵀ reads MXFP8 Q and K has weights exp(s_q - lse), not exp(s - lse)).
-struct Operands {
-  Tensor qs, ks;  // Q·Kᵀ
-  Tensor vo;      // P·V's V (the forward's O = Σ P vo)
-  Tensor dop, vp; // dO·Vᵀ
-  Tensor dov;     // Pᵀ·dO's dO
-  Tensor kq, qk;  // dS·K's K, dSᵀ·Q's Q
-  Tensor dout;    // dO as stored (D = rowsum(dO∘O))
-};
-
-Expected<Operands> OperandsOf(const Recipe& r, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& dout) {
-  Operands x;
-  std::pair<Tensor*, std::pair<const Tensor*, const OperandQuant*>> items[] = {
-      {&x.qs, {&q, &r.qk.a}},   {&x.ks, {&k, &r.qk.b}},    {&x.vo, {&v, &r.pv.b}},
-      {&x.dop, {&dout, &r.dov.a}}, {&x.vp, {&v, &r.dov.b}}, {&x.dov, {&dout, &r.pdo.b}},
-      {&x.kq, {&k, &r.dsk.b}},  {&x.qk, {&q, &r.dsq.b}}};
-  for (auto& [dst, src] : items) {
-    Expected<Tensor> t = QuantizeForRecipe(*src.first, *src.second);
-    if (!t.ok()) return Error{"recipe " + std::string(r.name) + ": " + t.error().message};
-    *dst = std::move(*t);
-  }
-  x.dout = dout;
-  return x;
-}
-
-// The lse that weights P in the identities and the probe: the kernel's own, or, for a kernel
-// that returns none (Capabilities::lse = false), the float64 oracle's at the recipe's Q·Kᵀ
-// operands: the exact normaliser of the scores the kernel forms, from which the kernel's
-// weights differ by its score error and its fp32 row sum, both inside RowWeightsOf's eps.
-Tensor WeightsLse(const Problem& p, const Operands& x, const KernelRun& run) {
-  if (run.lse.defined()) return run.lse;
-  return Forward<double>(p, x.qs, x.ks, x.vo).lse;
-}
-
-// ---- delta, dk-sum, dv-sum ----
-void Identities(const Problem& p, const Operands& x, const KernelRun& run, const RoundingModel& rd,
-                const std::string& repro, const std::string& label, std::vector<Verdict>& out) {
-  const Geometry g{p};
-  // delta relates the kernel's O to its lse: not judged for a kernel that returns no lse.
-  const bool judge_delta = run.lse.defined();
-  const Tensor weights_lse = WeightsLse(p, x, run);
-  const double* q = x.qs.span<const double>().data();
-  const double* k = x.ks.span<const double>().data();
-  const double* v = x.vo.span<const double>().data();
-  const double* dout = x.dout.span<const double>().data();
-  const double* dop = x.dop.span<const double>().data();
-  const double* vp = x.vp.span<const double>().data();
-  const double* dov = x.dov.span<const double>().data();
-  const double* qk = x.qk.span<const double>().data();
-  const double* o = run.o.span<const double>().data();
-  const double* lse = weights_lse.span<const double>().data();
-  const double* dk = run.dk.span<const double>().data();
-  const double* dv = run.dv.span<const double>().data();
-  const double scale = p.EffectiveScale();
-  const int64_t D = p.head_dim, Dv = p.head_dim_v, G = p.gqa_ratio();
-  Worst w_delta, w_dk, w_dv;
-  RowWeights w;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const MaskView m(p, b);
-    const Sequence& s = m.sequence();
-    for (int64_t kvh = 0; kvh < p.heads_kv; ++kvh) {
-      // Per (b, kv head) sums over the group's query heads and rows.
-      std::vector<double> pred_dk(static_cast<size_t>(D), 0), bound_dk(static_cast<size_t>(D), 0);
-      std::vector<double> pred_dv(static_cast<size_t>(Dv), 0), bound_dv(static_cast<size_t>(Dv), 0);
-      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-        for (int64_t i = 0; i < s.q_len; ++i) {
-          if (!RowWeightsOf(p, g, m, q, k, lse, h, i, w)) continue;
-          const int64_t t = s.q_begin + i;
-          double d_o = 0, a_o = 0;  // rowsum(dO∘O) and Σ|dO∘O|
-          for (int64_t d = 0; d < Dv; ++d) {
-            d_o += dout[g.O(t, h, d)] * o[g.O(t, h, d)];
-            a_o += std::fabs(dout[g.O(t, h, d)] * o[g.O(t, h, d)]);
-          }
-          // d_p = Σ P (dO·v_o) with the forward's V (what D must equal: O = Σ P v_o);
-          // dp[n] = dO_b·v_b with the dO·Vᵀ operands (what the backward's dP is; it differs
-          // from dO·v_o where the recipe quantises dO·Vᵀ's operands differently, e.g.
-          // mxfp8-pvbf16's MX V against the forward's bf16 V).
-          double d_p = 0, b_p = 0, b_pb = 0, mass = 0;  // Σ P dP, Σ P |dO|·|v|, same for dp
-          std::vector<double> dp(w.j.size()), adp(w.j.size());
-          for (size_t n = 0; n < w.j.size(); ++n) {
-            const int64_t tk = s.k_begin + w.j[n];
-            double xf = 0, axf = 0, xb = 0, axb = 0;
-            for (int64_t d = 0; d < Dv; ++d) {
-              xf += dout[g.O(t, h, d)] * v[g.V(tk, kvh, d)];
-              axf += std::fabs(dout[g.O(t, h, d)] * v[g.V(tk, kvh, d)]);
-              xb += dop[g.O(t, h, d)] * vp[g.V(tk, kvh, d)];
-              axb += std::fabs(dop[g.O(t, h, d)] * vp[g.V(tk, kvh, d)]);
-            }
-            dp[n] = xb;
-            adp[n] = axb;
-            d_p += w.p[n] * xf;
-            b_p += w.p[n] * axf;
-            b_pb += w.p[n] * axb;
-            mass += w.p[n];
-          }
-          // delta: O was rounded once (u_o), computed from P rounded before P·V (u_pv) with
-          // fp32 weights (eps) and an fp32 sum over keys and the final division.
-          const double eps_pv = rd.u_pv + w.eps + Gamma(static_cast<double>(w.j.size()) + 2);
-          const double allow_delta = 2 * (rd.u_o * a_o + eps_pv * b_p) + rd.tiny_o;
-          w_delta.Update(std::fabs(d_o - d_p), allow_delta,
-                         Loc(p, "lse", p.varlen() ? std::vector<int64_t>{h, t}
-                                                  : std::vector<int64_t>{b, h, i},
-                             d_o, d_p));
-          // dk-sum prediction: r_i = Σ_j c_ij P_ij (dP_ij - D_used) with D_used from the
-          // returned O (or Σ P dP itself when the recipe reads the fp32 O); c ≡ 1 without
-          // softcap, where r_i is FlashAttention's D-from-rounded-O term.
-          const double d_used = rd.delta_rounded ? d_o : d_p;
-          double r = 0, abs_ds = 0, dp_round = 0;  // dp_round: Σ_j c P |δdP| (dP's rounding)
-          double abs_pd = 0;                       // Σ_j P |dP - D| (without c)
-          for (size_t n = 0; n < w.j.size(); ++n) {
-            r += w.c[n] * w.p[n] * (dp[n] - d_used);
-            abs_ds += w.c[n] * w.p[n] * std::fabs(dp[n] - d_used);
-            abs_pd += w.p[n] * std::fabs(dp[n] - d_used);
-            dp_round += w.c[n] * w.p[n] *
-                        (rd.u_dp * (std::fabs(dp[n]) + Gamma(static_cast<double>(Dv)) * adp[n]) +
-                         rd.tiny_dp);
-          }
-          // The kernel's fp32 tanh' carries its score error through t: |δc| ≤ 2|t| c δs/cap.
-          const double eps_c = p.softcap > 0 ? w.eps / p.softcap + 4 * kU32 : 0.0;
-          // ... and 1 - t² in fp32 errs absolutely by up to ~6 u32 (t = tanhf to ~2 ulp,
-          // squared, subtracted): where tanh saturates, c ~ 1e-9 while the kernel's c is 0.
-          // Σ_j |dS_ij| error sources: weights (eps), softcap factor, dS rounding, fp32 dP and
-          // D (γ_Dv on Σ|dO∘v| and Σ|dO∘O|), dP's own rounding, D's own error when read from
-          // the fp32 O (which differs from Σ P v_o by the P·V product's error alone: the
-          // output rounding u_o never reaches it, and Σ|dO∘O|'s fp32 sum is in γ_Dv above).
-          const double eta = abs_ds * (rd.u_ds + w.eps + eps_c + rd.u_g) +
-                             Gamma(static_cast<double>(Dv) + 2) * (b_pb + mass * a_o) + dp_round +
-                             static_cast<double>(w.j.size()) * rd.tiny_ds +
-                             (p.softcap > 0 ? 6 * kU32 * abs_pd : 0.0) +
-                             (rd.delta_rounded ? 0.0 : 2 * eps_pv * b_p);
-          const double n_acc = Gamma(static_cast<double>(s.q_len * G) + 2);
-          for (int64_t d = 0; d < D; ++d) {
-            const double qd = qk[g.Q(t, h, d)];
-            pred_dk[static_cast<size_t>(d)] += scale * r * qd;
-            bound_dk[static_cast<size_t>(d)] +=
-                scale * std::fabs(qd) * (eta + abs_ds * n_acc + std::fabs(r) * rd.u_g);
-          }
-          for (int64_t d = 0; d < Dv; ++d) {
-            const double gd = dov[g.O(t, h, d)];
-            pred_dv[static_cast<size_t>(d)] += mass * gd;
-            bound_dv[static_cast<size_t>(d)] +=
-                mass * std::fabs(gd) * (rd.u_pdo + w.eps + rd.u_g + n_acc) +
-                static_cast<double>(w.j.size()) * rd.tiny_pdo * std::fabs(gd);
-          }
-        }
-      }
-      // A sequence without keys has no dK, dV to sum (Sk = 0: every row is empty).
-      for (int64_t d = 0; d < D && s.k_len > 0; ++d) {
-        double sum = 0, abs_sum = 0;
-        for (int64_t j = 0; j < s.k_len; ++j) {
-          sum += dk[g.K(s.k_begin + j, kvh, d)];
-          abs_sum += std::fabs(dk[g.K(s.k_begin + j, kvh, d)]);
-        }
-        const double allow =
-            2 * (rd.u_g * abs_sum + bound_dk[static_cast<size_t>(d)]) + s.k_len * rd.tiny_g;
-        w_dk.Update(std::fabs(sum - pred_dk[static_cast<size_t>(d)]), allow,
-                    Loc(p, "dk", KeyIndex(p, s.k_begin, kvh, d), sum,
-                        pred_dk[static_cast<size_t>(d)]));
-      }
-      for (int64_t d = 0; d < Dv && s.k_len > 0; ++d) {
-        double sum = 0, abs_sum = 0;
-        for (int64_t j = 0; j < s.k_len; ++j) {
-          sum += dv[g.V(s.k_begin + j, kvh, d)];
-          abs_sum += std::fabs(dv[g.V(s.k_begin + j, kvh, d)]);
-        }
-        const double allow =
-            2 * (rd.u_g * abs_sum + bound_dv[static_cast<size_t>(d)]) + s.k_len * rd.tiny_g;
-        w_dv.Update(std::fabs(sum - pred_dv[static_cast<size_t>(d)]), allow,
-                    Loc(p, "dv", KeyIndex(p, s.k_begin, kvh, d), sum,
-                        pred_dv[static_cast<size_t>(d)]));
-      }
-    }
-  }
-  if (judge_delta && w_delta.judged > 0) {
-    out.push_back(MakeVerdict("delta", "|rowsum(dO∘O) - rowsum(P∘dP)| ≤ rounding bound",
-                              w_delta, label + "delta: D from the kernel's O vs P from its lse", repro));
-  }
-  if (w_dk.judged > 0) {
-    out.push_back(MakeVerdict("dk", "|Σ_j dK_j - predicted| ≤ rounding bound", w_dk,
-                              label + "dk-sum: Σ_j dK_j = scale Σ_i q_i Σ_j c_ij dS_ij", repro));
-  }
-  if (w_dv.judged > 0) {
-    out.push_back(MakeVerdict("dv", "|Σ_j dV_j - Σ_i (Σ_j P_ij) dO_i| ≤ rounding bound", w_dv,
-                              label + "dv-sum: Σ_j dV_j = Σ_i dO_i over non-empty rows", repro));
-  }
-}
-
-// ---- The constant-V probe ----
-void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe& recipe,
-           const RoundingModel& rd, const std::string& repro, std::vector<Verdict>& out) {
-  const Geometry g{p};
-  // v_j := v at the sequence's first key, per kv head (values of the dtype already).
-  Tensor vc = in.v.Clone();
-  double* vcp = vc.span<double>().data();
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const Sequence s = SequenceOf(p, b);
-    for (int64_t j = 1; j < s.k_len; ++j) {
-      for (int64_t h = 0; h < p.heads_kv; ++h) {
-        for (int64_t d = 0; d < p.head_dim_v; ++d) {
-          vcp[g.V(s.k_begin + j, h, d)] = vcp[g.V(s.k_begin, h, d)];
-        }
-      }
-    }
-  }
-  auto fail = [&](const std::string& msg) {
-    Verdict v;
-    v.check = std::string(kCheck);
-    v.policy = "kernel must run";
-    v.margin = std::numeric_limits<double>::infinity();
-    v.message = "constant-V probe: " + msg;
-    v.repro = repro;
-    out.push_back(v);
-  };
-  auto answer = RunKernel(kernel, p, in.q, in.k, vc, in.dout);
-  if (std::holds_alternative<Unsupported>(answer)) return;
-  if (auto* e = std::get_if<Error>(&answer)) {
-    Verdict v = KernelError(kernel, std::string(kCheck) + ", constant-V probe", e->message);
-    v.repro = repro;
-    out.push_back(v);
-    return;
-  }
-  Expected<Operands> ops = OperandsOf(recipe, in.q, in.k, vc, in.dout);
-  if (!ops.ok()) return fail(ops.error().message);
-  const KernelRun& run = std::get<KernelRun>(answer);
-  // The recipe's operands of the probe: a block scheme along the sequence keeps a constant
-  // column constant except where a block spans two sequences of a packed batch, so dP is
-  // taken per key (dP_ij = dO_b,i · v_b,j) rather than assumed constant.
-  const double* q = ops->qs.span<const double>().data();
-  const double* k = ops->ks.span<const double>().data();
-  const double* kq = ops->kq.span<const double>().data();
-  const double* qk = ops->qk.span<const double>().data();
-  const double* dop = ops->dop.span<const double>().data();
-  const double* vp = ops->vp.span<const double>().data();
-  const double* dout = in.dout.span<const double>().data();
-  const double* o = run.o.span<const double>().data();
-  const Tensor weights_lse = WeightsLse(p, *ops, run);
-  const double* lse = weights_lse.span<const double>().data();
-  const double* dq = run.dq.span<const double>().data();
-  const double* dk = run.dk.span<const double>().data();
-  const double scale = p.EffectiveScale();
-  const int64_t D = p.head_dim, Dv = p.head_dim_v, G = p.gqa_ratio();
-  Worst w_dq, w_dk;
-  RowWeights w;
-  // |dS_ij| of the probe (the kernel's dS up to its rounding), for the amax of the blocks of a
-  // block-scaled dS: a row's keys (dQ) and, per head, a key's queries (dK) bound them.
-  const bool blocked = rd.blk_ds_dq > 0 || rd.blk_ds_dk > 0;
-  const auto probe_ds = [&](const Sequence& s, int64_t h, int64_t i, size_t n) {
-    const int64_t t = s.q_begin + i;
-    const int64_t tk = s.k_begin + w.j[n];
-    double dp = 0, d_o = 0;
-    for (int64_t d = 0; d < Dv; ++d) {
-      dp += dop[g.O(t, h, d)] * vp[g.V(tk, p.KvHead(h), d)];
-      d_o += dout[g.O(t, h, d)] * o[g.O(t, h, d)];
-    }
-    return std::fabs(w.p[n] * w.c[n] * (dp - d_o));
-  };
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const MaskView m(p, b);
-    const Sequence& s = m.sequence();
-    if (s.k_len == 0) continue;
-    for (int64_t kvh = 0; kvh < p.heads_kv; ++kvh) {
-      const size_t nk = static_cast<size_t>(s.k_len * D);
-      std::vector<double> pred_dk(nk, 0), bound_dk(nk, 0);
-      // Per (head in group, key): the largest |dS| over the key's queries; per (head, query):
-      // over the row's keys. Twice the probe's value covers the kernel's own rounding.
-      std::vector<double> col_amax(static_cast<size_t>(G * s.k_len), 0.0);
-      std::vector<double> row_amax(static_cast<size_t>(G * s.q_len), 0.0);
-      if (blocked) {
-        for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-          for (int64_t i = 0; i < s.q_len; ++i) {
-            if (!RowWeightsOf(p, g, m, q, k, lse, h, i, w)) continue;
-            for (size_t n = 0; n < w.j.size(); ++n) {
-              const double a = 2 * probe_ds(s, h, i, n);
-              double& c = col_amax[static_cast<size_t>((h - kvh * G) * s.k_len + w.j[n])];
-              double& r = row_amax[static_cast<size_t>((h - kvh * G) * s.q_len + i)];
-              c = std::max(c, a);
-              r = std::max(r, a);
-            }
-          }
-        }
-      }
-      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-        for (int64_t i = 0; i < s.q_len; ++i) {
-          const int64_t t = s.q_begin + i;
-          std::vector<double> pred_dq(static_cast<size_t>(D), 0), bound_dq(static_cast<size_t>(D), 0);
-          if (RowWeightsOf(p, g, m, q, k, lse, h, i, w)) {
-            double d_o = 0, a_o = 0;  // D_i = dO·O and Σ|dO∘O|
-            for (int64_t d = 0; d < Dv; ++d) {
-              d_o += dout[g.O(t, h, d)] * o[g.O(t, h, d)];
-              a_o += std::fabs(dout[g.O(t, h, d)] * o[g.O(t, h, d)]);
-            }
-            for (size_t n = 0; n < w.j.size(); ++n) {
-              const int64_t tk = s.k_begin + w.j[n];
-              double dp = 0, a_c = 0;  // dP_ij and Σ|dO_b∘v_b|
-              for (int64_t d = 0; d < Dv; ++d) {
-                dp += dop[g.O(t, h, d)] * vp[g.V(tk, kvh, d)];
-                a_c += std::fabs(dop[g.O(t, h, d)] * vp[g.V(tk, kvh, d)]);
-              }
-              const double e = dp - d_o;
-              // Kernel: dS_ij = round(P̃_ij (dP_ij - D_i)) with fp32 dP and D (γ_Dv each),
-              // dP rounded to its own format where the kernel does (u_dp; a subnormal dP errs
-              // by tiny_dp), weights within eps, dS rounding u_ds; then fp32 sums.
-              const double eta = Gamma(static_cast<double>(Dv) + 2) * (a_c + a_o) +
-                                 rd.u_dp * (std::fabs(dp) + Gamma(static_cast<double>(Dv)) * a_c) +
-                                 rd.tiny_dp;
-              const double rel = rd.u_ds + w.eps;
-              const double ds = w.p[n] * w.c[n] * e;
-              // c = 1 - t² from the kernel's fp32 t errs absolutely by ~6 u32 (Identities).
-              const double c_abs = p.softcap > 0 ? 6 * kU32 : 0.0;
-              const double ds_err = w.p[n] * w.c[n] * (std::fabs(e) * rel + eta * (1 + rel)) +
-                                    w.p[n] * c_abs * (std::fabs(e) + eta) + rd.tiny_ds;
-              for (int64_t d = 0; d < D; ++d) {
-                const double kd = kq[g.K(tk, kvh, d)];
-                const double qd = qk[g.Q(t, h, d)];
-                pred_dq[static_cast<size_t>(d)] += scale * ds * kd;
-                const double blk_dq =
-                    rd.blk_ds_dq * row_amax[static_cast<size_t>((h - kvh * G) * s.q_len + i)];
-                const double blk_dk =
-                    rd.blk_ds_dk *
-                    col_amax[static_cast<size_t>((h - kvh * G) * s.k_len + w.j[n])];
-                bound_dq[static_cast<size_t>(d)] +=
-                    scale * std::fabs(kd) *
-                    (ds_err + blk_dq + std::fabs(ds) * Gamma(static_cast<double>(s.k_len) + 2));
-                const size_t kk = static_cast<size_t>(w.j[n] * D + d);
-                pred_dk[kk] += scale * ds * qd;
-                bound_dk[kk] +=
-                    scale * std::fabs(qd) *
-                    (ds_err + blk_dk +
-                     std::fabs(ds) * (Gamma(static_cast<double>(s.q_len * G) + 2) + rd.u_g));
-              }
-            }
-          }
-          for (int64_t d = 0; d < D; ++d) {
-            const double obs = dq[g.Q(t, h, d)];
-            const double pred = pred_dq[static_cast<size_t>(d)];
-            const double allow =
-                2 * (bound_dq[static_cast<size_t>(d)] + rd.u_g * std::fabs(pred)) + rd.tiny_g;
-            w_dq.Update(std::fabs(obs - pred), allow, Loc(p, "dq", TokenIndex(p, t, h, d), obs, pred));
-          }
-        }
-      }
-      for (int64_t j = 0; j < s.k_len; ++j) {
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t kk = static_cast<size_t>(j * D + d);
-          const double obs = dk[g.K(s.k_begin + j, kvh, d)];
-          const double allow = 2 * (bound_dk[kk] + rd.u_g * std::fabs(pred_dk[kk])) + rd.tiny_g;
-          w_dk.Update(std::fabs(obs - pred_dk[kk]), allow,
-                      Loc(p, "dk", KeyIndex(p, s.k_begin + j, kvh, d), obs, pred_dk[kk]));
-        }
-      }
-    }
-  }
-  const std::string what =
-      "constant-V probe (v_j = v_first, exact gradient 0; predicted P·(dP - dO·O))";
-  if (w_dq.judged > 0) {
-    out.push_back(MakeVerdict("dq", "probe: |dq - predicted| ≤ rounding bound", w_dq, what, repro));
-  }
-  if (w_dk.judged > 0) {
-    out.push_back(MakeVerdict("dk", "probe: |dk - predicted| ≤ rounding bound", w_dk, what, repro));
-  }
-}
-
-// ---- Oracle backward at the recipe's quantised operands, judged by the profile ----
-void RecipeGradient(const Problem& p, const CaseInputs& in, const KernelRun& run,
-                    const Recipe& recipe, const Profile& profile, std::optional<Format> dp,
-                    const std::string& repro, std::vector<Verdict>& out) {
-  auto fail = [&](const std::string& msg) {
-    Verdict v;
-    v.check = std::string(kCheck);
-    v.policy = "recipe-gradient";
-    v.margin = std::numeric_limits<double>::infinity();
-    v.message = "recipe-gradient: " + msg;
-    v.repro = repro;
-    out.push_back(v);
-  };
-  Expected<Tensor> q = QuantizeForRecipe(in.q, recipe.qk.a);
-  Expected<Tensor> k = QuantizeForRecipe(in.k, recipe.qk.b);
-  Expected<Tensor> v = QuantizeForRecipe(in.v, recipe.pv.b);
-  if (!q.ok() || !k.ok() || !v.ok()) {
-    fail("quantising operands: " + (!q.ok() ? q.error().message
-                                   : !k.ok() ? k.error().message : v.error().message));
-    return;
-  }
-  const BackwardOut ref = Backward<double>(p, *q, *k, *v, in.dout);
-  std::optional<BaselineOut> base;
-  if (profile.needs_baseline()) {
-    // The profile's baseline against the same quantised oracle: the same-precision "pt" on
-    // the quantised operands, or the recipe reference (which quantises the inputs itself).
-    Expected<BaselineOut> b =
-        profile.baseline_recipe.empty()
-            ? ProfileBaseline(profile, p, *q, *k, *v, &in.dout)
-            : ProfileBaseline(profile, p, in.q, in.k, in.v, &in.dout);
-    if (!b.ok()) {
-      fail("baseline: " + b.error().message);
-      return;
-    }
-    base = std::move(*b);
-  }
-  // The floors accuracy uses (tolerance.h FloorScale::kTerms, Policy::rounding_floor), at the
-  // quantised operands: without them a cancelled row or a few-key row fails here exactly as
-  // it would in accuracy.
-  std::optional<GradientTermScales> terms;
-  if (profile.needs_term_scale()) {
-    Expected<GradientTermScales> t = ComputeGradientTermScales(p, *q, *k, *v, in.dout, ref.lse);
-    if (!t.ok()) {
-      fail("term magnitudes: " + t.error().message);
-      return;
-    }
-    terms = std::move(*t);
-  }
-  std::optional<RoundingFloors> floors;
-  if (profile.needs_rounding_floor()) {
-    const Recipe* rr = FindRecipe(profile.rounding_recipe);
-    if (rr == nullptr) {
-      fail("profile " + profile.name + ": no rounding recipe '" + profile.rounding_recipe + "'");
-      return;
-    }
-    Expected<RoundingFloors> f = ComputeRoundingFloors(p, RoundingPointsOf(*rr, p.dtype, dp), *q,
-                                                       *k, *v, in.dout, ref.lse, ref.o, ref.delta);
-    if (!f.ok()) {
-      fail("rounding floors: " + f.error().message);
-      return;
-    }
-    floors = std::move(*f);
-  }
-  const Format grad = recipe.gradients.value_or(FormatOf(p.dtype).value_or(Format::kF32));
-  const std::pair<std::string_view, std::pair<const Tensor*, const Tensor*>> items[] = {
-      {"dq", {&run.dq, &ref.dq}}, {"dk", {&run.dk, &ref.dk}}, {"dv", {&run.dv, &ref.dv}}};
-  for (const auto& [name, pair] : items) {
-    Expected<TensorMetrics> m = Compare(name, *pair.first, *pair.second, grad, LayoutOf(p, name));
-    if (!m.ok()) {
-      fail(m.error().message);
-      continue;
-    }
-    if (terms && name != "dv") {
-      if (Status st = SetRowTermScales(*m, name == "dq" ? terms->dq : terms->dk); !st.ok()) {
-        fail(st.error().message);
-        continue;
-      }
-    }
-    if (floors) {
-      const Tensor& fl = name == "dq" ? floors->dq : name == "dk" ? floors->dk : floors->dv;
-      if (Status st = SetRoundingFloor(*m, fl); !st.ok()) {
-        fail(st.error().message);
-        continue;
-      }
-    }
-    std::optional<TensorMetrics> bm;
-    if (base) {
-      const Tensor& bt = name == "dq" ? base->dq : name == "dk" ? base->dk : base->dv;
-      Expected<TensorMetrics> x = Compare(name, bt, *pair.second, grad, LayoutOf(p, name));
-      if (x.ok()) bm = std::move(*x);
-    }
-    for (Verdict& v : EvaluateProfile(profile, *m, bm ? &*bm : nullptr, kCheck)) {
-      v.policy = "recipe-gradient (" + std::string(recipe.name) + "): " + v.policy;
-      v.message = "gradient vs oracle at the recipe's quantised operands: " + v.message;
-      if (!v.pass) v.repro = repro;
-      out.push_back(std::move(v));
-    }
-  }
 }
 
 // The power of two that brings the RMS raw score scale·q·k (over visible pairs) up to the

@@ -5,7 +5,7 @@
 // else (a D from another O, a mask ignored, a missing softcap derivative, operands requantised
 // differently) far above.
 //
-// Identities (derivations in consistency.cc):
+// Identities (derivations in consistency_identities.cc):
 //   delta        rowsum(dO∘O) of the kernel's own O equals rowsum(P∘dP) with P recomputed
 //                from the kernel's own lse (forward O and lse describe one softmax).
 //   dk-sum       Σ_j dK_j = scale Σ_i q_i Σ_j c_ij dS_ij per (b, kv head): 0 for the exact
