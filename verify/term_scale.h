@@ -10,8 +10,9 @@
 // products of length Dv that cancel):
 //   dq_terms[b, h, i]   = Dv |scale| max_d sum_j P_ij (W_ij + Dabs_i) |k_jd|
 //   dk_terms[b, hkv, j] = Dv |scale| max_d sum_{h in group} sum_i P_ij (W_ij + Dabs_i) |q_id|
-// H200 2026-12-02: with |dP| and |D| in place of W and Dabs (cancelled values) PyTorch's
-// flash/efficient/cudnn backward noise reached 21-42 fp32 ULPs of that smaller magnitude.
+// On the H200 (docs/gpu-results.md), with |dP| and |D| in place of W and Dabs (cancelled
+// values), PyTorch's flash/efficient/cudnn backward noise reached 21-42 fp32 ULPs of that
+// smaller magnitude.
 // (|1 - tanh^2| <= 1, so softcap keeps these upper bounds of |dS| |k| and |dS| |q|).
 //
 // The rounding floors (no false positives on tiny cases): a FlashAttention-2 style

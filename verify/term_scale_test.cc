@@ -478,7 +478,7 @@ TEST(TermsFloor, ProfilesUseTermsForDqDkOnly) {
 namespace attest {
 namespace {
 
-// The H200 measurement that motivated kTerms (2026-12-02, gate row "tile boundary 129x1",
+// The H200 measurement that motivated kTerms (docs/gpu-results.md, gate row "tile boundary 129x1",
 // failing case accuracy-dq-f083e65f of the sdpa-cudnn bf16 run: the gate's problem and
 // generator seed below). PyTorch sdpa-cudnn and sdpa-efficient returned
 // these worst errors where the exact dq / dk are 0; each must now be within the bf16 floor

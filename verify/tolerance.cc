@@ -85,12 +85,12 @@ std::string Num(double x) { return fmt::format("{:.3g}", x); }
 //   gradients), so k = 2 / 4 leaves 1.7x / 3.4x headroom; the largest accuracy margin 0.558.
 // `out` is the format o and the gradients are delivered in (the input dtype); lse is fp32.
 //   dq, dk: the same 2 ULPs, at max(row max|ref|, the row's term magnitude)
-//   (FloorScale::kTerms, verify/term_scale.h). H200 2026-12-02, gate row "tile boundary
-//   129x1" (Sk = 1, so exact dq = dk = 0): PyTorch sdpa-cudnn and sdpa-efficient (bf16)
-//   returned dq ~6e-7, dk ~3e-6 -- D = rowsum(dO o) and dP = dO v^T rounded in different
-//   orders -- and failed the row floor (0 there) by ~1e33. The terms P (|dP| + |D|) |k| are
-//   what a correct fp32 backward rounds; dv = sum_i P_ij dO_i has no such cancellation and
-//   keeps the row floor.
+//   (FloorScale::kTerms, verify/term_scale.h). On the H200 (docs/gpu-results.md), gate row
+//   "tile boundary 129x1" (Sk = 1, so exact dq = dk = 0): PyTorch sdpa-cudnn and
+//   sdpa-efficient (bf16) returned dq ~6e-7, dk ~3e-6 -- D = rowsum(dO o) and dP = dO v^T
+//   rounded in different orders -- and failed the row floor (0 there) by ~1e33. The terms
+//   P (|dP| + |D|) |k| are what a correct fp32 backward rounds; dv = sum_i P_ij dO_i has no
+//   such cancellation and keeps the row floor.
 //   rounding floor (rounding = true: the bf16 / f16 rows, whose "pt" is SDPA math): the ratio
 //   term is max(k x pt, R_e), R_e the first-order error of FlashAttention-2's rounding points
 //   (P and dS in the input dtype, D from the rounded O; verify/term_scale.h), bounded per

@@ -53,7 +53,7 @@ struct OracleOptions {
 // mask. The fastest of the sizes tried with the panel products of oracle_gemm.h (64..256 x
 // 64..512 at S = 4096, D = 64 and 128, causal and not; 128 x 128 also at S = 1024 and 8192;
 // docs/bench-oracle.md): with no per-call packing to amortise, tiles whose P and dS stay in
-// the core's L2 win over the larger tiles OpenBLAS needed (256 x 512 until 2026-12-02).
+// the core's L2 win over the larger tiles OpenBLAS needed (256 x 512 while it called dgemm).
 struct OracleTiles {
   int64_t q = 0, k = 0;
 };

@@ -39,7 +39,7 @@
 //
 // Speed (docs/bench-oracle.md has the profile): the six products are ~70 % of the time, so
 // what is around them is kept small. They are oracle_gemm.h's panel products, not OpenBLAS
-// dgemm (which this file called until 2026-12-02): dgemm packs both operands on every call,
+// dgemm (which this file called before): dgemm packs both operands on every call,
 // and here one of them is P or dS, new in every tile and only 2 D flops per element, so the
 // packing was ~13 % of the time. The B operands (K^T, V^T, K, V, Q, dO) are packed into
 // panels once per worker and (sequence, head) (PackKv, PackQdo: O(S D) per worker), the A
