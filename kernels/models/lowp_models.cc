@@ -2,7 +2,15 @@
 // a table of specs and one Kernel that runs the tiled engine on the spec's recipe.
 #include "kernels/models/lowp_models.h"
 
+#include <algorithm>
+#include <deque>
+#include <fstream>
+#include <mutex>
 #include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "reference/recipes/recipe_json.h"
 
 namespace attest {
 namespace {
@@ -121,6 +129,68 @@ KernelAnswer<BackwardResult> LowpModel::Backward(const Problem& p, const Tensor&
   return FlashBackward(p, *recipe_, q, k, v, o, lse, dout, options_);
 }
 
+namespace {
+
+// A spec built at run time for `recipe:<file>`: its strings live here, beside the spec that
+// points into them, for the process's life (LowpModel keeps a pointer to its spec).
+struct OwnedSpec {
+  std::string name, recipe, description;
+  LowpModelSpec spec;
+};
+
+// The head dims a declared recipe's blocks along D allow: whole blocks of the largest block
+// size along D (MX 32, NVFP4 16), else multiples of 8, up to 256 as for the built-in rows.
+int64_t HeadDimStep(const Recipe& r) {
+  int64_t step = 8;
+  for (const GemmQuant* g : {&r.qk, &r.pv, &r.dov, &r.pdo, &r.dsk, &r.dsq}) {
+    for (const OperandQuant* o : {&g->a, &g->b}) {
+      if (o->scheme.kind != OperandKind::kBlock || o->axis != QuantAxis::kHeadDim) continue;
+      const std::string_view s = o->scheme.block;
+      const int64_t size = o->scheme.block_options.block_size.value_or(
+          s.starts_with("mx") ? 32 : s == "nvfp4" ? 16 : 0);
+      step = std::max(step, size);
+    }
+  }
+  return step;
+}
+
+// `recipe:<file>`: the tiled engine on a recipe declared as data (docs/protocol.md "Recipes"):
+// the file holds the recipe object, or a capabilities object (a worker's describe reply's
+// "capabilities") whose "recipe" is one. The same numerics a GPU kernel declaring that recipe
+// is judged by, run on the CPU.
+Expected<std::unique_ptr<Kernel>> RecipeModelFromFile(std::string_view path_view) {
+  const std::string path(path_view);
+  std::ifstream in(path);
+  if (!in) return Error{"recipe:" + path + ": cannot open the file"};
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) return Error{"recipe:" + path + ": not valid JSON"};
+  std::string where = path;
+  if (j.is_object() && j.contains("capabilities")) {
+    j = j["capabilities"];
+    where += ".capabilities";
+  }
+  if (j.is_object() && j.contains("recipe") && j["recipe"].is_object()) {
+    j = j["recipe"];
+    where += ".recipe";
+  }
+  Expected<Recipe> parsed = RecipeFromJson(j, where);
+  if (!parsed.ok()) return parsed.error();
+  Expected<const Recipe*> declared = DeclareRecipe(*parsed, where);
+  if (!declared.ok()) return declared.error();
+  const Recipe& r = **declared;
+  static std::mutex mu;
+  static std::deque<OwnedSpec> owned;
+  const std::lock_guard<std::mutex> lock(mu);
+  OwnedSpec& o = owned.emplace_back();
+  o.name = "recipe:" + path;
+  o.recipe = std::string(r.name);
+  o.description = "CPU model of declared recipe " + o.recipe + ": " + std::string(r.description);
+  o.spec = {o.name, o.recipe, o.description, Multiples(HeadDimStep(r)), true, true, {}, {}};
+  return std::unique_ptr<Kernel>(std::make_unique<LowpModel>(o.spec));
+}
+
+}  // namespace
+
 void RegisterLowpModels(KernelRegistry& registry) {
   for (const LowpModelSpec& spec : Specs()) {
     registry.Register(std::string(spec.name), std::string(spec.description),
@@ -128,6 +198,7 @@ void RegisterLowpModels(KernelRegistry& registry) {
                         return std::unique_ptr<Kernel>(std::make_unique<LowpModel>(spec));
                       });
   }
+  registry.RegisterPrefix("recipe:", RecipeModelFromFile);
 }
 
 }  // namespace attest

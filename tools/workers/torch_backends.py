@@ -39,6 +39,7 @@ from torch_backends_common import (  # noqa: F401  (re-exported: callers use tb.
     Backend,
 )
 from torch_backends_fa import FlashAttn
+from torch_backends_cudnn_fp8 import CudnnFp8
 from torch_backends_flex import Flex, flex_mods  # noqa: F401
 
 
@@ -353,7 +354,8 @@ class Runner:
         self.backend = backend
         self.caps = backend.caps()
         self.caps.update(caps or {})
-        self.explicit_backward = backward
+        # A backend whose API has its own backward entry (cuDNN's FP8 SDPA) calls it itself.
+        self.explicit_backward = backward or getattr(backend, "backward", None)
 
     def _check(self, problem):
         why = covers(self.caps, problem)
@@ -399,6 +401,8 @@ def make(args):
         return Flex(args, "TRITON")
     if b == "flex-flash":
         return Flex(args, "FLASH")
+    if b == "cudnn-fp8":
+        return CudnnFp8(args)
     if b == "fa4":
         return FlashAttn(args, "flash_attn.cute", "flash_attn_func")
     if b.startswith("fa:"):

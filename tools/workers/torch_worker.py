@@ -11,6 +11,9 @@ Backends (tools/workers/torch_backends.py says what each calls and claims):
   flex-triton      flex_attention under torch.compile, BACKEND TRITON (alias: flex)
   flex-flash       flex_attention, BACKEND FLASH (FlashAttention-4 inside FlexAttention)
   fa4              flash_attn.cute.flash_attn_func / flash_attn_varlen_func (flash-attn-4)
+  cudnn-fp8        cuDNN's per-tensor FP8 SDPA (graph.sdpa_fp8 / sdpa_fp8_backward from
+                   nvidia-cudnn-frontend) behind a bf16 -> E4M3 cast with --fp8-scaling
+                   static (calibrated) or current scales; its recipe declared as data
   fa:MOD:FUNC      any flash_attn_func (FlashAttention-2/3 or -4 conventions, from the
                    function's signature)
 Each request is one call of the kernel with the whole problem; the backward is autograd
@@ -69,7 +72,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--backend", required=True,
                         help="sdpa-math | sdpa-flash | sdpa-efficient | sdpa-cudnn | "
-                             "flex-triton | flex-flash | fa4 | fa:MODULE:FUNCTION")
+                             "flex-triton | flex-flash | fa4 | cudnn-fp8 | fa:MODULE:FUNCTION")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     parser.add_argument("--mask-form", default="bool", choices=["bool", "additive"],
@@ -81,12 +84,23 @@ def main():
                         "PyTorch's default, static first and shapes made dynamic on the first "
                         "recompile; flex-flash is static, its FLASH backend refuses dynamic "
                         "shapes)")
+    parser.add_argument("--fp8-scaling", default="static", choices=["static", "current"],
+                        help="cudnn-fp8: Q, K, V, dO scales from a calibration batch (static) "
+                        "or from each call's own amax (current)")
     parser.add_argument("--caps", default=None,
                         help="JSON object merged into the claimed capabilities")
+    parser.add_argument("--describe", action="store_true",
+                        help="print the describe reply ({name, capabilities}) as JSON and exit: "
+                        "a declared recipe in it runs on the CPU as `attest ... --kernel "
+                        "recipe:FILE`")
     args = parser.parse_args()
     if args.dtype == "f32" and args.backend not in ("sdpa-math", "sdpa-flash") :
         parser.error("--dtype f32 is for sdpa-math and sdpa-flash only")
     worker = Worker(args)
+    if args.describe:
+        name, caps = worker.describe()
+        print(json.dumps({"name": name, "capabilities": caps}, indent=1, sort_keys=True))
+        return
     aw.serve(worker.describe, worker.forward, worker.backward,
              route=lambda: worker.backend.route, fatal=cuda_is_broken)
 
