@@ -11,12 +11,19 @@
 
 #include <cmath>
 #include <cstdio>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/builtin.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/oracle/oracle_test_util.h"
+#include "reference/recipes/recipe_json.h"
 
 namespace attest {
 namespace {
@@ -387,6 +394,47 @@ TEST(LowpModels, RegisteredWithTruthfulCapabilities) {
     EXPECT_NE(std::get<Unsupported>(answer).reason.find("q_descale"), std::string::npos);
   }
   EXPECT_TRUE(Make("cpu/mxfp8-cudnn")->capabilities().Covers(gqa));
+}
+
+// recipe:FILE builds the engine on a recipe declared as data: from the recipe object or from
+// a describe reply holding it, bit for bit the built-in model when the recipe is a built-in
+// row's; errors name the file and the field.
+TEST(LowpModels, RecipeFileIsTheEngineOnTheDeclaredRecipe) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("attest-recipe-file-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const nlohmann::json& j) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path) << j.dump();
+    return path;
+  };
+  nlohmann::json recipe = RecipeToJson(*FindRecipe("mxfp8-cudnn"));
+  const std::string plain = write("plain.json", recipe);
+  const std::string reply = write(
+      "reply.json", {{"name", "w"}, {"capabilities", {{"recipe", recipe}, {"gqa", true}}}});
+  const Problem p = oracle_test::Base(1, 2, 2, 40, 40, 64, 64);
+  const auto in = Bf16Inputs(p, 5);
+  auto builtin = Make("cpu/mxfp8-cudnn");
+  const ForwardResult want = Take(builtin->Forward(p, in.q, in.k, in.v), "built-in");
+  for (const std::string& path : {plain, reply}) {
+    auto k = Kernels().Create("recipe:" + path);
+    ASSERT_TRUE(k.ok()) << k.error().message;
+    EXPECT_EQ((*k)->capabilities().recipe, "mxfp8-cudnn");
+    const ForwardResult got = Take((*k)->Forward(p, in.q, in.k, in.v), path);
+    EXPECT_TRUE(got.o.BitwiseEqual(want.o)) << path;
+    EXPECT_TRUE(got.lse.BitwiseEqual(want.lse)) << path;
+  }
+  recipe["name"] = "test-recipe-file-bad";
+  recipe["gemms"]["pv"]["b"]["scale_mode"] = "nearest";
+  const std::string bad = write("bad.json", recipe);
+  auto k = Kernels().Create("recipe:" + bad);
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.error().message.find(bad + ".gemms.pv.b.scale_mode"), std::string::npos)
+      << k.error().message;
+  auto missing = Kernels().Create("recipe:" + (dir / "none.json").string());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("none.json: cannot open"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -9,11 +9,15 @@
 #      a target folder; probe, gate and fuzz FlashAttention-4 (default and deterministic=True)
 #      and FlexAttention's FLASH backend in bf16 and f16; repro the GQA/MHA finding.
 #   C  (nothing carried, optional): more gates (RUNS) or fuzz (FUZZ) on the warm machine.
+#   F  (carry .devF, filled by tools/device/pack_cudnn_fp8.sh; one call on its own): install
+#      nvidia-cudnn-frontend; probe cuDNN's FP8 SDPA (tools/device/cudnn_fp8_probe.py), gate,
+#      audit (AUDITS, against AUDIT_BASELINE; AUDIT_QUICK=1 for --quick) and fuzz it with
+#      static and current scales (backends cudnn-fp8-static, cudnn-fp8-current).
 # Backends: the torch_worker.py names, plus fa4-deterministic and flex-triton-static
 # (flex-triton compiled static: --flex-dynamic false).
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
 # shrunk case files) and prints a summary. Commands: docs/gpu-results.md.
-# Usage: tools/device/torch_campaign.sh A|B|C
+# Usage: tools/device/torch_campaign.sh A|B|C|F
 # Environment: STASH (default /root/attest-stash), GATE_TIMEOUT (s per gate run, default 420),
 #   CALL_SECONDS (every run ends by then, default 540), FUZZ_SECONDS (per fuzz shard,
 #   shrinking included, default 150), FUZZ_MAX_FAILURES (per
@@ -22,13 +26,13 @@
 #   none), FLEX_RUNS / FLEX_JOBS / FLEX_TIMEOUT (stage A's flex-triton gates), REPROS (after the stage: "backend:dtype:case-file:check ...", each an
 #   `attest repro`), GATE_SPLIT=1 (one process per check, GATE_JOBS at a time, default 12).
 set -uo pipefail
-stage="${1:?usage: torch_campaign.sh A|B|C}"
+stage="${1:?usage: torch_campaign.sh A|B|C|F}"
 root="$(pwd)"
 out="${OUT:-$root/campaign-out}"
 stash="${STASH:-/root/attest-stash}"
 site="$stash/site"
 work="$stash/stage$stage"
-[ "$stage" != A ] || rm -rf "$stash"
+[ "$stage" != A ] && [ "$stage" != F ] || rm -rf "$stash"
 mkdir -p "$out" "$work"
 log="$work/campaign.txt"
 exec > >(tee -a "$log") 2>&1
@@ -61,6 +65,13 @@ case "$stage" in
     rm -f "$stash/cu13.tar.zst"
     ;;
   C) [ -d "$site" ] || { echo "no FlashAttention-4 install from stage B" >&2; exit 2; } ;;
+  F)
+    cp -r "${DEVF:-.devF}"/. "$stash/"
+    zstd -d -q -c "$stash/attest-device.tar.zst" | tar -C "$stash" -xf - || exit 2
+    mkdir -p "$site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+      "$stash"/wheels/*.whl || exit 2
+    ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
 attest="$stash/.device/attest.sh"
@@ -84,7 +95,8 @@ p = torch.cuda.get_device_properties(0)
 print("gpu:", p.name, "| sm_%d%d" % (p.major, p.minor))
 try:
     import importlib.metadata as md
-    for n in ("flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "triton"):
+    for n in ("flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "triton",
+              "nvidia-cudnn-frontend"):
         try:
             print(n + ":", md.version(n))
         except md.PackageNotFoundError:
@@ -102,6 +114,7 @@ kernel_of() {  # backend dtype -> exec: spec
   case "$backend" in
     fa4-deterministic) backend=fa4; extra=" --deterministic" ;;
     flex-triton-static) backend=flex-triton; extra=" --flex-dynamic false" ;;
+    cudnn-fp8-static|cudnn-fp8-current) extra=" --fp8-scaling ${backend##*-}"; backend=cudnn-fp8 ;;
   esac
   echo "exec:LD_LIBRARY_PATH=$orig_ld PYTHONPATH=$PYTHONPATH $python tools/workers/torch_worker.py --backend $backend --dtype $dtype --device cuda$extra"
 }
@@ -178,6 +191,24 @@ repros() {  # backend:dtype:case-file:check ...  (attest repro, one log each)
 
 repros_all() { repros ${REPROS-}; }
 
+audits() {  # backend ... (attest audit against AUDIT_BASELINE, default sdpa-flash bf16)
+  local b name t
+  for b in "$@"; do
+    name="audit-$b"
+    t=420; [ "$(left)" -ge 430 ] || t=$(( $(left) - 10 ))
+    [ "$t" -ge 60 ] || { echo "- 0" > "$work/$name.rc"; continue; }
+    ( t0=$(date +%s)
+      base="${AUDIT_BASELINE:-$(kernel_of sdpa-flash bf16)}"
+      quick=(); [ "${AUDIT_QUICK:-0}" = 1 ] && quick=(--quick)
+      echo "attest audit ${quick[*]} --kernel '$(kernel_of "$b" bf16)' --baseline '$base'" \
+        > "$work/$name.cmd"
+      timeout "$t" "$attest" audit "${quick[@]}" --kernel "$(kernel_of "$b" bf16)" \
+        --baseline "$base" --seed "$seed" --out "$work/$name" > "$work/$name.log" 2>&1
+      echo "$? $(( $(date +%s) - t0 ))" > "$work/$name.rc" ) &
+  done
+  wait
+}
+
 probe() {  # dtype backends...
   local d="$1"; shift
   LD_LIBRARY_PATH="$orig_ld" timeout 300 "$python" tools/workers/torch_probe.py --device cuda \
@@ -228,6 +259,21 @@ case "$stage" in
     waitfor $g $r $p1
     REPROS=
     ;;
+  F)
+    "$python" -c "import cudnn; print('cudnn frontend', cudnn.__file__, cudnn.backend_version())" \
+      || exit 2
+    ( for m in static current; do
+        LD_LIBRARY_PATH="$orig_ld" timeout 200 "$python" tools/device/cudnn_fp8_probe.py \
+          --scaling "$m" --out "$work/probe-cudnn-fp8-$m.json" > "$work/probe-cudnn-fp8-$m.log" 2>&1
+      done ) &
+    p1=$!
+    ( GATE_SPLIT=1 gate ${RUNS-cudnn-fp8-static:bf16 cudnn-fp8-current:bf16} ) &
+    g=$!
+    audits ${AUDITS-cudnn-fp8-static cudnn-fp8-current} &
+    a=$!
+    fuzz ${FUZZ-cudnn-fp8-static:bf16:1 cudnn-fp8-current:bf16:1}
+    waitfor $g $a $p1
+    ;;
   C)  # what a session has device time left for: RUNS / FUZZ (default: more fuzz)
     gate ${RUNS-}
     fuzz ${FUZZ-sdpa-cudnn:bf16:2 fa4:bf16:2 flex-triton:bf16:1}
@@ -245,6 +291,12 @@ for f in "$work"/gate-*.rc "$work"/fuzz-*-merged.rc; do
 done
 for f in "$work"/repro-*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E '^(PASS|FAIL)' "$f" | cut -c1-220 | head -12; }; done
 for f in "$work"/probe-*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "refused|Error|error" "$f" | cut -c1-220 | head -20; }; done
+for f in "$work"/probe-cudnn-fp8-*.log; do
+  [ -f "$f" ] && { echo "== $(basename "$f")"; cut -c1-300 "$f" | head -30; }
+done
+for f in "$work"/audit-*.rc; do
+  [ -f "$f" ] && { echo "== $(basename "$f" .rc): $(cat "$f")"; tail -5 "${f%.rc}.log" | cut -c1-220; }
+done
 # What comes back: one archive (failing and shrunk cases, reports, logs; no tensors).
 find "$work" -name '*.safetensors' -size +2M -delete
 tar -C "$stash" -czf "$out/stage$stage.tar.gz" "stage$stage"
