@@ -474,7 +474,9 @@ Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor&
       // Backward: normalised P from the exact lse of these scores.
       const double* dop = do_p.data<double>();
       const double* dov = do_v.data<double>();
-      const double* dor = do_raw.data<double>();
+      // D's dO: as given, or as dO·Vᵀ reads it (recipe.h DeltaDo).
+      const double* dor =
+          r.delta_do == DeltaDo::kDovOperand ? do_p.data<double>() : do_raw.data<double>();
       const double* vp = v_p.data<double>();
       const double* kq = k_q.data<double>();
       const double* qk = q_k.data<double>();
@@ -489,7 +491,7 @@ Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor&
         }
         const double lse_i = m + std::log(l);
         const int64_t t = seq.q_begin + i;
-        // D = rowsum(dO∘O) with the O the recipe names.
+        // D = rowsum(dO∘O) with the O and the dO the recipe names.
         double delta = 0;
         for (int64_t e = 0; e < Dv; ++e) {
           const double oe = r.delta == DeltaSource::kRoundedO

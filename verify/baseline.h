@@ -73,7 +73,8 @@ Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const 
 //   backward   P = exp(s - lse) rounded by pdo.a for dV = Σ_i P_ij dO_i; dP = dO·Vᵀ from the
 //              dO·Vᵀ operands (rounded to the recipe's dp format where it names one);
 //              D = rowsum(dO∘O) from this reference's own rounded o (kRoundedO) or its
-//              unrounded o (kFp32O); dS = P (dP - D) times the softcap derivative, rounded by
+//              unrounded o (kFp32O), and the dO as given (DeltaDo::kInput) or as dO·Vᵀ's
+//              operand (kDovOperand); dS = P (dP - D) times the softcap derivative, rounded by
 //              dsk.a for dQ = scale Σ_j dS_ij k_j and by dsq.a for dK = scale Σ_i dS_ij q_i
 //              (block schemes of dS run over the [Sq, Sk] matrix of one (batch, head), along
 //              keys or queries as the operand's axis says); GQA gradients summed over the

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "kernels/builtin.h"
+#include "kernels/models/flash_engine.h"
 #include "kernels/models/lowp_models.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
@@ -282,6 +283,77 @@ TEST(RecipeReference, SharesEachModelsQuantisation) {
     EXPECT_LT(ratio, 2.0) << spec.name;
     // Against the unquantised oracle the error is the quantisation's, far above bf16's.
     EXPECT_GT(MaxDiff(ref->o, ora.o), 0x1p-8 * MaxAbs(ora.o)) << spec.name;
+  }
+}
+
+// ||a - b||₂ / ||b||₂ (f64 tensors).
+double RelL2(const Tensor& a, const Tensor& b) {
+  const auto x = a.span<const double>(), y = b.span<const double>();
+  double num = 0, den = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    num += (x[k] - y[k]) * (x[k] - y[k]);
+    den += y[k] * y[k];
+  }
+  return std::sqrt(num / den);
+}
+
+// Recipe::delta_do: with dO·Vᵀ's dO quantised (MXFP8 along D), D = rowsum(dO'∘O) from that
+// copy (kDovOperand, cuDNN's FP8 backward) moves dq and dk but not dv, in the engine and in
+// the recipe reference alike, and the engine stays with the reference of its own setting.
+TEST(RecipeReference, DeltaFromTheDovOperandMovesDqDkInEngineAndReference) {
+  Problem p;
+  p.batch = 1;
+  p.heads_q = 4;
+  p.heads_kv = 2;
+  p.seqlen_q = 96;
+  p.seqlen_k = 128;
+  p.head_dim = p.head_dim_v = 64;
+  p.dtype = DType::kBF16;
+  p.causal = true;
+  const CaseInputs in = Inputs(p, 23);
+  for (const char* name : {"mxfp8-cudnn", "mxfp8-pvbf16"}) {
+    const Recipe& input = *FindRecipe(name);
+    ASSERT_EQ(input.delta_do, DeltaDo::kInput);
+    Recipe dov = input;
+    dov.delta_do = DeltaDo::kDovOperand;
+    auto f = FlashForward(p, input, in.q, in.k, in.v);
+    ASSERT_TRUE(std::holds_alternative<ForwardResult>(f)) << name;
+    const ForwardResult& fr = std::get<ForwardResult>(f);
+    BackwardOut e[2], r[2];  // [0]: D from the input dO, [1]: from the dO·Vᵀ operand
+    for (int s = 0; s < 2; ++s) {
+      const Recipe& rc = s == 0 ? input : dov;
+      auto g = FlashBackward(p, rc, in.q, in.k, in.v, fr.o, fr.lse, in.dout);
+      ASSERT_TRUE(std::holds_alternative<BackwardResult>(g)) << name;
+      const BackwardResult& gr = std::get<BackwardResult>(g);
+      e[s].dq = ToF64(gr.dq);
+      e[s].dk = ToF64(gr.dk);
+      e[s].dv = ToF64(gr.dv);
+      auto ref = RecipeReferenceBackward(p, rc, in.q, in.k, in.v, in.dout);
+      ASSERT_TRUE(ref.ok()) << ref.error().message;
+      r[s].dq = ref->dq;
+      r[s].dk = ref->dk;
+      r[s].dv = ref->dv;
+    }
+    // dV = Pᵀ·dO never reads D.
+    EXPECT_EQ(MaxDiff(e[0].dv, e[1].dv), 0) << name;
+    EXPECT_EQ(MaxDiff(r[0].dv, r[1].dv), 0) << name;
+    for (const char* t : {"dq", "dk"}) {
+      const auto pick = [&](const BackwardOut& b) { return t[1] == 'q' ? b.dq : b.dk; };
+      const double moved_e = RelL2(pick(e[1]), pick(e[0]));
+      const double moved_r = RelL2(pick(r[1]), pick(r[0]));
+      const double own0 = RelL2(pick(e[0]), pick(r[0])), own1 = RelL2(pick(e[1]), pick(r[1]));
+      const double cross1 = RelL2(pick(e[1]), pick(r[0]));
+      std::printf("  %-13s %s relL2: D's dO moves engine %.3g, reference %.3g; engine vs own "
+                  "reference %.3g (input) %.3g (dov operand), vs the other %.3g\n",
+                  name, t, moved_e, moved_r, own0, own1, cross1);
+      EXPECT_GT(moved_e, 1e-3) << name << " " << t;
+      EXPECT_GT(moved_r, 1e-3) << name << " " << t;
+      // The engine agrees with its own setting's reference as well as with the input dO's
+      // (the recipe's own error: its tiles, fp32 sums, MX dS blocks) and better than with
+      // the other setting's.
+      EXPECT_LT(own1, 1.5 * own0) << name << " " << t;
+      EXPECT_LT(own1, cross1 / 1.5) << name << " " << t;
+    }
   }
 }
 

@@ -244,6 +244,9 @@ RoundingPoints RoundingPointsOf(const Recipe& recipe, DType dtype, std::optional
   r.ds_dq = PointOf(recipe.dsk.a.scheme);
   r.ds_dk = PointOf(recipe.dsq.a.scheme);
   r.dp = PointOf(dp ? dp : recipe.dp);
+  // Which dO D reads (Recipe::delta_do) adds no point: operand quantisation (dov.a) is not a
+  // rounding point here, for dP's dO either; the profiles of such recipes judge against the
+  // recipe reference (baseline.cc), which forms D from the same dO.
   if (recipe.delta == DeltaSource::kRoundedO) {
     const std::optional<Format> out = recipe.output ? recipe.output : FormatOf(dtype);
     if (PointOf(out)) r.delta_o = out;

@@ -321,14 +321,17 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
     *role.out = std::move(*prepared);
   }
   plan.lse = Floats(lse);
-  // D = rowsum(dO ∘ O) in fp32 from the stored O (flash_bwd_preprocess_kernel.h dot_do_o).
+  // D = rowsum(dO ∘ O) in fp32 from the stored O (flash_bwd_preprocess_kernel.h dot_do_o),
+  // with dO as given or as dO·Vᵀ reads it (recipe.h DeltaDo).
   {
     const std::vector<float> of = Floats(o);
+    const std::vector<float>& dof =
+        recipe.delta_do == DeltaDo::kDovOperand ? plan.do_dov.values : raw_do.values;
     const int64_t rows = p.TotalQ() * p.heads_q, dv = p.head_dim_v;
     plan.delta.assign(static_cast<size_t>(rows), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
       float acc = 0.0f;
-      for (int64_t c = 0; c < dv; ++c) acc += raw_do.values[r * dv + c] * of[r * dv + c];
+      for (int64_t c = 0; c < dv; ++c) acc += dof[r * dv + c] * of[r * dv + c];
       plan.delta[static_cast<size_t>(r)] = acc;
     }
   }

@@ -1,9 +1,9 @@
 // Low-precision attention recipes as data (docs/design.md "Formats and recipes"): for each GEMM of
 // forward (Q·Kᵀ, P·V) and backward (dO·Vᵀ, Pᵀ·dO, dS·K, dSᵀ·Q) how each operand is represented
-// before the product, where P and dS are rounded, which O the backward's D = rowsum(dO∘O)
-// reads, and the accumulation / output formats. A new recipe is a new row of AllRecipes().
-// The tiled engine that interprets a recipe is kernels/models/flash_engine.h; docs/kernels.md
-// has the table.
+// before the product, where P and dS are rounded, which O and which dO the backward's
+// D = rowsum(dO∘O) reads, and the accumulation / output formats. A new recipe is a new row of
+// AllRecipes(). The tiled engine that interprets a recipe is kernels/models/flash_engine.h;
+// docs/kernels.md has the table.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +71,15 @@ enum class DeltaSource : uint8_t {
   kFp32O,     // the fp32 accumulator before the final rounding (kernels that keep it)
 };
 
+// Which dO the backward reads to form D = rowsum(dO∘O).
+enum class DeltaDo : uint8_t {
+  kInput,       // dO as the problem gives it (FlashAttention: flash_bwd_preprocess)
+  // dO' = dO as gemm dov.a represents it (the dO of dP = dO·Vᵀ), D = rowsum(dO'∘O): a kernel
+  // that receives dO only quantised, as cuDNN's FP8 SDPA backward forms D from its FP8 dO
+  // (cudnn-frontend test/python/sdpa/fp8_ref.py compute_ref_backward).
+  kDovOperand,
+};
+
 struct Recipe {
   std::string_view name;
   std::string_view description;
@@ -85,6 +94,7 @@ struct Recipe {
   GemmQuant dsk;
   GemmQuant dsq;
   DeltaSource delta = DeltaSource::kRoundedO;
+  DeltaDo delta_do = DeltaDo::kInput;
   Format accumulate = Format::kF32;  // every GEMM and the softmax statistics
   std::optional<Format> output;      // o; nullopt: the problem's input dtype
   Format lse = Format::kF32;

@@ -307,6 +307,7 @@ nlohmann::json RecipeToJson(const Recipe& r) {
   }
   j["gemms"] = gemms;
   j["delta"] = r.delta == DeltaSource::kRoundedO ? "rounded_o" : "fp32_o";
+  j["delta_do"] = r.delta_do == DeltaDo::kInput ? "input" : "dov_operand";
   j["accumulate"] = std::string(Name(r.accumulate));
   j["output"] = FormatOrNull(r.output);
   j["lse"] = std::string(Name(r.lse));
@@ -319,8 +320,8 @@ Expected<Recipe> RecipeFromJson(const nlohmann::json& j, std::string_view where_
   const std::string where(where_view);
   if (!j.is_object()) return Error{where + ": not an object"};
   Reader r{j, where};
-  if (Status s = r.Allowed({"name", "description", "input_dtypes", "gemms", "delta", "accumulate",
-                            "output", "lse", "gradients", "dp"});
+  if (Status s = r.Allowed({"name", "description", "input_dtypes", "gemms", "delta", "delta_do",
+                            "accumulate", "output", "lse", "gradients", "dp"});
       !s.ok()) {
     return s.error();
   }
@@ -381,6 +382,16 @@ Expected<Recipe> RecipeFromJson(const nlohmann::json& j, std::string_view where_
     out.delta = DeltaSource::kFp32O;
   } else {
     return Error{fmt::format("{}.delta: unknown source '{}' (rounded_o, fp32_o)", where, *delta)};
+  }
+  auto delta_do = r.String("delta_do", false);
+  if (!delta_do.ok()) return delta_do.error();
+  if (delta_do->empty() || *delta_do == "input") {
+    out.delta_do = DeltaDo::kInput;
+  } else if (*delta_do == "dov_operand") {
+    out.delta_do = DeltaDo::kDovOperand;
+  } else {
+    return Error{fmt::format("{}.delta_do: unknown dO '{}' (input, dov_operand)", where,
+                             *delta_do)};
   }
   auto acc = r.FormatField("accumulate", false);
   if (!acc.ok()) return acc.error();

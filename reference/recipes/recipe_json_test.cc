@@ -47,6 +47,22 @@ TEST(RecipeJson, ADeclaredRecipeIsFoundByName) {
       << clash.error().message;
 }
 
+TEST(RecipeJson, DeltaDoRoundTripsAndDefaultsToTheInput) {
+  nlohmann::json j = RecipeToJson(*FindRecipe("mxfp8-cudnn"));
+  EXPECT_EQ(j["delta_do"], "input");
+  j["name"] = "test-json-delta-do";
+  j["delta_do"] = "dov_operand";
+  auto r = RecipeFromJson(j, "recipe");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->delta_do, DeltaDo::kDovOperand);
+  EXPECT_EQ(RecipeToJson(*r), j);
+  // Optional on input: a recipe written before the field reads its dO as given.
+  j.erase("delta_do");
+  auto old = RecipeFromJson(j, "recipe");
+  ASSERT_TRUE(old.ok()) << old.error().message;
+  EXPECT_EQ(old->delta_do, DeltaDo::kInput);
+}
+
 TEST(RecipeJson, ErrorsNameTheField) {
   const nlohmann::json base = RecipeToJson(*FindRecipe("mxfp8-cudnn"));
   struct Bad {
@@ -81,6 +97,8 @@ TEST(RecipeJson, ErrorsNameTheField) {
   edit("format", [](nlohmann::json& j) { j["output"] = "bf15"; },
        "c.recipe.output: unknown format 'bf15'");
   edit("delta", [](nlohmann::json& j) { j["delta"] = "o"; }, "c.recipe.delta: unknown source 'o'");
+  edit("delta_do", [](nlohmann::json& j) { j["delta_do"] = "fp8"; },
+       "c.recipe.delta_do: unknown dO 'fp8' (input, dov_operand)");
   edit("dtypes", [](nlohmann::json& j) { j["input_dtypes"] = {"e4m3fn"}; },
        "c.recipe.input_dtypes: entries must be bf16, f16 or f32");
   edit("name", [](nlohmann::json& j) { j["name"] = "a b"; }, "c.recipe.name: 1 to 64 characters");

@@ -55,7 +55,8 @@ Expected<Operands> OperandsOf(const Recipe& r, const Tensor& q, const Tensor& k,
     if (!t.ok()) return Error{"recipe " + std::string(r.name) + ": " + t.error().message};
     *dst = std::move(*t);
   }
-  x.dout = dout;
+  // D's dO (recipe.h DeltaDo): as stored, or dO·Vᵀ's own operand.
+  x.dout = r.delta_do == DeltaDo::kDovOperand ? x.dop : dout;
   return x;
 }
 

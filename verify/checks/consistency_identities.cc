@@ -169,7 +169,7 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
   const double* q = x.qs.span<const double>().data();
   const double* k = x.ks.span<const double>().data();
   const double* v = x.vo.span<const double>().data();
-  const double* dout = x.dout.span<const double>().data();
+  const double* dout = x.dout.span<const double>().data();  // D's dO (Recipe::delta_do)
   const double* dop = x.dop.span<const double>().data();
   const double* vp = x.vp.span<const double>().data();
   const double* dov = x.dov.span<const double>().data();
@@ -359,7 +359,7 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
   const double* qk = ops->qk.span<const double>().data();
   const double* dop = ops->dop.span<const double>().data();
   const double* vp = ops->vp.span<const double>().data();
-  const double* dout = in.dout.span<const double>().data();
+  const double* dout = ops->dout.span<const double>().data();  // D's dO
   const double* o = run.o.span<const double>().data();
   const Tensor weights_lse = WeightsLse(p, *ops, run);
   const double* lse = weights_lse.span<const double>().data();

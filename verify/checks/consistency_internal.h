@@ -75,7 +75,7 @@ struct Operands {
   Tensor dop, vp; // dO·Vᵀ
   Tensor dov;     // Pᵀ·dO's dO
   Tensor kq, qk;  // dS·K's K, dSᵀ·Q's Q
-  Tensor dout;    // dO as stored (D = rowsum(dO∘O))
+  Tensor dout;    // the dO D = rowsum(dO∘O) reads: as stored, or dop (DeltaDo::kDovOperand)
 };
 
 Expected<Operands> OperandsOf(const Recipe& r, const Tensor& q, const Tensor& k, const Tensor& v,

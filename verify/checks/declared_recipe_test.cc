@@ -21,6 +21,8 @@
 #include "kernels/mutants/deviations.h"
 #include "reference/recipes/recipe.h"
 #include "reference/recipes/recipe_json.h"
+#include "verify/checks/check_test_kernels.h"
+#include "verify/checks/consistency.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"
@@ -152,6 +154,64 @@ TEST(DeclaredRecipe, CorrectFloorAndRceilKernelsPassAndThreeRecipeBugsFail) {
     for (const Verdict& v : r.report.verdicts) failed += !v.pass;
     std::printf("  %-30s %d verdicts failed\n", b.what, failed);
   }
+}
+
+// A recipe that forms D = rowsum(dO'∘O) from dO·Vᵀ's MXFP8 dO ("delta_do": "dov_operand", as
+// cuDNN's FP8 backward does from its FP8 dO): a CPU model of it passes consistency on every
+// gate case, judged at its declared D; models whose D reads the other dO than they declare
+// are printed with their margins and must fail somewhere.
+TEST(DeclaredRecipe, DeltaFromTheDovOperandIsJudgedByTheDeclaredDo) {
+  nlohmann::json input_j = Mxfp8Recipe("test-delta-do-input", "rceil");
+  nlohmann::json dov_j = input_j;
+  dov_j["name"] = "test-delta-do-dov";
+  dov_j["delta_do"] = "dov_operand";
+  const Capabilities input_caps = Declare(input_j);
+  const Capabilities dov_caps = Declare(dov_j);
+  ASSERT_EQ(FindRecipe("test-delta-do-dov")->delta_do, DeltaDo::kDovOperand);
+  const LowpModelSpec input_spec = SpecFor("test/delta-do-input", "test-delta-do-input");
+  const LowpModelSpec dov_spec = SpecFor("test/delta-do-dov", "test-delta-do-dov");
+  auto model = [](const LowpModelSpec& s) { return std::make_unique<LowpModel>(s); };
+  Declaring good("test/delta-do-dov", dov_caps, model(dov_spec), model(dov_spec));
+  Declaring claims_dov("test/claims-dov-uses-input", dov_caps, model(dov_spec),
+                       model(input_spec));
+  Declaring claims_input("test/claims-input-uses-dov", input_caps, model(input_spec),
+                         model(dov_spec));
+  Problem softcap = check_test::CausalProblem();
+  softcap.softcap = 5.0;
+  const std::pair<const char*, Problem> cases[] = {
+      {"causal", check_test::CausalProblem()},     {"window", check_test::WindowProblem()},
+      {"document", check_test::DocumentProblem()}, {"varlen", check_test::VarlenProblem()},
+      {"softcap", softcap}};
+  double worst_bug[2] = {0, 0};
+  for (const auto& [name, p] : cases) {
+    const CaseInputs in = check_test::Inputs(p, 13);
+    const std::vector<Verdict> vs = CheckConsistency(good, p, in);
+    ASSERT_FALSE(vs.empty()) << name;
+    double worst = 0;
+    for (const Verdict& v : vs) {
+      EXPECT_TRUE(v.pass) << name << ": " << v.message;
+      worst = std::max(worst, v.margin);
+    }
+    double bug[2] = {0, 0};
+    std::string by[2];
+    int n = 0;
+    for (Declaring* k : {&claims_dov, &claims_input}) {
+      for (const Verdict& v : CheckConsistency(*k, p, in)) {
+        if (v.margin > bug[n]) {
+          bug[n] = v.margin;
+          by[n] = v.tensor + " " + v.policy;
+        }
+      }
+      worst_bug[n] = std::max(worst_bug[n], bug[n]);
+      ++n;
+    }
+    std::printf("  %-9s worst consistency margin: correct %.3g; declares dov_operand, D from "
+                "the input dO %.3g (%s); the reverse %.3g (%s)\n",
+                name, worst, bug[0], by[0].c_str(), bug[1], by[1].c_str());
+  }
+  // Measured: the correct model below 0.35, either mismatch above 250.
+  EXPECT_GT(worst_bug[0], 10);
+  EXPECT_GT(worst_bug[1], 10);
 }
 
 TEST(DeclaredRecipe, ItsToleranceRowIsTheRecipeRule) {
