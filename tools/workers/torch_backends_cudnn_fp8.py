@@ -182,7 +182,7 @@ class CudnnFp8(Backend):
                 "dsk": {"a": ds, "b": tensor("k")},
                 "dsq": {"a": ds, "b": tensor("q")},
             },
-            "delta": "rounded_o",
+            "delta": "rounded_o", "delta_do": "dov_operand",
             "accumulate": "f32", "lse": "f32", "output": "bf16", "gradients": "bf16",
             "dp": None,
         }
