@@ -55,6 +55,25 @@ namespace attest {
 struct GradientTermScales {
   Tensor dq;
   Tensor dk;
+  // Filled only with a QuantisedScoreModel (the family rows' format bounds, tolerance.cc):
+  // score_error [TotalQ, Hq]: the bound Delta_i of |s'_ij - s_ij| over the row's visible keys
+  // (QuantisedScoreModel below); o [TotalQ, Hq]: max_d sum_j P_ij |v_jd|; dv [TotalK, Hkv]:
+  // max_d sum_{h in group} sum_i P_ij |dO_id| (undefined without dout).
+  Tensor score_error;
+  Tensor o;
+  Tensor dv;
+};
+
+// The score error of a kernel whose Q and K elements are quantised with relative error at
+// most `rel` and absolute error at most `abs` times the largest |element| of their row (the
+// row along d that a block scale along d covers: underflow below the block's scale):
+//   |s'_ij - s_ij| <= |scale| sum_d (|dq_d| |k_d| + |q_d| |dk_d| + |dq_d| |dk_d|)
+//                  <= |scale| ((2 rel + rel^2) sum_d |q_id| |k_jd|
+//                              + abs (1 + rel) (m_i |k_j|_1 + m_j |q_i|_1) + abs^2 D m_i m_j)
+// with m the row maxima. verify/tolerance.cc derives rel and abs from the element formats.
+struct QuantisedScoreModel {
+  double rel = 0;
+  double abs = 0;
 };
 
 // q, k, v, dout: f64 inputs of the problem's shapes; lse: the oracle's forward lse
@@ -65,6 +84,12 @@ struct GradientTermScales {
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
                                                        const Tensor& dout, const Tensor& lse);
+// The same walk with the family rows' quantities: `model` set fills score_error, o and (with
+// dout) dv; dout undefined computes the forward quantities alone (dq, dk undefined).
+Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
+                                                       const Tensor& k, const Tensor& v,
+                                                       const Tensor& dout, const Tensor& lse,
+                                                       const QuantisedScoreModel* model);
 
 // ---- Rounding floors ----
 

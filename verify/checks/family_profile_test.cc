@@ -7,6 +7,7 @@
 // and the worst margin per (kernel, check, tensor): the numbers of docs/tolerances.md
 // "The family rows".
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -153,6 +154,38 @@ TEST(FamilyProfile, DISABLED_SurveyCorrectModelsOnTheGate) {
     FamilyOnly k(std::move(inner), profile);
     const RunResult r = RunSuiteOn(k, suite != nullptr ? suite : "gate");
     Summarise(k.name(), r);
+  }
+}
+
+// The family a mutant's parent would declare: its recipe's family, mxfp8 for bf16 / f16
+// parents (a bf16 kernel is within every family bound; only its bug is not).
+std::string FamilyOf(const MutantSpec& spec) {
+  const std::string_view r = spec.parent_recipe;
+  if (r.starts_with("nvfp4")) return "nvfp4";
+  if (r.starts_with("fp8")) return "fp8";
+  return "mxfp8";
+}
+
+// Every mutant declaring only its family profile: the first failing check (report.h
+// FirstFailure) against its bug_class, and the worst accuracy margin.
+TEST(FamilyProfile, DISABLED_SurveyMutants) {
+  const char* suite = std::getenv("ATTEST_FAMILY_SUITE");
+  for (const MutantSpec& spec : MutantCatalogue()) {
+    FamilyOnly k(Mutant(spec.name), FamilyOf(spec));
+    const RunResult r = RunSuiteOn(k, suite != nullptr ? suite : "quick");
+    const Verdict* first = FirstFailure(r.report);
+    double acc = 0;
+    std::string acc_tensor;
+    for (const Verdict& v : r.report.verdicts) {
+      if (v.check == "accuracy" && v.margin > acc) {
+        acc = v.margin;
+        acc_tensor = v.tensor;
+      }
+    }
+    std::printf("%-34s %-6s bug_class %-17s first failure %-17s accuracy worst %s %.3g\n",
+                std::string(spec.name).c_str(), FamilyOf(spec).c_str(),
+                std::string(spec.bug_class).c_str(),
+                first != nullptr ? first->check.c_str() : "(none)", acc_tensor.c_str(), acc);
   }
 }
 
