@@ -559,4 +559,83 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
   return out;
 }
 
+// ---- Format bounds ----
+
+namespace {
+
+// Every element of row r (rows of `per_row` values, `len` elements each) set to per_row[r].
+Tensor Broadcast(const Shape& shape, const std::vector<double>& per_row, int64_t len) {
+  Tensor t = Tensor::Zeros(DType::kF64, shape);
+  double* out = t.data<double>();
+  for (size_t r = 0; r < per_row.size(); ++r) {
+    for (int64_t c = 0; c < len; ++c) out[static_cast<int64_t>(r) * len + c] = per_row[r];
+  }
+  return t;
+}
+
+}  // namespace
+
+Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors& e,
+                                           const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& dout, const Tensor& lse) {
+  const bool backward = dout.defined();
+  const QuantisedScoreModel model{.rel = e.qk_rel, .abs = e.qk_abs};
+  auto t = ComputeGradientTermScales(p, q, k, v, dout, lse, &model);
+  if (!t.ok()) return t.error();
+  const int64_t hq = p.heads_q, hkv = p.heads_kv;
+  const auto n_q = static_cast<size_t>(p.TotalQ() * hq);
+  const auto n_k = static_cast<size_t>(p.TotalK() * hkv);
+  const double* delta = t->score_error.data<double>();
+  const double* o_terms = t->o.data<double>();
+  std::vector<double> lse_row(n_q), o_row(n_q), dq_row(n_q), theta(n_q), rho_ds(n_q);
+  double theta_max = 0, rho_ds_max = 0;
+  for (size_t r = 0; r < n_q; ++r) {
+    theta[r] = std::exp(2 * delta[r]) * (1 + e.p_rel) / (1 - e.p_rel) - 1;
+    const double rho_o = theta[r] * (1 + e.v_rel) + e.v_rel;
+    o_row[r] = rho_o * o_terms[r];
+    // D reads o' as delivered: its error, then the bf16 output rounding (2^-8 relative).
+    const double rho_g = std::max((1 + e.do_rel) * (1 + e.v_rel) - 1,
+                                  (1 + e.do_rel) * (1 + rho_o) * (1 + 0x1p-8) - 1);
+    const double t_prime = p.softcap > 0 ? std::exp(2 * delta[r] / p.softcap) : 1.0;
+    rho_ds[r] = (1 + theta[r]) * (1 + rho_g) * t_prime * (1 + e.ds_rel) - 1;
+    theta_max = std::max(theta_max, theta[r]);
+    rho_ds_max = std::max(rho_ds_max, rho_ds[r]);
+  }
+  FormatBounds out;
+  out.o = Broadcast(p.OShape(), o_row, p.head_dim_v);
+  // lse [B, Hq, Sq] (or [Hq, total_q] packed) against rows [TotalQ, Hq]: transpose.
+  {
+    out.lse = Tensor::Zeros(DType::kF64, p.LseShape());
+    double* l = out.lse.data<double>();
+    for (int64_t b = 0; b < (p.varlen() ? 1 : p.batch); ++b) {
+      const int64_t sq = p.varlen() ? p.TotalQ() : p.seqlen_q;
+      for (int64_t h = 0; h < hq; ++h) {
+        for (int64_t i = 0; i < sq; ++i) {
+          const int64_t token = b * sq + i;
+          l[(b * hq + h) * sq + i] = delta[token * hq + h];
+        }
+      }
+    }
+  }
+  if (!backward) return out;
+  // The term scales carry Higham's factor Dv (term_scale.h); the format bound wants the sums.
+  const double n_dot = static_cast<double>(std::max<int64_t>(p.head_dim_v, 1));
+  const double* dq_terms = t->dq.data<double>();
+  const double* dk_terms = t->dk.data<double>();
+  const double* dv_terms = t->dv.data<double>();
+  for (size_t r = 0; r < n_q; ++r) {
+    dq_row[r] = ((1 + rho_ds[r]) * (1 + e.qk_rel) - 1) * dq_terms[r] / n_dot;
+  }
+  std::vector<double> dk_row(n_k), dv_row(n_k);
+  for (size_t r = 0; r < n_k; ++r) {
+    dk_row[r] = ((1 + rho_ds_max) * (1 + e.qk_rel) - 1) * dk_terms[r] / n_dot;
+    dv_row[r] = (theta_max * (1 + e.do_rel) + e.do_rel) * dv_terms[r];
+  }
+  out.dq = Broadcast(p.QShape(), dq_row, p.head_dim);
+  out.dk = Broadcast(p.KShape(), dk_row, p.head_dim);
+  out.dv = Broadcast(p.VShape(), dv_row, p.head_dim_v);
+  return out;
+}
+
+
 }  // namespace attest

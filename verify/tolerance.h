@@ -16,6 +16,7 @@
 #include "kernels/kernel.h"
 #include "reference/status.h"
 #include "verify/metrics.h"
+#include "verify/term_scale.h"
 #include "verify/verdict.h"
 
 namespace attest {
@@ -101,19 +102,6 @@ Policy CosineFloor(double min_cosine, bool per_row);
 
 Policy FormatBound(double floor_ulps, FloorScale scale = FloorScale::kRow,
                    std::optional<Format> format = std::nullopt);
-
-// The element errors of a family row (fp8, mxfp8, nvfp4; tolerance.cc derives each number
-// from the element format and its scale): every operand element x the kernel quantises
-// becomes x' with |x' - x| <= rel |x| (+ abs times the largest |element| of its row along d
-// for Q and K: underflow below the block scale). The accuracy check turns them into per-element
-// bounds with the term magnitudes of verify/term_scale.h.
-struct FormatErrors {
-  double qk_rel = 0, qk_abs = 0;  // Q and K (the score GEMM's operands)
-  double v_rel = 0;               // V (P.V and dO.V^T)
-  double do_rel = 0;              // dO (P^T.dO and dO.V^T)
-  double p_rel = 0;               // P before P.V and P^T.dO
-  double ds_rel = 0;              // dS before dS.K and dS^T.Q
-};
 
 struct TensorPolicies {
   std::string tensor;            // "o", "lse", "dq", "dk", "dv"

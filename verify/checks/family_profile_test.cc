@@ -23,12 +23,15 @@
 #include "kernels/kernel.h"
 #include "kernels/models/lowp_models.h"
 #include "kernels/mutants/mutants.h"
+#include "reference/formats/quantize.h"
 #include "reference/recipes/recipe.h"
 #include "reference/recipes/recipe_json.h"
 #include "verify/checks/check.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"
+#include "verify/term_scale.h"
+#include "verify/tolerance.h"
 
 namespace attest {
 namespace {
@@ -150,6 +153,55 @@ std::string FamilyOf(const MutantSpec& spec) {
   if (r.starts_with("nvfp4")) return "nvfp4";
   if (r.starts_with("fp8")) return "fp8";
   return "mxfp8";
+}
+
+// The element errors of the mxfp8 row (verify/tolerance.cc): a block whose amax is just below
+// a power of two saturates under OCP FLOOR scales by almost 1/8 of the value, above E4M3's RNE
+// 2^-4 (so 2^-4 alone would be too small) and never beyond 1/8; RCEIL stays within 2^-4.
+TEST(FamilyProfile, MxFloorSaturationIsTheEighthOfTheMxfp8Row) {
+  std::vector<double> x(32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01 + 0.05 * static_cast<double>(i);
+  x[7] = 1.999;  // amax: FLOOR X = 2^-8, 1.999 / X = 511.7 > 448
+  const Tensor t = Tensor::FromF64({1, 32}, x);
+  const FormatErrors& mx = *FindProfile("mxfp8")->format_errors;
+  for (const ScaleMode mode : {ScaleMode::kFloor, ScaleMode::kRceil, ScaleMode::kCeil,
+                               ScaleMode::kEven}) {
+    SchemeOptions o;
+    o.scheme = "mxfp8-e4m3";
+    o.scale_mode = mode;
+    auto q = Quantize(t, o);
+    ASSERT_TRUE(q.ok()) << q.error().message;
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      worst = std::max(worst, std::fabs(q->dequant.data<double>()[i] - x[i]) / x[i]);
+    }
+    std::printf("  %s: worst relative element error %.4f\n", std::string(Name(mode)).c_str(),
+                worst);
+    EXPECT_LE(worst, mx.qk_rel) << Name(mode);
+    if (mode == ScaleMode::kFloor) EXPECT_GT(worst, 0x1p-4);
+    if (mode == ScaleMode::kRceil) EXPECT_LE(worst, 0x1p-4);
+  }
+}
+
+// With one key the lse bound is the score bound itself: |scale| (2 rel + rel^2) sum_d |q||k|
+// plus the underflow part (term_scale.h QuantisedScoreModel).
+TEST(FamilyProfile, LseBoundAtOneKeyIsTheScoreBound) {
+  Problem p;
+  p.head_dim = p.head_dim_v = 2;
+  p.seqlen_q = p.seqlen_k = 1;
+  p.scale = 0.5;
+  const Tensor q = Tensor::FromF64(p.QShape(), {3.0, -1.0});
+  const Tensor k = Tensor::FromF64(p.KShape(), {2.0, 4.0});
+  const Tensor v = Tensor::FromF64(p.VShape(), {1.0, -2.0});
+  const Tensor lse = Tensor::FromF64(p.LseShape(), {0.5 * (6.0 - 4.0)});
+  const FormatErrors e{.qk_rel = 0.125, .qk_abs = 0.01};
+  auto f = ComputeFormatBounds(p, e, q, k, v, Tensor(), lse);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const double rel2 = 2 * 0.125 + 0.125 * 0.125;
+  // m_q 3, |q|_1 4, m_k 4, |k|_1 6; sum_d |q||k| = 6 + 4 = 10.
+  const double want = 0.5 * (rel2 * 10 + 0.01 * 1.125 * (3 * 6 + 4 * 4) + 0.01 * 0.01 * 2 * 3 * 4);
+  EXPECT_NEAR(f->lse.data<double>()[0], want, 1e-12);
+  EXPECT_FALSE(f->dq.defined());
 }
 
 // The gate for the FLOOR kernel (~20-25 s on two cores; the kernel of the original false
