@@ -563,6 +563,11 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
 
 namespace {
 
+// factor x terms, 0 where the terms are 0 (nothing the row sums is non-zero, so no
+// quantisation moves it) even when the factor overflowed: e^(2 Delta) is +inf once scores reach
+// ~350 (per-token scales over decades), and inf x 0 must not become a NaN bound.
+double Times(double factor, double terms) { return terms == 0 ? 0.0 : factor * terms; }
+
 // Every element of row r (rows of `per_row` values, `len` elements each) set to per_row[r].
 Tensor Broadcast(const Shape& shape, const std::vector<double>& per_row, int64_t len) {
   Tensor t = Tensor::Zeros(DType::kF64, shape);
@@ -592,7 +597,7 @@ Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors&
   for (size_t r = 0; r < n_q; ++r) {
     theta[r] = std::exp(2 * delta[r]) * (1 + e.p_rel) / (1 - e.p_rel) - 1;
     const double rho_o = theta[r] * (1 + e.v_rel) + e.v_rel;
-    o_row[r] = rho_o * o_terms[r];
+    o_row[r] = Times(rho_o, o_terms[r]);
     // D reads o' as delivered: its error, then the bf16 output rounding (2^-8 relative).
     const double rho_g = std::max((1 + e.do_rel) * (1 + e.v_rel) - 1,
                                   (1 + e.do_rel) * (1 + rho_o) * (1 + 0x1p-8) - 1);
@@ -624,12 +629,12 @@ Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors&
   const double* dk_terms = t->dk.data<double>();
   const double* dv_terms = t->dv.data<double>();
   for (size_t r = 0; r < n_q; ++r) {
-    dq_row[r] = ((1 + rho_ds[r]) * (1 + e.qk_rel) - 1) * dq_terms[r] / n_dot;
+    dq_row[r] = Times((1 + rho_ds[r]) * (1 + e.qk_rel) - 1, dq_terms[r] / n_dot);
   }
   std::vector<double> dk_row(n_k), dv_row(n_k);
   for (size_t r = 0; r < n_k; ++r) {
-    dk_row[r] = ((1 + rho_ds_max) * (1 + e.qk_rel) - 1) * dk_terms[r] / n_dot;
-    dv_row[r] = (theta_max * (1 + e.do_rel) + e.do_rel) * dv_terms[r];
+    dk_row[r] = Times((1 + rho_ds_max) * (1 + e.qk_rel) - 1, dk_terms[r] / n_dot);
+    dv_row[r] = Times(theta_max * (1 + e.do_rel) + e.do_rel, dv_terms[r]);
   }
   out.dq = Broadcast(p.QShape(), dq_row, p.head_dim);
   out.dk = Broadcast(p.KShape(), dk_row, p.head_dim);
