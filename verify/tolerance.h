@@ -38,9 +38,9 @@ enum class PolicyKind : uint8_t {
   kCosineFloor,
   // |obs_e - ref_e| <= F_e + floor_ulps * Quantum(row max |ref|) [+ term_ulps fp32 ULPs of the
   // row's terms with FloorScale::kTerms], F_e the element's format bound
-  // (TensorMetrics::rounding_floor, filled from Profile::format_errors by the accuracy
-  // check; verify/checks/accuracy.cc FormatBounds): what quantising the operands with the
-  // family's element formats can move the element by. Metrics without floors: F_e = 0.
+  // (TensorMetrics::rounding_floor, filled from Profile::format_errors by the accuracy check
+  // and attest compare; verify/term_scale.h ComputeFormatBounds): what quantising the operands
+  // with the family's element formats can move the element by. Metrics without floors: 0.
   kFormatBound,
 };
 // "baseline-ratio" "atol-rtol" "ulp" "cosine" "format-bound"

@@ -16,6 +16,7 @@
 #include "verify/term_scale.h"
 
 namespace attest {
+
 std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view check,
                                         const ForwardResult& fwd, const BackwardResult* bwd) {
   const Problem& p = ctx.case_.problem;
