@@ -158,8 +158,9 @@ struct FormatErrors {
 // verify/tolerance.cc and docs/tolerances.md "The family rows"), from the term magnitudes of
 // ComputeGradientTermScales (with a QuantisedScoreModel) on the oracle's P. Delta_i bounds
 // the score error over row i's visible keys; softmax is 1-Lipschitz in the max norm, so
-// |lse' - lse| <= Delta_i, and each P_ij moves by a factor within e^(+-2 Delta_i). With rounding and renormalisation of P the
-// weights' relative error is theta_i = e^(2 Delta_i) (1 + p) / (1 - p) - 1, and
+// |lse' - lse| <= Delta_i, and each P_ij moves by a factor within e^(+-2 Delta_i). With
+// rounding and renormalisation of P the weights' relative error is theta_i = e^(2 Delta_i)
+// (1 + p) / (1 - p) - 1, and
 //   o:  |o' - o|_id  <= (theta_i (1 + v) + v) max_d sum_j P_ij |v_jd|
 //   dS = P (dP - D) t': |dP - D| <= G_ij = (|dO||V|^T)_ij + Dabs_i (above), dP moves
 //       by (1 + do)(1 + v) - 1 of G, D by (1 + do)(1 + rho_o)(1 + 2^-8) - 1 (it reads o' as
