@@ -84,6 +84,7 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   // kernel, so dP is taken as fp32 (FlashAttention's).
   std::optional<RoundingPoints> points;
   std::optional<RoundingFloors> floors;
+  std::optional<FormatBounds> format_bounds;  // the family rows (tolerance.h kFormatBound)
   if (profile->needs_rounding_floor()) {
     const Recipe* recipe = FindRecipe(profile->rounding_recipe);
     if (recipe == nullptr) {
@@ -109,6 +110,12 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
         if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
         terms = std::move(t).value();
       }
+      if (profile->needs_format_bound()) {
+        auto f = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
+                                     inputs->v, inputs->dout, b.lse);
+        if (!f.ok()) return Error{fmt::format("format bounds: {}", f.error().message)};
+        format_bounds = std::move(f).value();
+      }
       if (points) {
         auto f = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v,
                                        inputs->dout, b.lse, b.o, b.delta);
@@ -119,6 +126,12 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
       ForwardOut f = Forward<double>(p, inputs->q, inputs->k, inputs->v, options.oracle);
       ref[0] = f.o;
       ref[1] = f.lse;
+      if (profile->needs_format_bound()) {
+        auto r = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
+                                     inputs->v, Tensor(), f.lse);
+        if (!r.ok()) return Error{fmt::format("format bounds: {}", r.error().message)};
+        format_bounds = std::move(r).value();
+      }
       if (points) {
         auto r = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v, Tensor(),
                                        f.lse, Tensor(), Tensor());
@@ -164,6 +177,13 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     if (terms && (k == 2 || k == 3)) {
       if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
         return st.error();
+      }
+    }
+    if (format_bounds) {
+      const FormatBounds& f = *format_bounds;
+      const Tensor* fl[5] = {&f.o, &f.lse, &f.dq, &f.dk, &f.dv};
+      if (fl[k]->defined()) {
+        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) return st.error();
       }
     }
     if (floors) {

@@ -76,15 +76,27 @@ int64_t LseIndex(const Problem& p, int64_t b, int64_t h, const Sequence& seq, in
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
                                                        const Tensor& dout, const Tensor& lse) {
+  return ComputeGradientTermScales(p, q, k, v, dout, lse, nullptr);
+}
+
+Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
+                                                       const Tensor& k, const Tensor& v,
+                                                       const Tensor& dout, const Tensor& lse,
+                                                       const QuantisedScoreModel* model) {
   if (Status st = Validate(p); !st.ok()) return st.error();
+  const bool backward = dout.defined() || model == nullptr;
   auto qt = F64Input(q, "q", p.QShape());
   if (!qt.ok()) return qt.error();
   auto kt = F64Input(k, "k", p.KShape());
   if (!kt.ok()) return kt.error();
   auto vt = F64Input(v, "v", p.VShape());
   if (!vt.ok()) return vt.error();
-  auto dot = F64Input(dout, "do", p.OShape());
-  if (!dot.ok()) return dot.error();
+  Tensor do_f64 = Tensor::Zeros(DType::kF64, p.OShape());  // forward only: unused zeros
+  if (backward) {
+    auto dot = F64Input(dout, "do", p.OShape());
+    if (!dot.ok()) return dot.error();
+    do_f64 = *dot;
+  }
   auto lt = F64Input(lse, "lse", p.LseShape());
   if (!lt.ok()) return lt.error();
 
@@ -95,7 +107,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   const std::vector<double> abs_q = Abs(*qt);
   const std::vector<double> abs_k = Abs(*kt);
   const std::vector<double> abs_v = Abs(*vt);
-  const std::vector<double> abs_do = Abs(*dot);
+  const std::vector<double> abs_do = Abs(do_f64);
   const double scale = p.EffectiveScale();
   const double abs_scale = std::fabs(scale);
   // dS = P (dP - D) cancels two fp32 dot products of length Dv; Higham's gamma_n bound for
@@ -109,6 +121,38 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   out.dk = Tensor::Zeros(DType::kF64, {p.TotalK(), hkv});
   double* dq_terms = out.dq.data<double>();
   double* dk_terms = out.dk.data<double>();
+  // The family quantities (QuantisedScoreModel): row maxima and L1 norms of q and k for the
+  // absolute (underflow) part of the score error, |Q||K|^T per tile for the relative part.
+  double* score_err = nullptr;
+  double* o_terms = nullptr;
+  double* dv_terms = nullptr;
+  std::vector<double> q_max, q_l1, k_max, k_l1;
+  if (model != nullptr) {
+    out.score_error = Tensor::Zeros(DType::kF64, {p.TotalQ(), hq});
+    out.o = Tensor::Zeros(DType::kF64, {p.TotalQ(), hq});
+    score_err = out.score_error.data<double>();
+    o_terms = out.o.data<double>();
+    if (backward) {
+      out.dv = Tensor::Zeros(DType::kF64, {p.TotalK(), hkv});
+      dv_terms = out.dv.data<double>();
+    }
+    const auto row_stats = [&](const std::vector<double>& a, int64_t rows, std::vector<double>& mx,
+                               std::vector<double>& l1) {
+      mx.assign(static_cast<size_t>(rows), 0.0);
+      l1.assign(static_cast<size_t>(rows), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < d; ++c) {
+          const double x = a[static_cast<size_t>(r * d + c)];
+          mx[static_cast<size_t>(r)] = std::max(mx[static_cast<size_t>(r)], x);
+          l1[static_cast<size_t>(r)] += x;
+        }
+      }
+    };
+    row_stats(abs_q, p.TotalQ() * hq, q_max, q_l1);
+    row_stats(abs_k, p.TotalK() * hkv, k_max, k_l1);
+  }
+  const double rel2 = model != nullptr ? 2 * model->rel + model->rel * model->rel : 0.0;
+  std::vector<double> aqk, prob_tile, o_acc, dv_acc, delta_row(static_cast<size_t>(kTileQ));
 
   // Row r of a [rows, H, X] input, head h: (r * H + h) * X; consecutive rows are H * X apart.
   const int64_t ldq = hq * d, ldk = hkv * d, ldv = hkv * dv, ldo = hq * dv;
@@ -123,6 +167,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
     if (seq.q_len == 0 || seq.k_len == 0) continue;
     for (int64_t g = 0; g < hkv; ++g) {
       dk_acc.assign(static_cast<size_t>(seq.k_len * d), 0.0);
+      if (dv_terms != nullptr) dv_acc.assign(static_cast<size_t>(seq.k_len * dv), 0.0);
       for (int64_t h = g * p.gqa_ratio(); h < (g + 1) * p.gqa_ratio(); ++h) {
         const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
         for (int64_t i0 = 0; i0 < seq.q_len; i0 += kTileQ) {
@@ -132,7 +177,15 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
           // Pass 0 bounds |D_i| = |sum_d dO_id o_id| by Dabs_i = sum_j P_ij sum_d |dO_id| |v_jd|
           // (>= sum_d |dO_id| |o_id|, the size of D's own fp32 terms); pass 1 forms A.
           std::fill(dabs.begin(), dabs.end(), 0.0);
+          std::fill(delta_row.begin(), delta_row.end(), 0.0);
+          if (model != nullptr) {
+            o_acc.assign(static_cast<size_t>(kTileQ * dv), 0.0);
+            aqk.resize(s.size());
+            prob_tile.resize(s.size());
+          }
           for (int pass = 0; pass < 2; ++pass) {
+            // Forward only: pass 0 is the score error alone.
+            if (pass == 0 && !backward && model == nullptr) continue;
             for (int64_t j0 = 0; j0 < seq.k_len; j0 += kTileK) {
               const int64_t tk = std::min(kTileK, seq.k_len - j0);
               const int64_t krow0 = seq.k_begin + j0;
@@ -140,8 +193,14 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
               Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
                    K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
               // |dO| |V|^T: the size of dP's fp32 terms, not the possibly cancelled |dP|.
-              Gemm(false, true, tq, tk, dv, 1.0, abs_do.data() + (qrow0 * hq + h) * dv, ldo,
-                   abs_v.data() + (krow0 * hkv + g) * dv, ldv, 0.0, dp.data(), tk);
+              if (backward) {
+                Gemm(false, true, tq, tk, dv, 1.0, abs_do.data() + (qrow0 * hq + h) * dv, ldo,
+                     abs_v.data() + (krow0 * hkv + g) * dv, ldv, 0.0, dp.data(), tk);
+              }
+              if (model != nullptr && pass == 0) {
+                Gemm(false, true, tq, tk, d, 1.0, abs_q.data() + (qrow0 * hq + h) * d, ldq,
+                     abs_k.data() + (krow0 * hkv + g) * d, ldk, 0.0, aqk.data(), tk);
+              }
               // s becomes P (pass 0) or A = P (|dO||v| + Dabs) (pass 1), 0 where masked.
               for (int64_t r = 0; r < tq; ++r) {
                 const int64_t i = i0 + r;
@@ -155,19 +214,44 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
                                        (mask.interval_only() || mask.Visible(i, j));
                   if (!visible) {
                     srow[c] = 0;
+                    if (model != nullptr) prob_tile[static_cast<size_t>(r * tk + c)] = 0;
                     continue;
                   }
                   const double sc =
                       TransformScore(srow[c], p.softcap, slope, mask.AlibiDistance(i, j));
                   const double prob = std::exp(sc - row_lse);
                   if (pass == 0) {
-                    dabs[static_cast<size_t>(r)] += prob * dprow[c];
+                    if (backward) dabs[static_cast<size_t>(r)] += prob * dprow[c];
+                    if (model != nullptr) {
+                      const size_t qi = static_cast<size_t>((qrow0 + r) * hq + h);
+                      const size_t kj = static_cast<size_t>((krow0 + c) * hkv + g);
+                      const double err =
+                          abs_scale *
+                          (rel2 * aqk[static_cast<size_t>(r * tk + c)] +
+                           model->abs * (1 + model->rel) *
+                               (q_max[qi] * k_l1[kj] + k_max[kj] * q_l1[qi]) +
+                           model->abs * model->abs * static_cast<double>(d) * q_max[qi] *
+                               k_max[kj]);
+                      delta_row[static_cast<size_t>(r)] =
+                          std::max(delta_row[static_cast<size_t>(r)], err);
+                    }
                   } else {
-                    srow[c] = prob * (dprow[c] + dabs[static_cast<size_t>(r)]);
+                    if (model != nullptr) prob_tile[static_cast<size_t>(r * tk + c)] = prob;
+                    if (backward) srow[c] = prob * (dprow[c] + dabs[static_cast<size_t>(r)]);
                   }
                 }
               }
               if (pass == 0) continue;
+              if (model != nullptr) {
+                Gemm(false, false, tq, dv, tk, 1.0, prob_tile.data(), tk,
+                     abs_v.data() + (krow0 * hkv + g) * dv, ldv, 1.0, o_acc.data(), dv);
+                if (dv_terms != nullptr) {
+                  Gemm(true, false, tk, dv, tq, 1.0, prob_tile.data(), tk,
+                       abs_do.data() + (qrow0 * hq + h) * dv, ldo, 1.0,
+                       dv_acc.data() + j0 * dv, dv);
+                }
+              }
+              if (!backward) continue;
               Gemm(false, false, tq, d, tk, 1.0, s.data(), tk,
                    abs_k.data() + (krow0 * hkv + g) * d, ldk, 1.0, dq_acc.data(), d);
               Gemm(true, false, tk, d, tq, 1.0, s.data(), tk,
@@ -178,6 +262,10 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
             const double* row = dq_acc.data() + r * d;
             const double mx = d > 0 ? *std::max_element(row, row + d) : 0.0;
             dq_terms[(qrow0 + r) * hq + h] = n_dot * abs_scale * mx;
+            if (model == nullptr) continue;
+            const double* orow = o_acc.data() + r * dv;
+            score_err[(qrow0 + r) * hq + h] = delta_row[static_cast<size_t>(r)];
+            o_terms[(qrow0 + r) * hq + h] = dv > 0 ? *std::max_element(orow, orow + dv) : 0.0;
           }
         }
       }
@@ -185,9 +273,14 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
         const double* row = dk_acc.data() + j * d;
         const double mx = d > 0 ? *std::max_element(row, row + d) : 0.0;
         dk_terms[(seq.k_begin + j) * hkv + g] = n_dot * abs_scale * mx;
+        if (dv_terms == nullptr) continue;
+        const double* vrow = dv_acc.data() + j * dv;
+        dv_terms[(seq.k_begin + j) * hkv + g] =
+            dv > 0 ? *std::max_element(vrow, vrow + dv) : 0.0;
       }
     }
   }
+  if (!backward) out.dq = out.dk = Tensor();
   return out;
 }
 
@@ -468,5 +561,89 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
   }
   return out;
 }
+
+// ---- Format bounds ----
+
+namespace {
+
+// factor x terms, 0 where the terms are 0 (nothing the row sums is non-zero, so no
+// quantisation moves it) even when the factor overflowed: e^(2 Delta) is +inf once scores reach
+// ~350 (per-token scales over decades), and inf x 0 must not become a NaN bound.
+double Times(double factor, double terms) { return terms == 0 ? 0.0 : factor * terms; }
+
+// Every element of row r (rows of `per_row` values, `len` elements each) set to per_row[r].
+Tensor Broadcast(const Shape& shape, const std::vector<double>& per_row, int64_t len) {
+  Tensor t = Tensor::Zeros(DType::kF64, shape);
+  double* out = t.data<double>();
+  for (size_t r = 0; r < per_row.size(); ++r) {
+    for (int64_t c = 0; c < len; ++c) out[static_cast<int64_t>(r) * len + c] = per_row[r];
+  }
+  return t;
+}
+
+}  // namespace
+
+Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors& e,
+                                           const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& dout, const Tensor& lse) {
+  const bool backward = dout.defined();
+  const QuantisedScoreModel model{.rel = e.qk_rel, .abs = e.qk_abs};
+  auto t = ComputeGradientTermScales(p, q, k, v, dout, lse, &model);
+  if (!t.ok()) return t.error();
+  const int64_t hq = p.heads_q, hkv = p.heads_kv;
+  const auto n_q = static_cast<size_t>(p.TotalQ() * hq);
+  const auto n_k = static_cast<size_t>(p.TotalK() * hkv);
+  const double* delta = t->score_error.data<double>();
+  const double* o_terms = t->o.data<double>();
+  std::vector<double> lse_row(n_q), o_row(n_q), dq_row(n_q), theta(n_q), rho_ds(n_q);
+  double theta_max = 0, rho_ds_max = 0;
+  for (size_t r = 0; r < n_q; ++r) {
+    theta[r] = std::exp(2 * delta[r]) * (1 + e.p_rel) / (1 - e.p_rel) - 1;
+    const double rho_o = theta[r] * (1 + e.v_rel) + e.v_rel;
+    o_row[r] = Times(rho_o, o_terms[r]);
+    // D reads o' as delivered: its error, then the bf16 output rounding (2^-8 relative).
+    const double rho_g = std::max((1 + e.do_rel) * (1 + e.v_rel) - 1,
+                                  (1 + e.do_rel) * (1 + rho_o) * (1 + 0x1p-8) - 1);
+    const double t_prime = p.softcap > 0 ? std::exp(2 * delta[r] / p.softcap) : 1.0;
+    rho_ds[r] = (1 + theta[r]) * (1 + rho_g) * t_prime * (1 + e.ds_rel) - 1;
+    theta_max = std::max(theta_max, theta[r]);
+    rho_ds_max = std::max(rho_ds_max, rho_ds[r]);
+  }
+  FormatBounds out;
+  out.o = Broadcast(p.OShape(), o_row, p.head_dim_v);
+  // lse [B, Hq, Sq] (or [Hq, total_q] packed) against rows [TotalQ, Hq]: transpose.
+  {
+    out.lse = Tensor::Zeros(DType::kF64, p.LseShape());
+    double* l = out.lse.data<double>();
+    for (int64_t b = 0; b < (p.varlen() ? 1 : p.batch); ++b) {
+      const int64_t sq = p.varlen() ? p.TotalQ() : p.seqlen_q;
+      for (int64_t h = 0; h < hq; ++h) {
+        for (int64_t i = 0; i < sq; ++i) {
+          const int64_t token = b * sq + i;
+          l[(b * hq + h) * sq + i] = delta[token * hq + h];
+        }
+      }
+    }
+  }
+  if (!backward) return out;
+  // The term scales carry Higham's factor Dv (term_scale.h); the format bound wants the sums.
+  const double n_dot = static_cast<double>(std::max<int64_t>(p.head_dim_v, 1));
+  const double* dq_terms = t->dq.data<double>();
+  const double* dk_terms = t->dk.data<double>();
+  const double* dv_terms = t->dv.data<double>();
+  for (size_t r = 0; r < n_q; ++r) {
+    dq_row[r] = Times((1 + rho_ds[r]) * (1 + e.qk_rel) - 1, dq_terms[r] / n_dot);
+  }
+  std::vector<double> dk_row(n_k), dv_row(n_k);
+  for (size_t r = 0; r < n_k; ++r) {
+    dk_row[r] = Times((1 + rho_ds_max) * (1 + e.qk_rel) - 1, dk_terms[r] / n_dot);
+    dv_row[r] = Times(theta_max * (1 + e.do_rel) + e.do_rel, dv_terms[r]);
+  }
+  out.dq = Broadcast(p.QShape(), dq_row, p.head_dim);
+  out.dk = Broadcast(p.KShape(), dk_row, p.head_dim);
+  out.dv = Broadcast(p.VShape(), dv_row, p.head_dim_v);
+  return out;
+}
+
 
 }  // namespace attest

@@ -55,6 +55,25 @@ namespace attest {
 struct GradientTermScales {
   Tensor dq;
   Tensor dk;
+  // Filled only with a QuantisedScoreModel (the family rows' format bounds, tolerance.cc):
+  // score_error [TotalQ, Hq]: the bound Delta_i of |s'_ij - s_ij| over the row's visible keys
+  // (QuantisedScoreModel below); o [TotalQ, Hq]: max_d sum_j P_ij |v_jd|; dv [TotalK, Hkv]:
+  // max_d sum_{h in group} sum_i P_ij |dO_id| (undefined without dout).
+  Tensor score_error;
+  Tensor o;
+  Tensor dv;
+};
+
+// The score error of a kernel whose Q and K elements are quantised with relative error at
+// most `rel` and absolute error at most `abs` times the largest |element| of their row (the
+// row along d that a block scale along d covers: underflow below the block's scale):
+//   |s'_ij - s_ij| <= |scale| sum_d (|dq_d| |k_d| + |q_d| |dk_d| + |dq_d| |dk_d|)
+//                  <= |scale| ((2 rel + rel^2) sum_d |q_id| |k_jd|
+//                              + abs (1 + rel) (m_i |k_j|_1 + m_j |q_i|_1) + abs^2 D m_i m_j)
+// with m the row maxima. verify/tolerance.cc derives rel and abs from the element formats.
+struct QuantisedScoreModel {
+  double rel = 0;
+  double abs = 0;
 };
 
 // q, k, v, dout: f64 inputs of the problem's shapes; lse: the oracle's forward lse
@@ -65,6 +84,12 @@ struct GradientTermScales {
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
                                                        const Tensor& dout, const Tensor& lse);
+// The same walk with the family rows' quantities: `model` set fills score_error, o and (with
+// dout) dv; dout undefined computes the forward quantities alone (dq, dk undefined).
+Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
+                                                       const Tensor& k, const Tensor& v,
+                                                       const Tensor& dout, const Tensor& lse,
+                                                       const QuantisedScoreModel* model);
 
 // ---- Rounding floors ----
 
@@ -113,5 +138,47 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& dout, const Tensor& lse,
                                                const Tensor& o, const Tensor& delta);
+
+// ---- Format bounds (the family rows fp8 / mxfp8 / nvfp4; verify/tolerance.cc) ----
+
+// The element errors of a family row (fp8, mxfp8, nvfp4; tolerance.cc derives each number
+// from the element format and its scale): every operand element x the kernel quantises
+// becomes x' with |x' - x| <= rel |x| (+ abs times the largest |element| of its row along d
+// for Q and K: underflow below the block scale). The accuracy check turns them into per-element
+// bounds with ComputeFormatBounds below.
+struct FormatErrors {
+  double qk_rel = 0, qk_abs = 0;  // Q and K (the score GEMM's operands)
+  double v_rel = 0;               // V (P.V and dO.V^T)
+  double do_rel = 0;              // dO (P^T.dO and dO.V^T)
+  double p_rel = 0;               // P before P.V and P^T.dO
+  double ds_rel = 0;              // dS before dS.K and dS^T.Q
+};
+
+// Per-element format bounds of the family rows (FormatErrors above; the derivation is in
+// verify/tolerance.cc and docs/tolerances.md "The family rows"), from the term magnitudes of
+// ComputeGradientTermScales (with a QuantisedScoreModel) on the oracle's P. Delta_i bounds
+// the score error over row i's visible keys; softmax is 1-Lipschitz in the max norm, so
+// |lse' - lse| <= Delta_i, and each P_ij moves by a factor within e^(+-2 Delta_i). With
+// rounding and renormalisation of P the weights' relative error is theta_i = e^(2 Delta_i)
+// (1 + p) / (1 - p) - 1, and
+//   o:  |o' - o|_id  <= (theta_i (1 + v) + v) max_d sum_j P_ij |v_jd|
+//   dS = P (dP - D) t': |dP - D| <= G_ij = (|dO||V|^T)_ij + Dabs_i (above), dP moves
+//       by (1 + do)(1 + v) - 1 of G, D by (1 + do)(1 + rho_o)(1 + 2^-8) - 1 (it reads o' as
+//       delivered in bf16), t' by a factor e^(2 Delta_i / softcap); dS is then rounded (ds):
+//       rho_ds_i = (1 + theta_i)(1 + rho_G) e^(2 Delta_i / softcap) (1 + ds) - 1
+//   dq: |dq' - dq|_id <= ((1 + rho_ds_i)(1 + qk) - 1) |scale| max_d sum_j P G |k_jd|
+//   dk: the same over the group with the largest rho_ds of the tensor, |q| for |k|
+//   dv: |dv' - dv|_jd <= (theta_max (1 + do) + do) max_d sum_i P_ij |dO_id|
+// Products of (1 + e) factors, so the bounds hold beyond first order; the underflow (abs)
+// part is carried for the scores only.
+struct FormatBounds {
+  Tensor o, lse, dq, dk, dv;
+};
+
+// q, k, v, dout (undefined: forward only; o and lse bounds alone), lse: as for
+// ComputeGradientTermScales. Per-element bounds in the shapes of o, lse, dq, dk, dv.
+Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors& errors,
+                                           const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& dout, const Tensor& lse);
 
 }  // namespace attest

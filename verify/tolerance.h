@@ -16,6 +16,7 @@
 #include "kernels/kernel.h"
 #include "reference/status.h"
 #include "verify/metrics.h"
+#include "verify/term_scale.h"
 #include "verify/verdict.h"
 
 namespace attest {
@@ -35,8 +36,15 @@ enum class PolicyKind : uint8_t {
   // cosine(obs, ref) >= min_cosine, over the tensor or over every row; the margin is taken on
   // the deficit: (1 - cos) / (1 - min_cosine).
   kCosineFloor,
+  // |obs_e - ref_e| <= F_e + floor_ulps * Quantum(row max |ref|) [+ term_ulps fp32 ULPs of the
+  // row's terms with FloorScale::kTerms], F_e the element's format bound
+  // (TensorMetrics::rounding_floor, filled from Profile::format_errors by the accuracy check
+  // and attest compare; verify/term_scale.h ComputeFormatBounds): what quantising the operands
+  // with the family's element formats can move the element by. Metrics without floors: 0.
+  kFormatBound,
 };
-std::string_view Name(PolicyKind kind);  // "baseline-ratio" "atol-rtol" "ulp" "cosine"
+// "baseline-ratio" "atol-rtol" "ulp" "cosine" "format-bound"
+std::string_view Name(PolicyKind kind);
 
 // What the floor of kBaselineRatio is a few ULPs of.
 enum class FloorScale : uint8_t {
@@ -92,6 +100,9 @@ Policy AbsRel(double atol, double rtol, bool atol_relative_to_max = false);
 Policy UlpBudget(double ulps, std::optional<Format> format = std::nullopt);
 Policy CosineFloor(double min_cosine, bool per_row);
 
+Policy FormatBound(double floor_ulps, FloorScale scale = FloorScale::kRow,
+                   std::optional<Format> format = std::nullopt);
+
 struct TensorPolicies {
   std::string tensor;            // "o", "lse", "dq", "dk", "dv"
   std::vector<Policy> policies;  // all must hold
@@ -110,6 +121,8 @@ struct Profile {
   // rounding floor of the policies that ask for one: "bf16" / "f16" (FlashAttention-2: P and
   // dS rounded to the input dtype) for those dtypes' rows; empty: no rounding floor.
   std::string rounding_recipe;
+  // The family rows' element errors (kFormatBound policies); unset elsewhere.
+  std::optional<FormatErrors> format_errors;
 
   // The policies for `tensor`, or nullptr when the profile does not judge it.
   const std::vector<Policy>* For(std::string_view tensor) const;
@@ -120,6 +133,9 @@ struct Profile {
   // Whether a policy asks for rounding floors and the profile names rounding points: then the
   // caller fills TensorMetrics::rounding_floor (SetRoundingFloor) before Evaluate.
   bool needs_rounding_floor() const;
+  // Whether a policy is a kFormatBound: then the caller fills TensorMetrics::rounding_floor
+  // with the format bounds (and, for dq and dk, the term scales) before Evaluate.
+  bool needs_format_bound() const;
 };
 
 // The profile table, built once: rows f32 bf16 f16 fp8 mxfp8 nvfp4, then one per recipe

@@ -180,6 +180,44 @@ TEST(Evaluate, UlpsAreCountedInThePromisedFormat) {
   EXPECT_FALSE(Evaluate(BaselineRatio(4, 4, FloorScale::kRow, Format::kF32), narrow, &exact).pass);
 }
 
+TEST(Evaluate, FormatBoundIsTheElementsBoundPlusTheUlpFloor) {
+  // Element 1 (ref 2) may move by its format bound 0.25 plus 2 bf16 ULPs of the row's 8
+  // (0.125); without bounds only the floor remains.
+  std::vector<double> obs = kRef;
+  obs[1] += 0.3;
+  TensorMetrics m = Metrics(obs);
+  const Verdict floor_only = Evaluate(FormatBound(2), m, nullptr);
+  EXPECT_FALSE(floor_only.pass);
+  EXPECT_NE(floor_only.message.find("format bounds unknown"), std::string::npos);
+  std::vector<double> bound(8, 0.0);
+  bound[1] = 0.25;
+  ASSERT_TRUE(SetRoundingFloor(m, Tensor::FromF64({2, 4}, bound)).ok());
+  const Verdict v = Evaluate(FormatBound(2), m, nullptr);
+  EXPECT_TRUE(v.pass) << v.message;
+  EXPECT_DOUBLE_EQ(v.allowed, 0.375);
+  EXPECT_DOUBLE_EQ(v.margin, 0.3 / 0.375);
+  EXPECT_EQ(FormatBound(2, FloorScale::kRow, Format::kBF16).Describe(),
+            "err <= format bound + 2 bf16 ulp(row)");
+  EXPECT_FALSE(FormatBound(2).needs_baseline());
+}
+
+TEST(Profiles, FamilyRowsAreFormatBounds) {
+  // verify/tolerance.cc: E4M3 under OCP FLOOR E8M0 saturates by up to 1/8, E2M1 rounds by 2^-2.
+  EXPECT_DOUBLE_EQ(FindProfile("mxfp8")->format_errors->qk_rel, 0.125);
+  EXPECT_DOUBLE_EQ(FindProfile("nvfp4")->format_errors->qk_rel, 0.25);
+  EXPECT_DOUBLE_EQ(FindProfile("fp8")->format_errors->qk_rel, 0.0625);
+  for (const char* name : {"fp8", "mxfp8", "nvfp4"}) {
+    const Profile* p = FindProfile(name);
+    EXPECT_TRUE(p->needs_format_bound()) << name;
+    EXPECT_FALSE(p->needs_baseline()) << name;
+    for (const char* t : {"o", "lse", "dq", "dk", "dv"}) {
+      EXPECT_EQ(p->For(t)->front().kind, PolicyKind::kFormatBound) << name << " " << t;
+    }
+  }
+  EXPECT_FALSE(FindProfile("bf16")->needs_format_bound());
+  EXPECT_FALSE(FindProfile("mxfp8-pvbf16")->needs_format_bound());
+}
+
 TEST(Profiles, TableHasTheRequiredRows) {
   for (const char* name : {"f32", "bf16", "f16", "fp8", "mxfp8", "nvfp4", "mxfp8-cudnn",
                            "mxfp8-pvbf16", "nvfp4-mixed", "fp8-e4m3-tensor"}) {

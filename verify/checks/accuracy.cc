@@ -134,6 +134,20 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     floors = std::move(f).value();
   }
 
+  // The family rows' format bounds (tolerance.h FormatErrors), from the oracle's lse.
+  std::optional<FormatBounds> format_bounds;
+  if (ctx.profile->needs_format_bound()) {
+    const Tensor& lse = bwd != nullptr ? ctx.OracleBackward().lse : ctx.OracleForward().lse;
+    const CaseInputs& in = ctx.inputs;
+    auto f = ComputeFormatBounds(p, *ctx.profile->format_errors, in.q, in.k, in.v,
+                                 bwd != nullptr ? in.dout : Tensor(), lse);
+    if (!f.ok()) {
+      out.push_back(Failure(check, "", "format bounds", f.error().message));
+      return out;
+    }
+    format_bounds = std::move(f).value();
+  }
+
   // 3. Metrics and verdicts per tensor, ULPs counted in the format the kernel delivered.
   for (size_t k = 0; k < slots.size(); ++k) {
     if (k == 1 && !judge_lse) continue;
@@ -149,6 +163,16 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
       if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
         out.push_back(Failure(check, s.name, "gradient term magnitudes", st.error().message));
         continue;
+      }
+    }
+    if (format_bounds) {
+      const FormatBounds& f = *format_bounds;
+      const Tensor* fl[5] = {&f.o, &f.lse, &f.dq, &f.dk, &f.dv};
+      if (fl[k]->defined()) {
+        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) {
+          out.push_back(Failure(check, s.name, "format bounds", st.error().message));
+          continue;
+        }
       }
     }
     if (floors) {
