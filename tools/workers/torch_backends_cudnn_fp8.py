@@ -17,8 +17,8 @@ The kernel under test is that cast plus the cuDNN call, and its recipe is declar
                reports that leak, from the kernel's outputs.
   - S (the softmax P) before P·V and Pᵀ·dO: scale_s = 2^8 (a power of two, below the 448 bound
     cuDNN documents for Amax S); the forward's online softmax divides it by 2^4 again (cuDNN's
-    FP8 reference, test/python/sdpa/fp8_ref.py, `rescale_threshold` 4: P relative to a running
-    max that may lag by up to 2^4), so the forward's P is rounded as e4m3(P · 2^4);
+    FP8 reference, cudnn-frontend test/python/sdpa/fp8_ref.py, `rescale_threshold` 4: P relative
+    to a running max that may lag by up to 2^4), so the forward's P is rounded as e4m3(P · 2^4);
   - dS before dS·K and dSᵀ·Q (cuDNN's `scale_dP`): a static power of two from the calibration
     batch's largest |dS| with a margin of 2^2, in both modes;
   - D = rowsum(dO∘O) from the bf16 O handed to the backward and the FP8 dO.
