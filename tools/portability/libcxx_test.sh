@@ -28,7 +28,9 @@ printf '%s\n' "${srcs[@]}" | xargs -P "$(nproc)" -I{} sh -c \
   '"$0" -std=c++20 -stdlib=libc++ -O2 -DFMT_HEADER_ONLY -I. -c "$1" -o "$2/$(echo "$1" | tr / _).o"' \
   "$clangxx" {} "$out"
 "$clangxx" -stdlib=libc++ "$out"/*.o -o "$out/content_ids"
-if ! ldd "$out/content_ids" | grep -q 'libc++\.so'; then
+# grep reads ldd's whole output (no -q): with pipefail, grep -q exiting at the first match can
+# kill ldd with SIGPIPE and fail the pipeline (seen once under load in CI).
+if ! ldd "$out/content_ids" | grep 'libc++\.so' > /dev/null; then
   echo "FAIL: $out/content_ids is not linked against libc++"
   exit 1
 fi
