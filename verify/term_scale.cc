@@ -1,6 +1,7 @@
 // Gradient term magnitudes and rounding floors (see term_scale.h; docs/design.md
-// "Semantics" for P and the mask). Both tile the same way, per (batch, kv head, query head in
-// the group, query tile, key tile). Term magnitudes:
+// "Semantics" for P and the mask). Both walk the tiles of reference/problem/tile_walk.h (its
+// key tiles, its row transform and mask), per (batch, kv head, query head in the group,
+// query tile, key tile). Term magnitudes:
 // S = scale Q_t K_t^T, P = exp(transform(S) - lse) on visible entries, dP = dO_t V_t^T,
 // A = P (|dO||V|^T + Dabs) with Dabs_i = sum_j P_ij (|dO||V|^T)_ij, then dq_acc += A |K_t|
 // and dk_acc += A^T |Q_t| (dgemm each); the result is multiplied by Dv (see below).
@@ -16,6 +17,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/tile_walk.h"
 
 namespace attest {
 namespace {
@@ -56,16 +58,6 @@ std::vector<double> Abs(const Tensor& t) {
 }
 
 // Offset of (b, h, i) in lse / delta: [B, Hq, Sq] or, packed, [Hq, total_q] (oracle.h).
-// Whether some query of rows [i0, i0 + tq) may see some key of [j0, j0 + tk) (the mask's
-// interval bounds): tiles outside the causal / window band are skipped.
-bool AnyQuerySees(const MaskView& mask, int64_t i0, int64_t tq, int64_t j0, int64_t tk) {
-  for (int64_t r = 0; r < tq; ++r) {
-    const auto [lo, hi] = mask.KeyBounds(i0 + r);
-    if (std::max(lo, j0) < std::min(hi, j0 + tk)) return true;
-  }
-  return false;
-}
-
 int64_t LseIndex(const Problem& p, int64_t b, int64_t h, const Sequence& seq, int64_t i) {
   if (p.varlen()) return h * p.TotalQ() + seq.q_begin + i;
   return (b * p.heads_q + h) * p.seqlen_q + i;
@@ -160,9 +152,11 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   std::vector<double> dp(s.size());
   std::vector<double> dq_acc(static_cast<size_t>(kTileQ * d));
   std::vector<double> dabs(static_cast<size_t>(kTileQ));
+  std::vector<uint8_t> vis(static_cast<size_t>(kTileK));
   std::vector<double> dk_acc;
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView mask(p, b);
+    const TileWalk walk(mask, kTileK);
     const Sequence& seq = mask.sequence();
     if (seq.q_len == 0 || seq.k_len == 0) continue;
     for (int64_t g = 0; g < hkv; ++g) {
@@ -186,10 +180,8 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
           for (int pass = 0; pass < 2; ++pass) {
             // Forward only: pass 0 is the score error alone.
             if (pass == 0 && !backward && model == nullptr) continue;
-            for (int64_t j0 = 0; j0 < seq.k_len; j0 += kTileK) {
-              const int64_t tk = std::min(kTileK, seq.k_len - j0);
+            walk.ForEachKeyTile(i0, tq, [&](int64_t, int64_t j0, int64_t tk) {
               const int64_t krow0 = seq.k_begin + j0;
-              if (!AnyQuerySees(mask, i0, tq, j0, tk)) continue;
               Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
                    K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
               // |dO| |V|^T: the size of dP's fp32 terms, not the possibly cancelled |dP|.
@@ -205,20 +197,17 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
               for (int64_t r = 0; r < tq; ++r) {
                 const int64_t i = i0 + r;
                 const double row_lse = LSE[LseIndex(p, b, h, seq, i)];
-                const auto [lo, hi] = mask.KeyBounds(i);
                 double* srow = s.data() + r * tk;
                 const double* dprow = dp.data() + r * tk;
+                walk.TransformRow(i, j0, tk, p.softcap, slope, srow, static_cast<double*>(nullptr),
+                                  vis.data());
                 for (int64_t c = 0; c < tk; ++c) {
-                  const int64_t j = j0 + c;
-                  const bool visible = row_lse != kNegInf && j >= lo && j < hi &&
-                                       (mask.interval_only() || mask.Visible(i, j));
-                  if (!visible) {
+                  if (row_lse == kNegInf || !vis[static_cast<size_t>(c)]) {
                     srow[c] = 0;
                     if (model != nullptr) prob_tile[static_cast<size_t>(r * tk + c)] = 0;
                     continue;
                   }
-                  const double sc =
-                      TransformScore(srow[c], p.softcap, slope, mask.AlibiDistance(i, j));
+                  const double sc = srow[c];
                   const double prob = std::exp(sc - row_lse);
                   if (pass == 0) {
                     if (backward) dabs[static_cast<size_t>(r)] += prob * dprow[c];
@@ -241,7 +230,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
                   }
                 }
               }
-              if (pass == 0) continue;
+              if (pass == 0) return;
               if (model != nullptr) {
                 Gemm(false, false, tq, dv, tk, 1.0, prob_tile.data(), tk,
                      abs_v.data() + (krow0 * hkv + g) * dv, ldv, 1.0, o_acc.data(), dv);
@@ -251,12 +240,12 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
                        dv_acc.data() + j0 * dv, dv);
                 }
               }
-              if (!backward) continue;
+              if (!backward) return;
               Gemm(false, false, tq, d, tk, 1.0, s.data(), tk,
                    abs_k.data() + (krow0 * hkv + g) * d, ldk, 1.0, dq_acc.data(), d);
               Gemm(true, false, tk, d, tq, 1.0, s.data(), tk,
                    abs_q.data() + (qrow0 * hq + h) * d, ldq, 1.0, dk_acc.data() + j0 * d, d);
-            }
+            });
           }
           for (int64_t r = 0; r < tq; ++r) {
             const double* row = dq_acc.data() + r * d;
@@ -416,8 +405,11 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
     for (size_t e = 0; e < n; ++e) b[e] = a[e] * a[e];
   };
   std::vector<double> sq(area);
+  std::vector<double> th(static_cast<size_t>(kTileK));
+  std::vector<uint8_t> vis(static_cast<size_t>(kTileK));
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView mask(p, b);
+    const TileWalk walk(mask, kTileK);
     const Sequence& seq = mask.sequence();
     if (seq.q_len == 0 || seq.k_len == 0) continue;
     for (int64_t g = 0; g < hkv; ++g) {
@@ -450,10 +442,8 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             }
             dd[static_cast<size_t>(r)] = std::min(a1, kRoundingSigmas * std::sqrt(a2));
           }
-          for (int64_t j0 = 0; j0 < seq.k_len; j0 += kTileK) {
-            const int64_t tk = std::min(kTileK, seq.k_len - j0);
+          walk.ForEachKeyTile(i0, tq, [&](int64_t, int64_t j0, int64_t tk) {
             const int64_t krow0 = seq.k_begin + j0;
-            if (!AnyQuerySees(mask, i0, tq, j0, tk)) continue;
             const size_t n = static_cast<size_t>(tq * tk);
             Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
                  K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
@@ -469,21 +459,18 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
               const double row_lse = LSE[li];
               const double row_d = backward ? DELTA[li] : 0.0;
               const double row_dd = dd[static_cast<size_t>(r)];
-              const auto [lo, hi] = mask.KeyBounds(i);
+              walk.TransformRow(i, j0, tk, p.softcap, slope, s.data() + r * tk, th.data(),
+                                vis.data());
               for (int64_t c = 0; c < tk; ++c) {
                 const size_t at = static_cast<size_t>(r * tk + c);
-                const int64_t j = j0 + c;
-                const bool visible = row_lse != kNegInf && j >= lo && j < hi &&
-                                     (mask.interval_only() || mask.Visible(i, j));
-                if (!visible) {
+                if (row_lse == kNegInf || !vis[static_cast<size_t>(c)]) {
                   e1[at] = e2[at] = e3[at] = e4[at] = e5[at] = 0;
                   continue;
                 }
-                const double raw = s[at];
-                const double sc = TransformScore(raw, p.softcap, slope, mask.AlibiDistance(i, j));
+                const double sc = s[at];
                 double tprime = 1;
                 if (p.softcap > 0) {
-                  const double t = std::tanh(raw / p.softcap);
+                  const double t = th[static_cast<size_t>(c)];
                   tprime = 1 - t * t;
                 }
                 const double prob = std::exp(sc - row_lse);
@@ -503,7 +490,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             Gemm(false, false, tq, dv, tk, 1.0, e5.data(), tk, av, ldv, 1.0, o1.data(), dv);
             square(e5, sq, n);
             Gemm(false, false, tq, dv, tk, 1.0, sq.data(), tk, sv, ldv, 1.0, o2.data(), dv);
-            if (!backward) continue;
+            if (!backward) return;
             const double* ak = abs_k.data() + (krow0 * hkv + g) * d;
             const double* sk = sq_k.data() + (krow0 * hkv + g) * d;
             Gemm(false, false, tq, d, tk, 1.0, e1.data(), tk, ak, ldk, 1.0, q1.data(), d);
@@ -522,7 +509,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             square(e4, sq, n);
             Gemm(true, false, tk, dv, tq, 1.0, sq.data(), tk, sdo, ldo, 1.0, v2.data() + j0 * dv,
                  dv);
-          }
+          });
           double* of = out.o.data<double>();
           for (int64_t r = 0; r < tq; ++r) {
             for (int64_t c = 0; c < dv; ++c) {

@@ -3,7 +3,7 @@
 //
 // Tiles: query tiles of tile_q rows and key tiles of tile_k keys, both aligned to multiples
 // of their size from the start of each sequence; a (query tile, key tile) pair is computed
-// only if some row may see some key of it (mask.h KeyBounds), and always by the same product
+// only if some row may see some key of it (tile_walk.h), and always by the same product
 // call on the same operands, so the forward's scores and the backward's are bitwise equal.
 //
 // Forward, work items (batch, query head, query tile): for each key tile in ascending order,
@@ -64,6 +64,7 @@
 #include "reference/oracle/oracle_exp.h"
 #include "reference/oracle/oracle_gemm.h"
 #include "reference/oracle/oracle_internal.h"
+#include "reference/problem/tile_walk.h"
 
 namespace attest {
 namespace {
@@ -131,6 +132,8 @@ class DoubleOracle {
         tile_q_(options.tile_q > 0 ? options.tile_q : AutoTiles(p).q),
         tile_k_(options.tile_k > 0 ? options.tile_k : AutoTiles(p).k),
         options_(options) {
+    walks_.reserve(masks_.size());
+    for (const MaskView& mask : masks_) walks_.emplace_back(mask, tile_k_);
     stats_.unit_roundoff = std::ldexp(1.0, -53);
     stats_.scale = p.EffectiveScale();
     stats_.softcap = p.softcap;
@@ -162,7 +165,7 @@ class DoubleOracle {
     Panels k_rows, v_rows, q_rows, do_rows;
     int64_t packed_kv = -1;
     bool packed_kv_backward = false;
-    std::vector<int64_t> tiles, keys, rlo, rhi, chain, chain_tq;
+    std::vector<int64_t> tiles, keys, chain, chain_tq;
   };
 
   // Rows of the [rows, H, width] inputs; consecutive rows of a head are ld() apart.
@@ -233,16 +236,6 @@ class DoubleOracle {
     return static_cast<size_t>(row * p_.heads_q + h);
   }
 
-  // Key bounds [rlo, rhi) of every query row of a sequence (mask.h KeyBounds).
-  static void AllRowBounds(const MaskView& mask, Scratch& sc) {
-    sc.rlo.resize(static_cast<size_t>(mask.q_len()));
-    sc.rhi.resize(static_cast<size_t>(mask.q_len()));
-    for (int64_t i = 0; i < mask.q_len(); ++i) {
-      const auto [lo, hi] = mask.KeyBounds(i);
-      sc.rlo[static_cast<size_t>(i)] = lo;
-      sc.rhi[static_cast<size_t>(i)] = hi < lo ? lo : hi;
-    }
-  }
   // ||k_j|| of the tile's keys, contiguous (for TransformRow's statistics).
   void GatherKeyNorms(const Tile& t, const Sequence& seq, Scratch& sc) const {
     sc.knorm.resize(static_cast<size_t>(t.tk));
@@ -250,15 +243,6 @@ class DoubleOracle {
       sc.knorm[static_cast<size_t>(c)] =
           norms_.k[static_cast<size_t>((seq.k_begin + t.j0 + c) * p_.heads_kv + t.g)];
     }
-  }
-
-  // Whether some row of [i0, i0 + tq) may see some key of [j0, j0 + tk).
-  static bool Overlaps(const Scratch& sc, int64_t i0, int64_t tq, int64_t j0, int64_t tk) {
-    for (int64_t i = i0; i < i0 + tq; ++i) {
-      const int64_t lo = sc.rlo[static_cast<size_t>(i)], hi = sc.rhi[static_cast<size_t>(i)];
-      if (lo < hi && lo < j0 + tk && hi > j0) return true;
-    }
-    return false;
   }
 
   // S = scale Q_tile K_tile^T into s (tq x tk, leading dimension tk). Needs PackKv.
@@ -279,58 +263,38 @@ class DoubleOracle {
     return strip.data() + (keep ? t.tq * t.j0 : 0);
   }
 
-  // Row r of the score tile: score transform (mask.h TransformScore: softcap, then ALiBi) on
-  // visible entries, -inf on masked ones. With softcap, tanh(s / cap) goes to th (for the
-  // backward's derivative). Returns the row max (-inf if nothing is visible) and counts the
-  // visible entries into *count; the row's score magnitude goes into st.score_abs_max.
-  // Needs GatherKeyNorms for the tile.
-  double TransformRow(const Tile& t, const MaskView& mask, const Scratch& sc, int64_t r, double* s,
-                      double* th, int64_t* count, OracleStats& st) const {
+  // Row r of the score tile, transformed and masked (TileWalk::TransformRow; with softcap,
+  // tanh(s / cap) goes to th for the backward's derivative). Returns the row max (-inf if
+  // nothing is visible) and counts the visible entries into *count; the row's score
+  // magnitude goes into st.score_abs_max. Needs GatherKeyNorms for the tile.
+  double TransformRow(const Tile& t, const Scratch& sc, int64_t r, double* s, double* th,
+                      int64_t* count, OracleStats& st) const {
     const int64_t i = t.i0 + r;
-    const Sequence& seq = mask.sequence();
-    const int64_t lo = std::clamp<int64_t>(sc.rlo[static_cast<size_t>(i)] - t.j0, 0, t.tk);
-    const int64_t hi = std::clamp<int64_t>(sc.rhi[static_cast<size_t>(i)] - t.j0, lo, t.tk);
-    for (int64_t c = 0; c < lo; ++c) s[c] = kNegInf;
-    for (int64_t c = hi; c < t.tk; ++c) s[c] = kNegInf;
+    const TileWalk& walk = walks_[static_cast<size_t>(t.b)];
+    const IndexRange span =
+        walk.TransformRow(i, t.j0, t.tk, p_.softcap, AlibiSlope(p_, t.h), s, th);
+    const int64_t lo = span.begin, hi = span.end;
     *count = 0;
     if (lo >= hi) return kNegInf;
-    const double cap = p_.softcap;
-    const double slope = AlibiSlope(p_, t.h);
-    const int64_t diag = i + mask.offset();
-    if (cap > 0) {
-      for (int64_t c = lo; c < hi; ++c) {
-        th[c] = std::tanh(s[c] / cap);
-        s[c] = cap * th[c];
-      }
-    }
-    if (slope != 0) {
-      for (int64_t c = lo; c < hi; ++c) {
-        const int64_t dist = std::abs(diag - (t.j0 + c));
-        s[c] -= slope * static_cast<double>(dist);
-      }
-    }
-    if (!mask.interval_only()) {
-      for (int64_t c = lo; c < hi; ++c) {
-        if (!mask.Visible(i, t.j0 + c)) s[c] = kNegInf;
-      }
-    }
     double mx = kNegInf, nk = 0;
     const int64_t n = RowStats(s + lo, sc.knorm.data() + lo, hi - lo, &mx, &nk);
     *count = n;
     if (n > 0) {
       // a = |scale| ||q_i|| max ||k_j|| + |slope| max |dist| over the visible range.
+      const Sequence& seq = walk.mask().sequence();
+      const int64_t diag = i + walk.mask().offset();
       const double nq = norms_.q[RowIndex(seq.q_begin + i, t.h)];
       const double dist = static_cast<double>(
           std::max(std::abs(diag - (t.j0 + lo)), std::abs(diag - (t.j0 + hi - 1))));
-      st.score_abs_max =
-          std::max(st.score_abs_max, std::abs(stats_.scale) * nq * nk + std::abs(slope) * dist);
+      st.score_abs_max = std::max(st.score_abs_max,
+                                  std::abs(stats_.scale) * nq * nk +
+                                      std::abs(AlibiSlope(p_, t.h)) * dist);
     }
     return mx;
   }
 
   // The forward of query tile `item` (keys: all its rows may see): o rows, lse_rows_, and
-  // sc.visible; the transformed scores stay in sc.strip if `keep` (KeepScores). Needs
-  // AllRowBounds of the item's sequence in sc.
+  // sc.visible; the transformed scores stay in sc.strip if `keep` (KeepScores).
   void ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, double* o, bool keep);
   // Forward and backward of every query tile of (b, h), in ascending order; with
   // `forward_done` only the backward (o, lse_rows_ and delta_rows_ given; scores recomputed).
@@ -354,6 +318,7 @@ class DoubleOracle {
   Inputs in_;
   Norms norms_;
   std::vector<MaskView> masks_;
+  std::vector<TileWalk> walks_;  // one per batch entry, over masks_
   int64_t tile_q_, tile_k_;
   OracleOptions options_;
   OracleStats stats_;
@@ -362,14 +327,9 @@ class DoubleOracle {
 
 void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, double* o,
                                bool keep) {
-  const MaskView& mask = masks_[static_cast<size_t>(item.b)];
-  const Sequence& seq = mask.sequence();
+  const TileWalk& walk = walks_[static_cast<size_t>(item.b)];
+  const Sequence& seq = walk.mask().sequence();
   const int64_t tq = item.tq, dv = p_.head_dim_v, key_tiles = KeyTiles(seq);
-  int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
-  for (int64_t i = item.i0; i < item.i0 + tq; ++i) {
-    const int64_t lo = sc.rlo[static_cast<size_t>(i)], hi = sc.rhi[static_cast<size_t>(i)];
-    if (lo < hi) klo = std::min(klo, lo), khi = std::max(khi, hi);
-  }
   sc.acc_v.assign(static_cast<size_t>(tq * dv), 0.0);
   sc.m.assign(static_cast<size_t>(tq), kNegInf);
   sc.l.assign(static_cast<size_t>(tq), 0.0);
@@ -382,11 +342,10 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
   if (p_.softcap > 0) sc.strip_th.Reserve(strip);
   sc.visible.assign(static_cast<size_t>(tq * key_tiles), 0);
   int64_t max_tk = 0;
-  for (int64_t kt = klo / tile_k_; klo < khi && kt * tile_k_ < khi; ++kt) {
+  walk.ForEachKeyTile(item.i0, tq, [&](int64_t kt, int64_t j0, int64_t tk) {
     Tile t = item;
-    t.j0 = kt * tile_k_;
-    t.tk = std::min(tile_k_, seq.k_len - t.j0);
-    if (!Overlaps(sc, t.i0, tq, t.j0, t.tk)) continue;
+    t.j0 = j0;
+    t.tk = tk;
     double* sblock = StripBlock(sc.strip, t, keep);
     double* thblock = p_.softcap > 0 ? StripBlock(sc.strip_th, t, keep) : nullptr;
     Scores(t, seq, sc, sblock);
@@ -397,8 +356,8 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
       double* srow = sblock + r * t.tk;
       double* prow = &sc.s[static_cast<size_t>(r * t.tk)];
       int64_t count = 0;
-      const double mx = TransformRow(t, mask, sc, r, srow, thblock ? thblock + r * t.tk : nullptr,
-                                     &count, st);
+      const double mx =
+          TransformRow(t, sc, r, srow, thblock ? thblock + r * t.tk : nullptr, &count, st);
       if (count == 0) {
         std::fill(prow, prow + t.tk, 0.0);
         continue;
@@ -426,11 +385,11 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
       sc.l[ur] = sum;
       sc.comp[ur] = comp;
     }
-    if (!any) continue;
+    if (!any) return;
     max_tk = std::max(max_tk, t.tk);
     GemmPanels(tq, dv, t.tk, sc.s.data(), t.tk, 1, sc.v_rows.Rows(t.j0), 1.0,
                /*accumulate=*/true, sc.acc_v.data(), dv);
-  }
+  });
   for (int64_t r = 0; r < tq; ++r) {
     const size_t ur = static_cast<size_t>(r);
     const int64_t row = seq.q_begin + item.i0 + r;
@@ -438,9 +397,8 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
     double& lse = lse_rows_[RowIndex(row, item.h)];
     st.max_keys = std::max(st.max_keys, sc.keys[ur]);
     st.sum_len_k = std::max(st.sum_len_k, max_tk + sc.tiles[ur]);
-    if (sc.m[ur] == kNegInf) {  // empty row: o = 0, lse = -inf
-      std::fill(orow, orow + dv, 0.0);
-      lse = kNegInf;
+    if (sc.m[ur] == kNegInf) {
+      EmptyRow(orow, dv, &lse);
       ++st.empty_rows;
       continue;
     }
@@ -472,7 +430,6 @@ ForwardOut DoubleOracle::RunForward() {
   ParallelFor(static_cast<int64_t>(items.size()), threads, [&](int64_t n, int w) {
     const Tile& item = items[static_cast<size_t>(n)];
     Scratch& sc = scratch[static_cast<size_t>(w)];
-    AllRowBounds(masks_[static_cast<size_t>(item.b)], sc);
     PackKv(item.b, item.g, /*backward=*/false, sc);
     ForwardTile(item, sc, partial[static_cast<size_t>(w)], o, /*keep=*/false);
   });
@@ -499,8 +456,8 @@ Tensor DoubleOracle::RowsToLse(const std::vector<double>& rows) const {
 void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch& sc,
                                 OracleStats& st, double* o, double* dq, double* dk, double* dv,
                                 double* mass, int64_t* seen) {
-  const MaskView& mask = masks_[static_cast<size_t>(b)];
-  const Sequence& seq = mask.sequence();
+  const TileWalk& walk = walks_[static_cast<size_t>(b)];
+  const Sequence& seq = walk.mask().sequence();
   const int64_t g = p_.KvHead(h), dd = p_.head_dim, ddv = p_.head_dim_v;
   const int64_t key_tiles = KeyTiles(seq);
   // dk/dv rows of this item's sequence, [k_len, D] and [k_len, Dv], zero: the worker's
@@ -515,7 +472,6 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
   double* dv_seq = direct ? sc.acc_kv.data() : dv + seq.k_begin * ddv;
   const bool keep = !forward_done && KeepScores(seq);
   const double cap = p_.softcap;
-  AllRowBounds(mask, sc);
   PackKv(b, g, /*backward=*/true, sc);
   PackQdo(b, h, sc);
   sc.dp.resize(static_cast<size_t>(tile_q_ * tile_k_));
@@ -539,12 +495,10 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
             Delta(DoRow(row0 + r, h), o + RowOffset(row0 + r, p_.heads_q, h, ddv));
       }
     }
-    for (int64_t kt = 0; kt < key_tiles; ++kt) {
+    walk.ForEachKeyTile(i0, tq, [&](int64_t kt, int64_t j0, int64_t tk) {
       Tile t = item;
-      t.j0 = kt * tile_k_;
-      t.tk = std::min(tile_k_, seq.k_len - t.j0);
-      const int64_t tk = t.tk;
-      if (!Overlaps(sc, t.i0, tq, t.j0, tk)) continue;
+      t.j0 = j0;
+      t.tk = tk;
       double* sblock = StripBlock(sc.strip, t, keep);
       double* thblock = cap > 0 ? StripBlock(sc.strip_th, t, keep) : nullptr;
       if (!keep) {
@@ -554,8 +508,8 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
         GatherKeyNorms(t, seq, sc);
         for (int64_t r = 0; r < tq; ++r) {
           int64_t count = 0;
-          TransformRow(t, mask, sc, r, sblock + r * tk, thblock ? thblock + r * tk : nullptr,
-                       &count, st);
+          TransformRow(t, sc, r, sblock + r * tk, thblock ? thblock + r * tk : nullptr, &count,
+                       st);
           sc.visible[static_cast<size_t>(r * key_tiles + kt)] = count > 0 ? 1 : 0;
         }
       }
@@ -563,7 +517,7 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
       for (int64_t r = 0; r < tq && !any; ++r) {
         any = sc.visible[static_cast<size_t>(r * key_tiles + kt)] != 0;
       }
-      if (!any) continue;
+      if (!any) return;
       // dP = dO_tile V_tile^T.
       GemmPanels(tq, tk, ddv, DoRow(row0, h), DoLd(), 1, KeyTilePanels(sc.vt, ddv, kt), 1.0,
                  /*accumulate=*/false, sc.dp.data(), tk);
@@ -598,7 +552,7 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
                  /*accumulate=*/true, dk_seq + t.j0 * dd, dd);
       GemmPanels(tq, dd, tk, sc.dp.data(), tk, 1, sc.k_rows.Rows(t.j0), 1.0,
                  /*accumulate=*/true, sc.acc_q.data(), dd);
-    }
+    });
     for (int64_t r = 0; r < tq; ++r) {
       double* dqrow = dq + RowOffset(row0 + r, p_.heads_q, h, dd);
       const double* acc = &sc.acc_q[static_cast<size_t>(r * dd)];
