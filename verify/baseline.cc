@@ -10,6 +10,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/tile_walk.h"
 
 namespace attest {
 namespace {
@@ -80,7 +81,8 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
     // tanh values for the softcap backward, visibility.
     std::vector<float> qs(static_cast<size_t>(nq * D));
     std::vector<float> pr(static_cast<size_t>(nq * nk)), p32, th;
-    std::vector<char> vis(static_cast<size_t>(nq * nk));
+    std::vector<uint8_t> vis;
+    TileVisibility(mask, 0, nq, 0, nk, vis);  // the same for every head
     std::vector<float> dk_acc(static_cast<size_t>(nk * D)), dv_acc(static_cast<size_t>(nk * Dv));
     std::vector<float> dk_group(static_cast<size_t>(nk * D)),
         dv_group(static_cast<size_t>(nk * Dv));
@@ -151,9 +153,7 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
         }
         float m = kNegInf, m32 = kNegInf;
         for (int64_t j = 0; j < nk; ++j) {
-          const bool visible = mask.Visible(i, j);
-          vis[static_cast<size_t>(i * nk + j)] = visible;
-          if (!visible) continue;
+          if (!vis[static_cast<size_t>(i * nk + j)]) continue;
           float sj = Ri(s[static_cast<size_t>(j)]);
           float sj32 = s32[static_cast<size_t>(j)];
           if (cap > 0) {
@@ -411,7 +411,8 @@ Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor&
       return p.varlen() ? h * p.TotalQ() + seq.q_begin + i : (b * H + h) * p.seqlen_q + i;
     };
     std::vector<double> s(static_cast<size_t>(nq * nk)), c(static_cast<size_t>(nq * nk), 1.0);
-    std::vector<char> vis(static_cast<size_t>(nq * nk));
+    std::vector<uint8_t> vis;
+    TileVisibility(mask, 0, nq, 0, nk, vis);  // the same for every head
     std::vector<double> pmat, ds_k, ds_q, o_raw(static_cast<size_t>(nq * Dv));
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = p.KvHead(h);
@@ -421,7 +422,6 @@ Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor&
         const double* qr = qs + QI(seq.q_begin + i, h);
         for (int64_t j = 0; j < nk; ++j) {
           const size_t ij = static_cast<size_t>(i * nk + j);
-          vis[ij] = mask.Visible(i, j);
           if (!vis[ij]) continue;
           const double* kr = ks + KI(seq.k_begin + j, hk);
           double dot = 0;

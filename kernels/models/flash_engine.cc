@@ -178,25 +178,6 @@ ScoreParams MakeScoreParams(const Problem& p) {
 
 
 
-// Visibility of a [m0, m0 + mlen) × [n0, n0 + nlen) tile; returns the visible count.
-int64_t TileMask(const MaskView& mask, int64_t m0, int64_t mlen, int64_t n0, int64_t nlen,
-                 std::vector<uint8_t>& vis) {
-  vis.assign(static_cast<size_t>(mlen * nlen), 0);
-  int64_t count = 0;
-  for (int64_t i = 0; i < mlen; ++i) {
-    const auto [lo, hi] = mask.KeyBounds(m0 + i);
-    const int64_t jlo = std::max(lo, n0), jhi = std::min(hi, n0 + nlen);
-    for (int64_t j = jlo; j < jhi; ++j) {
-      if (mask.interval_only() || mask.Visible(m0 + i, j)) {
-        vis[static_cast<size_t>(i * nlen + j - n0)] = 1;
-        ++count;
-      }
-    }
-  }
-  return count;
-}
-
-
 void TransformScores(const ScoreParams& sp, const EngineHooks& hooks, const MaskView& mask,
                      int64_t head, int64_t m0, int64_t mlen, int64_t n0, int64_t nlen,
                      const std::vector<uint8_t>& vis, std::vector<float>& s,

@@ -44,7 +44,7 @@ Status ComputeTile(BackwardPlan& plan, const MaskView& mask, int64_t b, int64_t 
   const Sequence& seq = mask.sequence();
   const EngineHooks& hooks = HooksOf(*plan.opt);
   const int64_t d = p.head_dim, dv = p.head_dim_v, hk = hooks.KvHead(p, h);
-  const int64_t visible = TileMask(mask, m0, mlen, n0, nlen, w.vis);
+  const int64_t visible = TileVisibility(mask, m0, mlen, n0, nlen, w.vis);
   *any = visible > 0;
   if (!*any) return Status::Ok();
   hooks.BackwardTileMask(visible, w.vis);
@@ -118,24 +118,6 @@ Status AccumulateDkDv(BackwardPlan& plan, const Sequence& seq, int64_t h, int64_
   return Status::Ok();
 }
 
-// [lo, hi) of queries that may see some key of [n0, n0 + nlen), and of keys for a query tile.
-std::pair<int64_t, int64_t> QueryRange(const MaskView& mask, int64_t n0, int64_t nlen) {
-  int64_t lo = mask.q_len(), hi = 0;
-  for (int64_t j = n0; j < n0 + nlen; ++j) {
-    const auto [l, r] = mask.QueryBounds(j);
-    if (l < r) lo = std::min(lo, l), hi = std::max(hi, r);
-  }
-  return {lo, hi};
-}
-std::pair<int64_t, int64_t> KeyRange(const MaskView& mask, int64_t m0, int64_t mlen) {
-  int64_t lo = mask.k_len(), hi = 0;
-  for (int64_t i = m0; i < m0 + mlen; ++i) {
-    const auto [l, r] = mask.KeyBounds(i);
-    if (l < r) lo = std::min(lo, l), hi = std::max(hi, r);
-  }
-  return {lo, hi};
-}
-
 // Writes one head's finished dK/dV rows of a key tile: dk = round(acc · scale), dv =
 // round(acc). With GQA the per-head results are also added (fp32, head order) into `sum`.
 void FinishKeyTile(BackwardPlan& plan, const Sequence& seq, int64_t g, int64_t n0, int64_t nlen,
@@ -182,7 +164,7 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
       const int64_t h = hooks.GroupHead(p, g, r);
       for (int64_t m0 = 0; m0 < seq.q_len; m0 += bm) {
         const int64_t mlen = std::min(bm, seq.q_len - m0);
-        const auto [klo, khi] = KeyRange(mask, m0, mlen);
+        const auto [klo, khi] = KeyRangeOf(mask, m0, mlen);
         for (int64_t n0 = khi > klo ? klo / bn * bn : seq.k_len; n0 < khi; n0 += bn) {
           const int64_t nlen = std::min(bn, seq.k_len - n0);
           if (Status st = ComputeTile(plan, mask, b, h, m0, mlen, n0, nlen, w, &any); !st)
@@ -204,7 +186,7 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
     const int64_t nlen = std::min(bn, seq.k_len - n0);
     dk_sum.assign(static_cast<size_t>(nlen * d), 0.0f);
     dv_sum.assign(static_cast<size_t>(nlen * dv), 0.0f);
-    const auto [qlo, qhi] = QueryRange(mask, n0, nlen);
+    const auto [qlo, qhi] = QueryRangeOf(mask, n0, nlen);
     for (int64_t r = 0; r < ratio; ++r) {
       const int64_t h = hooks.GroupHead(p, g, r);
       dk_acc.assign(static_cast<size_t>(nlen * d), 0.0f);

@@ -43,11 +43,7 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
 
   // Key tiles that can hold a visible key for some row of this tile (n_block_min/max):
   // nb from `top` down to `bottom` (empty when top < bottom).
-  int64_t lo = seq.k_len, hi = 0;
-  for (int64_t i = m0; i < m0 + mlen; ++i) {
-    const auto [l, r] = mask.KeyBounds(i);
-    if (l < r) lo = std::min(lo, l), hi = std::max(hi, r);
-  }
+  const auto [lo, hi] = KeyRangeOf(mask, m0, mlen);
   const int64_t top = hi > lo ? (hi - 1) / bn : -1;
   const int64_t bottom = hi > lo ? lo / bn : 0;
 
@@ -55,7 +51,7 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
   auto run_tiles = [&](int64_t nb_top, int64_t nb_bottom, SoftmaxRows& st) -> Status {
     for (int64_t nb = nb_top; nb >= nb_bottom; --nb) {
       const int64_t n0 = nb * bn, nlen = std::min(bn, seq.k_len - n0);
-      if (TileMask(mask, m0, mlen, n0, nlen, vis) == 0) continue;  // skipped exactly, no effect
+      if (TileVisibility(mask, m0, mlen, n0, nlen, vis) == 0) continue;  // skipped exactly
       GatherRowsTransposed(plan.k, seq.k_begin + n0, hk, nlen, kt.data());
       GatherRows(plan.v, seq.k_begin + n0, hk, nlen, vt.data());
       std::fill(s.begin(), s.begin() + mlen * nlen, 0.0f);

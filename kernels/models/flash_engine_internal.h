@@ -13,6 +13,7 @@
 
 #include "kernels/models/flash_engine.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/tile_walk.h"
 
 namespace attest::engine_detail {
 
@@ -92,10 +93,9 @@ struct ScoreParams {
 };
 ScoreParams MakeScoreParams(const Problem& p);
 
-// Visibility of a [m0, m0 + mlen) × [n0, n0 + nlen) tile; returns the visible count.
-int64_t TileMask(const MaskView& mask, int64_t m0, int64_t mlen, int64_t n0, int64_t nlen,
-                 std::vector<uint8_t>& vis);
-// Scores of a tile in place: raw q·k → softcap (hooks.Softcap) → ALiBi → mask (-inf).
+// Scores of a tile in place: raw q·k → softcap (hooks.Softcap) → ALiBi → mask (-inf), the
+// visibility `vis` from reference/problem/tile_walk.h TileVisibility; the arithmetic is the
+// kernel's (fp32, one FFMA for ALiBi), the order of the rules mask.h's.
 // `tanh_out` receives tanh values for the softcap derivative (backward).
 void TransformScores(const ScoreParams& sp, const EngineHooks& hooks, const MaskView& mask,
                      int64_t head, int64_t m0, int64_t mlen, int64_t n0, int64_t nlen,

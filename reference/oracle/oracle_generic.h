@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "reference/oracle/oracle_internal.h"
+#include "reference/problem/tile_walk.h"
 
 namespace attest::oracle_internal {
 
@@ -119,16 +120,14 @@ struct GenericRun {
           std::vector<int64_t> keys;
           for (int64_t i = 0; i < seq.q_len; ++i) {
             const int64_t row = seq.q_begin + i;
-            const auto [lo, hi] = mask.KeyBounds(i);
             keys.clear();
             T m = -std::numeric_limits<T>::infinity();
             T pre;
-            for (int64_t j = lo; j < hi; ++j) {
-              if (!mask.Visible(i, j)) continue;
+            ForEachVisibleKey(mask, i, [&](int64_t j) {
               keys.push_back(j);
               s[static_cast<size_t>(j)] = Score(mask, h, i, j, &pre, st);
               if (s[static_cast<size_t>(j)] > m) m = s[static_cast<size_t>(j)];
-            }
+            });
             st.max_keys = std::max<int64_t>(st.max_keys, static_cast<int64_t>(keys.size()));
             if (keys.empty()) {
               ++st.empty_rows;
@@ -186,10 +185,8 @@ struct GenericRun {
               const T* qrow = QRow(row, h);
               delta[r] = Dot(dorow, &o[r * static_cast<size_t>(p.head_dim_v)], p.head_dim_v);
               std::fill(dq_acc.begin(), dq_acc.end(), T(0));
-              const auto [lo, hi] = mask.KeyBounds(i);
               T pre;
-              for (int64_t j = lo; j < hi; ++j) {
-                if (!mask.Visible(i, j)) continue;
+              ForEachVisibleKey(mask, i, [&](int64_t j) {
                 const int64_t krow = seq.k_begin + j;
                 const T s = Score(mask, h, i, j, &pre, st);
                 const T pij = exp(s - lse[r]);
@@ -210,7 +207,7 @@ struct GenericRun {
                 for (int64_t d = 0; d < p.head_dim_v; ++d) dv_row[d] += pij * dorow[d];
                 mass[static_cast<size_t>(j)] += pij;
                 ++seen[static_cast<size_t>(j)];
-              }
+              });
               T* dq_row = &dq[static_cast<size_t>(RowOffset(row, p.heads_q, h, p.head_dim))];
               for (int64_t d = 0; d < p.head_dim; ++d) {
                 dq_row[d] = T(stats.scale) * dq_acc[static_cast<size_t>(d)];

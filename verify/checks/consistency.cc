@@ -14,6 +14,7 @@
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/tile_walk.h"
 #include "verify/baseline.h"
 #include "verify/checks/check.h"
 #include "verify/checks/consistency_internal.h"
@@ -152,15 +153,14 @@ double SoftcapProbeScale(const Problem& p, const CaseInputs& in) {
     const Sequence& s = m.sequence();
     for (int64_t h = 0; h < p.heads_q; ++h) {
       for (int64_t i = 0; i < s.q_len; ++i) {
-        for (int64_t j = 0; j < s.k_len; ++j) {
-          if (!m.Visible(i, j)) continue;
+        ForEachVisibleKey(m, i, [&](int64_t j) {
           double dot = 0;
           for (int64_t d = 0; d < p.head_dim; ++d) {
             dot += q[g.Q(s.q_begin + i, h, d)] * k[g.K(s.k_begin + j, p.KvHead(h), d)];
           }
           sum2 += scale * scale * dot * dot;
           ++n;
-        }
+        });
       }
     }
   }

@@ -36,6 +36,7 @@
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/tile_walk.h"
 #include "verify/checks/check.h"
 #include "verify/metrics.h"
 
@@ -66,8 +67,7 @@ bool RowWeightsOf(const Problem& p, const Geometry& g, const MaskView& m, const 
   const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
   const int64_t kvh = p.KvHead(h);
   double score_err = 0, s_max = 0;
-  for (int64_t j = 0; j < s.k_len; ++j) {
-    if (!m.Visible(i, j)) continue;
+  ForEachVisibleKey(m, i, [&](int64_t j) {
     double dot = 0, abs_dot = 0;
     for (int64_t d = 0; d < p.head_dim; ++d) {
       const double x = q[g.Q(s.q_begin + i, h, d)] * k[g.K(s.k_begin + j, kvh, d)];
@@ -86,7 +86,7 @@ bool RowWeightsOf(const Problem& p, const Geometry& g, const MaskView& m, const 
     w.c.push_back(c);
     score_err = std::max(score_err, Gamma(static_cast<double>(p.head_dim) + 3) * scale * abs_dot);
     s_max = std::max(s_max, std::fabs(sc));
-  }
+  });
   // The kernel's weights differ from exp(s - lse) by its fp32 score error and its lse (twice:
   // once in the weight, once in the normaliser it implies), the fp32 exp and the row-sum.
   w.eps = 2 * (score_err + kU32 * (std::fabs(l) + s_max) * 2) +

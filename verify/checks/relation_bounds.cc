@@ -16,6 +16,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/tile_walk.h"
 #include "verify/term_scale.h"
 
 namespace attest {
@@ -56,15 +57,20 @@ DpRoundingAllowance TermBound(const Problem& p, const CaseInputs& in, const Tens
         const double lse_i = L[row];
         if (!std::isfinite(lse_i)) continue;  // empty row (or a non-finite answer: no bound)
         double delta = 0;  // D_i = rowsum(dO_i ∘ o_i)
-        for (int64_t c = 0; c < dv; ++c) delta += DO[at(qi, hq, h, dv) + c] * O[at(qi, hq, h, dv) + c];
-        const auto [lo, hi] = mask.KeyBounds(i);
-        for (int64_t j = lo; j < hi; ++j) {
-          if (!mask.Visible(i, j)) continue;
+        for (int64_t c = 0; c < dv; ++c) {
+          delta += DO[at(qi, hq, h, dv) + c] * O[at(qi, hq, h, dv) + c];
+        }
+        ForEachVisibleKey(mask, i, [&](int64_t j) {
           const int64_t kj = seq.k_begin + j;
           double dot = 0, dp = 0;
-          for (int64_t c = 0; c < d; ++c) dot += Q[at(qi, hq, h, d) + c] * K[at(kj, hkv, g, d) + c];
-          for (int64_t c = 0; c < dv; ++c) dp += DO[at(qi, hq, h, dv) + c] * V[at(kj, hkv, g, dv) + c];
-          const double sc = TransformScore(scale * dot, p.softcap, slope, mask.AlibiDistance(i, j));
+          for (int64_t c = 0; c < d; ++c) {
+            dot += Q[at(qi, hq, h, d) + c] * K[at(kj, hkv, g, d) + c];
+          }
+          for (int64_t c = 0; c < dv; ++c) {
+            dp += DO[at(qi, hq, h, dv) + c] * V[at(kj, hkv, g, dv) + c];
+          }
+          const double sc =
+              TransformScore(scale * dot, p.softcap, slope, mask.AlibiDistance(i, j));
           const double prob = std::exp(sc - lse_i);
           double tprime = 1;
           if (p.softcap > 0) {
@@ -73,12 +79,12 @@ DpRoundingAllowance TermBound(const Problem& p, const CaseInputs& in, const Tens
           }
           const double ds = prob * (dp - delta) * tprime;
           const double w = abs_scale * weight(wctx, row, prob, tprime, dp, delta, ds);
-          if (!std::isfinite(w)) continue;
+          if (!std::isfinite(w)) return;
           for (int64_t c = 0; c < d; ++c) {
             AQ[at(qi, hq, h, d) + c] += w * std::fabs(K[at(kj, hkv, g, d) + c]);
             AK[at(kj, hkv, g, d) + c] += w * std::fabs(Q[at(qi, hq, h, d) + c]);
           }
-        }
+        });
       }
     }
   }
@@ -306,15 +312,13 @@ OrderAllowance SumOrderBound(const Problem& p, const CaseInputs& in, const Tenso
             p.varlen() ? h * p.TotalQ() + qi : (b * hq + h) * p.seqlen_q + i);
         const double lse_i = L[row];
         if (!std::isfinite(lse_i)) continue;  // an empty row: nothing is summed
-        const auto [lo, hi] = mask.KeyBounds(i);
         double n_i = 0;
-        for (int64_t j = lo; j < hi; ++j) n_i += mask.Visible(i, j) ? 1 : 0;
+        ForEachVisibleKey(mask, i, [&](int64_t) { n_i += 1; });
         const double row_reorder = reorder(n_i);
         std::fill(terms.begin(), terms.end(), 0.0);
         std::fill(errs.begin(), errs.end(), 0.0);
         double p_err = 0;  // sum_j P_ij e_ij: the relative move of l_i
-        for (int64_t j = lo; j < hi; ++j) {
-          if (!mask.Visible(i, j)) continue;
+        ForEachVisibleKey(mask, i, [&](int64_t j) {
           const int64_t kj = seq.k_begin + j;
           double dot = 0, dot_abs = 0;
           for (int64_t c = 0; c < d; ++c) {
@@ -322,9 +326,10 @@ OrderAllowance SumOrderBound(const Problem& p, const CaseInputs& in, const Tenso
             dot += x;
             dot_abs += std::fabs(x);
           }
-          const double s = TransformScore(scale * dot, p.softcap, slope, mask.AlibiDistance(i, j));
+          const double s =
+              TransformScore(scale * dot, p.softcap, slope, mask.AlibiDistance(i, j));
           const double prob = std::exp(s - lse_i);
-          if (!std::isfinite(prob)) continue;
+          if (!std::isfinite(prob)) return;
           const double e = u * (dot_factor * abs_scale * dot_abs + std::fabs(s) +
                                 std::fabs(s - lse_i) + 2);
           p_err += prob * e;
@@ -342,7 +347,7 @@ OrderAllowance SumOrderBound(const Problem& p, const CaseInputs& in, const Tenso
             }
             dv_count[static_cast<size_t>(kj * hkv + g)] += 1;
           }
-        }
+        });
         for (int64_t c = 0; c < dv; ++c) {
           const size_t e = at(qi, hq, h, dv) + static_cast<size_t>(c);
           const double oa = std::isfinite(O[e]) ? std::fabs(O[e]) : 0.0;
