@@ -7,7 +7,6 @@
 // and dk_acc += A^T |Q_t| (dgemm each); the result is multiplied by Dv (see below).
 #include "verify/term_scale.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,24 +15,39 @@
 #include <vector>
 
 #include "reference/formats/format.h"
+#include "reference/oracle/oracle.h"
+#include "reference/oracle/oracle_gemm.h"
 #include "reference/problem/mask.h"
 #include "reference/problem/tile_walk.h"
 
 namespace attest {
 namespace {
 
-constexpr int64_t kTileQ = 64;
-constexpr int64_t kTileK = 256;
+// The oracle's tiles (oracle.h AutoTiles; the tile sizes do not depend on the problem).
+const int64_t kTileQ = AutoTiles(Problem{}).q;
+const int64_t kTileK = AutoTiles(Problem{}).k;
 
-// C = alpha op(A) op(B) + beta C, row-major.
+// C = alpha op(A) op(B) (beta 0) or C += op(A) op(B) (beta 1, alpha 1), row-major, by the
+// oracle's own product (reference/oracle/oracle_gemm.h): its rounding sequence is fixed and
+// the same on every ISA, so the term scales, and the tolerances built from them, are the
+// same bits on every machine (a BLAS dgemm sums in the order of whichever kernel the CPU
+// selects). B is packed into panels per call, as dgemm does.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc) {
+  using namespace oracle_internal;
   if (m == 0 || n == 0) return;
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  if (k == 0) {
+    if (beta == 0) {
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0);
+    }
+    return;
+  }
+  thread_local std::vector<double> panels;
+  panels.resize(static_cast<size_t>(PanelCount(n) * k * kPanelWidth));
+  PackPanels(b, k, n, trans_b ? 1 : ldb, trans_b ? ldb : 1, panels.data());
+  GemmPanels(m, n, k, a, trans_a ? 1 : lda, trans_a ? lda : 1,
+             Panels{panels.data(), k * kPanelWidth}, alpha, /*accumulate=*/beta != 0, c, ldc);
 }
 
 Expected<Tensor> F64Input(const Tensor& t, const char* name, const Shape& shape) {
@@ -279,12 +293,12 @@ namespace {
 
 // Rounding error bound of one rounding point: |rnd(x) - x| <= u |x| + eta / 2, in the scaled
 // domain of a pre-scaled operand (x -> rnd(x s) / s: the absolute part shrinks by s).
-struct ErrorBound {
+struct PointBound {
   double u = 0, half_eta = 0;
   double operator()(double x) const { return u * std::fabs(x) + half_eta; }
 };
 
-ErrorBound BoundOf(const std::optional<RoundingPoint>& r) {
+PointBound BoundOf(const std::optional<RoundingPoint>& r) {
   if (!r) return {};
   const FormatSpec& spec = Spec(r->format);
   return {std::ldexp(1.0, -(spec.mantissa_bits + 1)),
@@ -378,10 +392,10 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
   const std::vector<double> sq_do = backward ? Squares(dot_t) : std::vector<double>();
   const double scale = p.EffectiveScale();
   const double abs_scale = std::fabs(scale);
-  const ErrorBound e_pv = BoundOf(points.p_pv), e_pdo = BoundOf(points.p_pdo);
-  const ErrorBound e_ds_dq = BoundOf(points.ds_dq), e_ds_dk = BoundOf(points.ds_dk);
-  const ErrorBound e_dp = BoundOf(points.dp);
-  const ErrorBound e_o = BoundOf(PointOf(points.delta_o));
+  const PointBound e_pv = BoundOf(points.p_pv), e_pdo = BoundOf(points.p_pdo);
+  const PointBound e_ds_dq = BoundOf(points.ds_dq), e_ds_dk = BoundOf(points.ds_dk);
+  const PointBound e_dp = BoundOf(points.dp);
+  const PointBound e_o = BoundOf(PointOf(points.delta_o));
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
   RoundingFloors out;

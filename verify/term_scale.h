@@ -77,9 +77,11 @@ struct QuantisedScoreModel {
 };
 
 // q, k, v, dout: f64 inputs of the problem's shapes; lse: the oracle's forward lse
-// (reference/oracle/oracle.h BackwardOut), lse's shape (-inf lse marks an empty row). P = exp(s - lse) with s the oracle's score (mask.h TransformScore, MaskView).
-// Tiled over query blocks and key blocks with cblas_dgemm: memory beyond the inputs is one
-// tile plus one [k_len, D] accumulator per kv head. Errors name the tensor whose shape or
+// (reference/oracle/oracle.h BackwardOut), lse's shape (-inf lse marks an empty row).
+// P = exp(s - lse) with s the oracle's score (mask.h TransformScore, MaskView). Tiled over
+// the tiles of reference/problem/tile_walk.h with the oracle's products (oracle_gemm.h: the
+// same bits on every machine): memory beyond the inputs is one tile plus one [k_len, D]
+// accumulator per kv head. Errors name the tensor whose shape or
 // dtype is wrong.
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
@@ -132,8 +134,8 @@ struct RoundingFloors {
 // q, k, v, dout (undefined: forward only): f64 inputs of the problem's shapes (the operands
 // the kernel multiplies: quantised ones for a recipe gradient); lse, o, delta: the oracle's
 // outputs on those inputs (delta and o only read with dout). Tiled like
-// ComputeGradientTermScales, cblas_dgemm for every sum over keys or queries. Errors name the
-// tensor whose shape or dtype is wrong.
+// ComputeGradientTermScales, the oracle's products for every sum over keys or queries.
+// Errors name the tensor whose shape or dtype is wrong.
 Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingPoints& points,
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& dout, const Tensor& lse,
