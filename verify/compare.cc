@@ -174,23 +174,12 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     const Layout layout = LayoutOf(p, s.name);
     auto m = Compare(s.name, *s.tensor, ref[k], format, layout, copts);
     if (!m.ok()) return m.error();
-    if (terms && (k == 2 || k == 3)) {
-      if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
-        return st.error();
-      }
-    }
-    if (format_bounds) {
-      const FormatBounds& f = *format_bounds;
-      const Tensor* fl[5] = {&f.o, &f.lse, &f.dq, &f.dk, &f.dv};
-      if (fl[k]->defined()) {
-        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) return st.error();
-      }
-    }
-    if (floors) {
-      const Tensor* fl[5] = {&floors->o, nullptr, &floors->dq, &floors->dk, &floors->dv};
-      if (fl[k] != nullptr && fl[k]->defined()) {
-        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) return st.error();
-      }
+    const char* what = "";
+    if (Status st = ApplyTermsAndFloors(*m, k, terms ? &*terms : nullptr,
+                                        format_bounds ? &*format_bounds : nullptr,
+                                        floors ? &*floors : nullptr, &what);
+        !st.ok()) {
+      return st.error();
     }
     const TensorMetrics* bm = nullptr;
     if (with_baseline) {

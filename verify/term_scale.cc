@@ -647,4 +647,28 @@ Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors&
 }
 
 
+Status ApplyTermsAndFloors(TensorMetrics& m, size_t k, const GradientTermScales* terms,
+                           const FormatBounds* bounds, const RoundingFloors* floors,
+                           const char** what) {
+  if (terms != nullptr && (k == 2 || k == 3)) {
+    *what = "gradient term magnitudes";
+    if (Status st = SetRowTermScales(m, k == 2 ? terms->dq : terms->dk); !st.ok()) return st;
+  }
+  if (bounds != nullptr) {
+    const Tensor* slot[5] = {&bounds->o, &bounds->lse, &bounds->dq, &bounds->dk, &bounds->dv};
+    *what = "format bounds";
+    if (slot[k]->defined()) {
+      if (Status st = SetRoundingFloor(m, *slot[k]); !st.ok()) return st;
+    }
+  }
+  if (floors != nullptr) {
+    const Tensor* slot[5] = {&floors->o, nullptr, &floors->dq, &floors->dk, &floors->dv};
+    *what = "rounding floors";
+    if (slot[k] != nullptr && slot[k]->defined()) {
+      if (Status st = SetRoundingFloor(m, *slot[k]); !st.ok()) return st;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace attest

@@ -46,6 +46,7 @@
 #include "reference/recipes/recipe.h"
 #include "reference/status.h"
 #include "reference/tensor.h"
+#include "verify/metrics.h"
 
 namespace attest {
 
@@ -182,5 +183,14 @@ struct FormatBounds {
 Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors& errors,
                                            const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& dout, const Tensor& lse);
+
+// What the profile's policies scale by, into m, the metrics of slot k of (o, lse, dq, dk,
+// dv): the term magnitudes of dq and dk (SetRowTermScales), then the format bound and the
+// rounding floor of the slot where given and defined (SetRoundingFloor). Any of the three
+// may be null. On an error, *what names the input that failed ("gradient term magnitudes",
+// "format bounds", "rounding floors").
+Status ApplyTermsAndFloors(TensorMetrics& m, size_t k, const GradientTermScales* terms,
+                           const FormatBounds* bounds, const RoundingFloors* floors,
+                           const char** what);
 
 }  // namespace attest

@@ -159,30 +159,13 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
       out.push_back(Failure(check, s.name, "comparable outputs", m.error().message));
       continue;
     }
-    if (terms && (k == 2 || k == 3)) {
-      if (Status st = SetRowTermScales(*m, k == 2 ? terms->dq : terms->dk); !st.ok()) {
-        out.push_back(Failure(check, s.name, "gradient term magnitudes", st.error().message));
-        continue;
-      }
-    }
-    if (format_bounds) {
-      const FormatBounds& f = *format_bounds;
-      const Tensor* fl[5] = {&f.o, &f.lse, &f.dq, &f.dk, &f.dv};
-      if (fl[k]->defined()) {
-        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) {
-          out.push_back(Failure(check, s.name, "format bounds", st.error().message));
-          continue;
-        }
-      }
-    }
-    if (floors) {
-      const Tensor* fl[5] = {&floors->o, nullptr, &floors->dq, &floors->dk, &floors->dv};
-      if (fl[k] != nullptr && fl[k]->defined()) {
-        if (Status st = SetRoundingFloor(*m, *fl[k]); !st.ok()) {
-          out.push_back(Failure(check, s.name, "rounding floors", st.error().message));
-          continue;
-        }
-      }
+    const char* what = "";
+    if (Status st = ApplyTermsAndFloors(*m, k, terms ? &*terms : nullptr,
+                                        format_bounds ? &*format_bounds : nullptr,
+                                        floors ? &*floors : nullptr, &what);
+        !st.ok()) {
+      out.push_back(Failure(check, s.name, what, st.error().message));
+      continue;
     }
     // A declared tanh approximation (kernels/kernel.h Capabilities::softcap_tanh_abs_error):
     // every score may be off by softcap x its error e; lse then by at most that, and o_i =
