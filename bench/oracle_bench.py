@@ -251,9 +251,10 @@ def run_e2e(args):
         "",
         "| S | mask | CLI s | bare call s | CLI / bare | NumPy s | NumPy / CLI "
         "| CLI CPU s | bare CPU s | CLI / bare CPU | NumPy CPU s | NumPy / CLI CPU |"
-        + (" CLI before s | before / now |" if args.attest_before else ""),
+        + (" CLI before s | before / now | CLI before CPU s | before / now CPU |"
+           if args.attest_before else ""),
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        + ("---:|---:|" if args.attest_before else ""),
+        + ("---:|---:|---:|---:|" if args.attest_before else ""),
     ]
     for s, causal, cli, bare, n, before in rows:
         lines.append(
@@ -262,7 +263,8 @@ def run_e2e(args):
             f"{n['seconds_fwd_bwd'] / cli[0]:.2f} | {cli[1]:.2f} | {bare[1]:.2f} | "
             f"{cli[1] / bare[1]:.2f} | {n['cpu_seconds_fwd_bwd']:.2f} | "
             f"{n['cpu_seconds_fwd_bwd'] / cli[1]:.2f} |"
-            + (f" {before[0]:.2f} | {before[0] / cli[0]:.2f} |" if args.attest_before else ""))
+            + (f" {before[0]:.2f} | {before[0] / cli[0]:.2f} | {before[1]:.2f} | "
+               f"{before[1] / cli[1]:.2f} |" if args.attest_before else ""))
     lines.append("")
     if args.attest_before:
         lines.append(f"CLI before: the same command run by `{args.attest_before}`, in turn with "
