@@ -2,8 +2,8 @@
 // process so that the peak RSS it reports (getrusage ru_maxrss) is this problem's alone, and
 // OpenBLAS dgemm GFLOP/s with the same thread count as the yardstick. bench/oracle_bench.py
 // drives it and prints the table (docs/bench-oracle.md).
-//   oracle_bench attention --seqlen S --head-dim D [--causal] [--threads T] [--reps R]
-//                          [--tile-q TQ] [--tile-k TK] [--skip-forward]
+//   oracle_bench attention --seqlen S --head-dim D [--heads H] [--causal] [--threads T]
+//                          [--reps R] [--tile-q TQ] [--tile-k TK] [--skip-forward]
 //   oracle_bench dgemm --n N [--threads T] [--reps R]
 // Each prints one JSON object on stdout.
 #include <sys/resource.h>
@@ -70,6 +70,7 @@ Tensor RandomNormal(const Shape& shape, uint64_t seed) {
 }
 
 struct AttentionArgs {
+  int64_t heads = 8;
   int64_t tile_q = 0, tile_k = 0;  // 0: AutoTiles (oracle.h)
   bool skip_forward = false;       // time only the fwd+bwd call (tile experiments)
 };
@@ -78,7 +79,7 @@ int RunAttention(int64_t seqlen, int64_t head_dim, bool causal, int threads, int
                  const AttentionArgs& args) {
   Problem p;
   p.batch = 1;
-  p.heads_q = p.heads_kv = 8;
+  p.heads_q = p.heads_kv = args.heads;
   p.seqlen_q = p.seqlen_k = seqlen;
   p.head_dim = p.head_dim_v = head_dim;
   p.dtype = DType::kF64;
@@ -100,6 +101,7 @@ int RunAttention(int64_t seqlen, int64_t head_dim, bool causal, int threads, int
                        double(p.batch * p.heads_q) * (causal ? 0.5 : 1.0);
   nlohmann::json out = {{"seqlen", seqlen},
                         {"head_dim", head_dim},
+                        {"heads", p.heads_q},
                         {"causal", causal},
                         {"threads", threads},
                         {"tile_q", options.tile_q > 0 ? options.tile_q : AutoTiles(p).q},
@@ -138,8 +140,8 @@ int RunDgemm(int64_t n, int threads, int reps) {
 }
 
 int Usage() {
-  std::cerr << "usage: oracle_bench attention --seqlen S --head-dim D [--causal] [--threads T] "
-               "[--reps R]\n                             [--tile-q TQ] [--tile-k TK] "
+  std::cerr << "usage: oracle_bench attention --seqlen S --head-dim D [--heads H] [--causal]\n"
+               "                             [--threads T] [--reps R] [--tile-q TQ] [--tile-k TK] "
                "[--skip-forward]\n       oracle_bench dgemm --n N [--threads T] [--reps R]\n";
   return 2;
 }
@@ -171,6 +173,8 @@ int main(int argc, char** argv) {
       seqlen = std::atoll(value);
     } else if (a == "--head-dim") {
       head_dim = std::atoll(value);
+    } else if (a == "--heads") {
+      args.heads = std::atoll(value);
     } else if (a == "--n") {
       n = std::atoll(value);
     } else if (a == "--threads") {

@@ -22,8 +22,10 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 HEADS = 8
@@ -32,13 +34,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --- NumPy reference (runs in a child process) -----------------------------------------------
 
-def numpy_attention(seqlen, head_dim, causal, threads):
-    """Forward and backward the way a NumPy user writes them: [B,H,S,S] scores in memory."""
+def numpy_attention(seqlen, head_dim, causal, threads, heads=HEADS, reps=1):
+    """Forward and backward the way a NumPy user writes them: [B,H,S,S] scores in memory.
+    With reps > 1 the forward+backward runs reps times and the fastest run counts."""
     import resource
     import numpy as np
 
     rng = np.random.default_rng(0)
-    shape = (1, seqlen, HEADS, head_dim)
+    shape = (1, seqlen, heads, head_dim)
     q, k, v, do = (rng.standard_normal(shape) for _ in range(4))
     scale = 1.0 / np.sqrt(head_dim)
 
@@ -77,9 +80,12 @@ def numpy_attention(seqlen, head_dim, causal, threads):
     t0 = time.perf_counter()
     forward()
     t_fwd = time.perf_counter() - t0
-    t0, c0 = time.perf_counter(), time.process_time()  # process_time: every thread's CPU
-    step()
-    t_step, c_step = time.perf_counter() - t0, time.process_time() - c0
+    t_step = c_step = float("inf")
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()  # process_time: every thread's CPU
+        step()
+        t_step = min(t_step, time.perf_counter() - t0)
+        c_step = min(c_step, time.process_time() - c0)
     blas = "unknown"
     try:
         from threadpoolctl import threadpool_info
@@ -134,20 +140,155 @@ def cpu_model():
     return platform.machine()
 
 
-def find_bench():
+def find_bench(relative=os.path.join("bench", "oracle_bench")):
     for d in sorted(os.listdir(os.path.join(ROOT, "build"))) if os.path.isdir(
             os.path.join(ROOT, "build")) else []:
-        p = os.path.join(ROOT, "build", d, "bench", "oracle_bench")
+        p = os.path.join(ROOT, "build", d, relative)
         if os.access(p, os.X_OK):
             return p
     return None
+
+
+def cpu_isa():
+    """The vector extensions the oracle's products can use, from /proc/cpuinfo's flags."""
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ("avx2", "fma", "avx512f"))
+
+
+# --- End to end: `attest oracle` as a user runs it ----------------------------------------------
+
+E2E_HEADS, E2E_HEAD_DIM = 4, 128
+
+
+def write_case(path, seqlen, causal, dtype):
+    case = {"problem": {"batch": 1, "heads_q": E2E_HEADS, "heads_kv": E2E_HEADS,
+                        "seqlen_q": seqlen, "seqlen_k": seqlen, "head_dim": E2E_HEAD_DIM,
+                        "head_dim_v": E2E_HEAD_DIM, "dtype": dtype, "causal": causal},
+            "generator": {"name": "gaussian", "seed": 1, "params": {}}}
+    with open(path, "w") as fh:
+        json.dump(case, fh)
+
+
+def time_cli(cmd, out_path):
+    """Wall and CPU seconds (the child's, all threads) of one `attest oracle` run, writing a
+    file that did not exist before (as a first run does)."""
+    if os.path.exists(out_path):
+        os.unlink(out_path)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def run_e2e(args):
+    bench = args.bench or find_bench()
+    attest = args.attest or find_bench(os.path.join("tools", "attest", "attest"))
+    if not bench or not attest:
+        print("oracle_bench.py --e2e: build the oracle_bench and attest targets first, or pass "
+              "--bench and --attest", file=sys.stderr)
+        return 2
+    seqlens = [int(x) for x in (args.seqlens or "2048,4096").split(",")]
+    start = time.time()
+    load_start = os.getloadavg()[0]
+    rows, numpy_info, products = [], None, "?"
+    with tempfile.TemporaryDirectory(prefix="oracle-e2e-") as tmp:
+        for s in seqlens:
+            for causal in (False, True):
+                case = os.path.join(tmp, f"s{s}-{'causal' if causal else 'full'}.case.json")
+                out = os.path.join(tmp, "out.safetensors")
+                write_case(case, s, causal, args.dtype)
+                cli_cmd = [attest, "oracle", "--case", case, "--out", out, "--threads",
+                           str(args.threads), "--quiet"]
+                bare_cmd = [bench, "attention", "--seqlen", str(s), "--head-dim",
+                            str(E2E_HEAD_DIM), "--heads", str(E2E_HEADS), "--threads",
+                            str(args.threads), "--skip-forward"] + (["--causal"] if causal else [])
+                cli = bare = before = (float("inf"), float("inf"))
+                for _ in range(args.reps):  # interleaved, so that all see the same load
+                    if args.attest_before:
+                        w, c = time_cli([args.attest_before] + cli_cmd[1:], out)
+                        before = (min(before[0], w), min(before[1], c))
+                    w, c = time_cli(cli_cmd, out)
+                    cli = (min(cli[0], w), min(cli[1], c))
+                    b = run_json(bare_cmd)
+                    products = b.get("products", products)
+                    bare = (min(bare[0], b["seconds_fwd_bwd"]),
+                            min(bare[1], b["cpu_seconds_fwd_bwd"]))
+                n = run_json([sys.executable, os.path.abspath(__file__), "--numpy-child",
+                              str(s), str(E2E_HEAD_DIM), "1" if causal else "0", "--e2e",
+                              "--threads", str(args.threads), "--heads", str(E2E_HEADS),
+                              "--reps", str(args.reps)], env=numpy_env(args.threads))
+                numpy_info = n
+                rows.append((s, causal, cli, bare, n, before))
+    load_end = os.getloadavg()[0]
+    lines = [
+        "# `attest oracle` end to end",
+        "",
+        f"`bench/oracle_bench.py --e2e` on {platform.node() or 'this machine'} ({cpu_model()}; "
+        f"{cpu_isa()}; the oracle's products: the {products} version; "
+        f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} cores usable), {args.threads} "
+        f"threads everywhere, B=1, H={E2E_HEADS}, D={E2E_HEAD_DIM}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, fastest of {args.reps} runs "
+        "each, CLI and bare call interleaved. CLI: `attest oracle --case F --out "
+        f"F.safetensors` as a user runs it (a {args.dtype} case with the gaussian generator; "
+        "process start, case, input generation and rounding, the oracle, the error bounds, the "
+        "file written, fsynced and renamed into place). Bare: the fwd+bwd call alone "
+        "(`oracle_bench attention --skip-forward`, inputs made before the clock starts). "
+        "NumPy: the float64 forward+backward with materialised scores, inputs made before the "
+        "clock starts. CPU columns: CPU seconds of every thread.",
+        "",
+        "| S | mask | CLI s | bare call s | CLI / bare | NumPy s | NumPy / CLI "
+        "| CLI CPU s | bare CPU s | CLI / bare CPU | NumPy CPU s | NumPy / CLI CPU |"
+        + (" CLI before s | before / now | CLI before CPU s | before / now CPU |"
+           if args.attest_before else ""),
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|---:|---:|---:|" if args.attest_before else ""),
+    ]
+    for s, causal, cli, bare, n, before in rows:
+        lines.append(
+            f"| {s} | {'causal' if causal else 'none'} | {cli[0]:.2f} | {bare[0]:.2f} | "
+            f"{cli[0] / bare[0]:.2f} | {n['seconds_fwd_bwd']:.2f} | "
+            f"{n['seconds_fwd_bwd'] / cli[0]:.2f} | {cli[1]:.2f} | {bare[1]:.2f} | "
+            f"{cli[1] / bare[1]:.2f} | {n['cpu_seconds_fwd_bwd']:.2f} | "
+            f"{n['cpu_seconds_fwd_bwd'] / cli[1]:.2f} |"
+            + (f" {before[0]:.2f} | {before[0] / cli[0]:.2f} | {before[1]:.2f} | "
+               f"{before[1] / cli[1]:.2f} |" if args.attest_before else ""))
+    lines.append("")
+    if args.attest_before:
+        lines.append(f"CLI before: the same command run by `{args.attest_before}`, in turn with "
+                     "the others.")
+    if numpy_info:
+        lines.append(f"NumPy {numpy_info['numpy']}, BLAS: {numpy_info['blas']} "
+                     "(OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for NumPy only).")
+    lines.append(f"Total wall time {time.time() - start:.0f} s; 1-minute load average "
+                 f"{load_start:.1f} at the start, {load_end:.1f} at the end (above "
+                 f"{os.cpu_count()}, the machine's core count, other work shared the cores).")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    return 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", help="path of the oracle_bench executable")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seqlens", default="1024,2048,4096,8192")
+    ap.add_argument("--seqlens", help="default 1024,2048,4096,8192 (2048,4096 with --e2e)")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--only", metavar="S,D,MASK",
                     help="run one cell, e.g. 4096,128,full (MASK: full/none or causal); "
@@ -158,20 +299,35 @@ def main():
                     help="skip NumPy cells whose score matrices need more than this")
     ap.add_argument("--out", help="also write the table (with its header lines) to this file; "
                                    "docs/bench-oracle.md quotes it by hand")
+    ap.add_argument("--e2e", action="store_true",
+                    help="end to end instead of the grid: `attest oracle` on a case file beside "
+                         "the bare fwd+bwd call and NumPy (B=1, H=4, D=128; --seqlens default "
+                         "2048,4096)")
+    ap.add_argument("--attest", help="path of the attest executable (--e2e)")
+    ap.add_argument("--attest-before", metavar="PATH",
+                    help="--e2e: also time this attest executable (an older build), interleaved "
+                         "with the others, for a before / after column")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="--e2e: runs of each contender per cell, the fastest counts")
+    ap.add_argument("--dtype", default="bf16", help="--e2e: the case's input dtype")
     ap.add_argument("--numpy-child", nargs=3, metavar=("S", "D", "CAUSAL"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--heads", type=int, default=HEADS, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.numpy_child:
         s, d, c = args.numpy_child
-        print(json.dumps(numpy_attention(int(s), int(d), c == "1", args.threads)))
+        print(json.dumps(numpy_attention(int(s), int(d), c == "1", args.threads, args.heads,
+                                         args.reps if args.e2e else 1)))
         return 0
+    if args.e2e:
+        return run_e2e(args)
 
     bench = args.bench or find_bench()
     if not bench:
         print("oracle_bench.py: build the oracle_bench target first, or pass --bench", file=sys.stderr)
         return 2
-    seqlens = [int(x) for x in args.seqlens.split(",")]
+    seqlens = [int(x) for x in (args.seqlens or "1024,2048,4096,8192").split(",")]
     head_dims = [int(x) for x in args.head_dims.split(",")]
     start = time.time()
     load_start = os.getloadavg()[0]

@@ -2,7 +2,9 @@
 #include "reference/tensor.h"
 
 #include <cassert>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 namespace attest {
@@ -33,7 +35,12 @@ Tensor Tensor::Zeros(DType dtype, Shape shape) {
   t.shape_ = std::move(shape);
   // At least one byte so that an empty tensor is still `defined()`.
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.numel() * SizeOf(dtype), 1));
-  t.storage_ = std::make_shared<std::byte[]>(bytes);  // value-initialised: zeros
+  // calloc, not value-initialisation: a large block comes as fresh zero pages from mmap
+  // (glibc does not clear those again), so its pages are touched first by whoever writes the
+  // tensor, not by a memset beforehand.
+  auto* zeros = static_cast<std::byte*>(std::calloc(bytes, 1));
+  if (zeros == nullptr) throw std::bad_alloc();
+  t.storage_ = std::shared_ptr<std::byte[]>(zeros, [](std::byte* p) { std::free(p); });
   t.base_ = t.storage_.get();
   return t;
 }

@@ -2,15 +2,19 @@
 // rounding, §7.4 overflow, §7.5 underflow; OCP OFP8 v1.0 and OCP MX v1.0 §5.3 encodings).
 #include "reference/formats/format.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace attest {
 namespace {
@@ -547,6 +551,77 @@ Expected<Tensor> Convert(const Tensor& t, Format to, const EncodeOptions& option
   return out;
 }
 
+namespace {
+
+// RoundTo(x, f, options) for f32, bf16 and f16 under the default options (round to nearest
+// even, overflow to ±Inf, subnormals kept), without the encoding: with q the exponent of the
+// result's last place (floor(log2|x|) - mantissa bits, at least that of the subnormals) and
+// c = 1.5 · 2^(q + 52), |x| + c lies in c's binade, whose ulp is 2^q, so that one addition
+// rounds |x| to a multiple of 2^q, to nearest, ties to even (c / 2^q is even), and
+// subtracting c is exact (Sterbenz). The sign is put back last, so ±0 come out as Encode
+// gives them; NaN go through RoundTo. format_test compares it with RoundTo.
+class NearestIeee {
+ public:
+  static std::optional<NearestIeee> For(Format f, const EncodeOptions& o) {
+    if (f != Format::kF32 && f != Format::kBF16 && f != Format::kF16) return std::nullopt;
+    if (o.rounding != Rounding::kNearestEven || o.overflow != Overflow::kDefault ||
+        o.flush_subnormals) {
+      return std::nullopt;
+    }
+    const FormatSpec& s = Spec(f);
+    return NearestIeee(f, s.mantissa_bits, s.min_normal_exponent(), s.max_exponent(),
+                       MaxFinite(f));
+  }
+
+  double operator()(double x) const {
+    const auto bits = std::bit_cast<uint64_t>(x);
+    const int e = static_cast<int>((bits >> 52) & 0x7FF) - 1023;  // floor(log2|x|) if normal
+    if (e == 1024) return RoundTo(x, format_);                       // Inf and NaN
+    if (e > emax_) return std::copysign(std::numeric_limits<double>::infinity(), x);
+    const int q = std::max(e, emin_) - mantissa_bits_;
+    const double c = std::bit_cast<double>((static_cast<uint64_t>(q + 52 + 1023) << 52) |
+                                           (uint64_t{1} << 51));
+    double r = (std::abs(x) + c) - c;
+    if (r > max_finite_) r = std::numeric_limits<double>::infinity();
+    return std::copysign(r, x);
+  }
+
+ private:
+  NearestIeee(Format f, int mantissa_bits, int emin, int emax, double max_finite)
+      : format_(f), mantissa_bits_(mantissa_bits), emin_(emin), emax_(emax),
+        max_finite_(max_finite) {}
+  Format format_;
+  int mantissa_bits_, emin_, emax_;
+  double max_finite_;
+};
+
+// dst[i] = RoundTo(src[i]) for the n elements of a contiguous f64 tensor. Each element is
+// rounded on its own, so a large tensor is split across threads (the inputs of `attest
+// oracle` and of every check pass through here).
+void RoundContiguous(const double* src, double* dst, int64_t n, Format to,
+                     const EncodeOptions& options) {
+  const std::optional<NearestIeee> nearest = NearestIeee::For(to, options);
+  auto round_range = [&](int64_t begin, int64_t end) {
+    if (nearest) {
+      for (int64_t i = begin; i < end; ++i) dst[i] = (*nearest)(src[i]);
+    } else {
+      for (int64_t i = begin; i < end; ++i) dst[i] = RoundTo(src[i], to, options);
+    }
+  };
+  constexpr int64_t kMinPerThread = int64_t{1} << 17;
+  const int64_t threads = std::clamp<int64_t>(
+      n / kMinPerThread, 1, std::max<int64_t>(1, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(round_range, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+  }
+  round_range(0, std::min(n, chunk));
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
 Tensor RoundTensor(const Tensor& f64, Format to, const EncodeOptions& options) {
   if (!f64.defined() || f64.dtype() != DType::kF64) {
     throw std::invalid_argument("RoundTensor: input tensor must be f64, got " + f64.Describe());
@@ -554,7 +629,11 @@ Tensor RoundTensor(const Tensor& f64, Format to, const EncodeOptions& options) {
   Tensor out = Tensor::Zeros(DType::kF64, f64.shape());
   double* dst = out.data<double>();
   const double* src = f64.data<double>();
-  ForEachElement(f64, [&](int64_t i, int64_t off) { dst[i] = RoundTo(src[off], to, options); });
+  if (f64.contiguous()) {
+    RoundContiguous(src, dst, f64.numel(), to, options);
+  } else {
+    ForEachElement(f64, [&](int64_t i, int64_t off) { dst[i] = RoundTo(src[off], to, options); });
+  }
   return out;
 }
 

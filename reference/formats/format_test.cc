@@ -6,10 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "reference/formats/format_test_util.h"
 #include "reference/formats/fp32_table_encoder.h"
@@ -301,6 +304,59 @@ TEST(Fp32TableEncoder, EqualsEncodeF32OnBoundariesAndASample) {
       for (float x : inputs) {
         ASSERT_EQ(table->Encode(x), EncodeF32(x, f, o).code)
             << Name(f) << " " << Name(r) << " x=" << std::hexfloat << x;
+      }
+    }
+  }
+}
+
+TEST(FormatTensor, RoundTensorIsRoundToOnEveryElement) {
+  // RoundTensor rounds f32, bf16 and f16 without encoding (format.cc NearestIeee) and splits
+  // large tensors across threads: every element must still be RoundTo's, bit for bit. Inputs:
+  // every binade from below the subnormals to past the overflow threshold, exact ties and
+  // their neighbours on every format's grid, signed zeros, double subnormals, Inf and NaN.
+  std::mt19937_64 rng(7);
+  std::vector<double> x;
+  for (int i = 0; i < (1 << 18); ++i) {
+    const int e = static_cast<int>(rng() % 340) - 180;  // 2^-180 .. 2^159
+    const double v = std::ldexp(1.0 + static_cast<double>(rng() >> 12) * 0x1p-52, e);
+    x.push_back((rng() & 1) ? -v : v);
+  }
+  for (Format f : {Format::kF32, Format::kBF16, Format::kF16}) {
+    const FormatSpec& spec = Spec(f);
+    for (int e = spec.min_normal_exponent() - spec.mantissa_bits - 2;
+         e <= spec.max_exponent() + 1; ++e) {
+      const double ulp = std::ldexp(1.0, std::max(e, spec.min_normal_exponent()) -
+                                             spec.mantissa_bits);
+      for (int k = 0; k < 4; ++k) {
+        const double m = std::ldexp(1.0, e) + ulp * static_cast<double>(k);
+        for (double t : {m + ulp / 2, m - ulp / 2, std::nextafter(m + ulp / 2, 0.0),
+                         std::nextafter(m + ulp / 2, kInf)}) {
+          x.push_back(t);
+          x.push_back(-t);
+        }
+      }
+    }
+    const double top = MaxFinite(f);
+    const double half = std::ldexp(1.0, spec.max_exponent() - spec.mantissa_bits - 1);
+    for (double t : {top, top + half, std::nextafter(top + half, 0.0), top + 2 * half}) {
+      x.push_back(t);
+      x.push_back(-t);
+    }
+  }
+  for (double t : {0.0, -0.0, 0x1p-1074, -0x1p-1074, 0x1p-1030, kInf, -kInf,
+                   std::numeric_limits<double>::quiet_NaN(), 0x1p1023, -0x1.fffffffffffffp1023}) {
+    x.push_back(t);
+  }
+  x.push_back(-std::numeric_limits<double>::quiet_NaN());
+  const Tensor t = Tensor::FromF64({static_cast<int64_t>(x.size())}, x);
+  for (Format f : {Format::kF32, Format::kBF16, Format::kF16, Format::kE4M3FN}) {
+    for (const Tensor& in : {t, t.Narrow(0, 0, 999)}) {  // threaded and one-thread paths
+      const Tensor r = RoundTensor(in, f);
+      const auto got = r.span<const double>();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double want = RoundTo(x[i], f);
+        ASSERT_EQ(std::bit_cast<uint64_t>(got[i]), std::bit_cast<uint64_t>(want))
+            << Name(f) << " x=" << std::hexfloat << x[i];
       }
     }
   }

@@ -69,6 +69,9 @@ Expected<std::string> ReadRegularFile(const std::string& path, const ReadLimits&
 // left on device"); on any failure the target is untouched and the temporary file removed.
 Status WriteFileAtomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
 Status WriteFileAtomic(const std::filesystem::path& path, std::string_view text);
+// The same for a file made of `parts` one after the other (no copy into one buffer).
+Status WriteFileAtomic(const std::filesystem::path& path,
+                       std::span<const std::span<const std::byte>> parts);
 
 // Exclusive use of an output folder by one run (flock(2) on DIR/.attest.lock, which holds the
 // owner's pid): a second run given the same folder is refused at start instead of silently

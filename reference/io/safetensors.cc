@@ -458,7 +458,16 @@ Expected<NamedTensors> ReadSafetensors(const std::string& path, const ReadLimits
   return out;
 }
 
-Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensors) {
+namespace {
+
+// A file's length prefix and header, and its tensors in the order of their bytes.
+struct FileLayout {
+  std::vector<std::byte> head;
+  std::vector<const std::pair<std::string, Tensor>*> order;
+  uint64_t data_bytes = 0;
+};
+
+Expected<FileLayout> LayoutOf(const NamedTensors& tensors) {
   constexpr std::string_view kWhere = "SerializeSafetensors";
   // 1. Check names, tensors and metadata.
   std::set<std::string_view> names;
@@ -519,13 +528,27 @@ Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensor
                                          header.size(), kSafetensorsMaxHeaderBytes));
   }
 
-  // 4. Length prefix, header, then each tensor's bytes in row-major order.
-  std::vector<std::byte> out(kLengthBytes + header.size() + offset);
+  // 4. Length prefix and header.
+  FileLayout layout;
+  layout.head.resize(kLengthBytes + header.size());
   const uint64_t n = header.size();
-  for (size_t i = 0; i < kLengthBytes; ++i) out[i] = static_cast<std::byte>(n >> (8 * i));
-  std::memcpy(out.data() + kLengthBytes, header.data(), header.size());
-  std::byte* dst = out.data() + kLengthBytes + header.size();
-  for (const auto* item : order) {
+  for (size_t i = 0; i < kLengthBytes; ++i) layout.head[i] = static_cast<std::byte>(n >> (8 * i));
+  std::memcpy(layout.head.data() + kLengthBytes, header.data(), header.size());
+  layout.order = std::move(order);
+  layout.data_bytes = offset;
+  return layout;
+}
+
+}  // namespace
+
+Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensors) {
+  auto layout = LayoutOf(tensors);
+  if (!layout.ok()) return layout.error();
+  // The header, then each tensor's bytes in row-major order.
+  std::vector<std::byte> out(layout->head.size() + layout->data_bytes);
+  std::memcpy(out.data(), layout->head.data(), layout->head.size());
+  std::byte* dst = out.data() + layout->head.size();
+  for (const auto* item : layout->order) {
     const Tensor& t = item->second;
     if (t.numel() == 0) continue;
     const int64_t size = SizeOf(t.dtype());
@@ -543,9 +566,22 @@ Expected<std::vector<std::byte>> SerializeSafetensors(const NamedTensors& tensor
 }
 
 Status WriteSafetensors(const std::string& path, const NamedTensors& tensors) {
-  auto bytes = SerializeSafetensors(tensors);
-  if (!bytes.ok()) return Error{path + ": " + bytes.error().message};
-  return WriteFileAtomic(path, *bytes);
+  auto layout = LayoutOf(tensors);
+  if (!layout.ok()) return Error{path + ": " + layout.error().message};
+  // Contiguous tensors go to the file from where they are (SerializeSafetensors's bytes
+  // without the copy into one buffer); any other layout through SerializeSafetensors.
+  std::vector<std::span<const std::byte>> parts = {layout->head};
+  for (const auto* item : layout->order) {
+    const Tensor& t = item->second;
+    if (t.numel() == 0) continue;
+    if (!t.contiguous()) {
+      auto bytes = SerializeSafetensors(tensors);
+      if (!bytes.ok()) return Error{path + ": " + bytes.error().message};
+      return WriteFileAtomic(path, *bytes);
+    }
+    parts.emplace_back(t.bytes(), static_cast<size_t>(t.nbytes()));
+  }
+  return WriteFileAtomic(path, parts);
 }
 
 }  // namespace attest

@@ -237,6 +237,27 @@ TEST(Safetensors, FileRoundTripAndFileErrors) {
   fs::remove_all(dir);
 }
 
+// WriteSafetensors writes contiguous tensors from where they are and anything else through
+// SerializeSafetensors: the file holds SerializeSafetensors's bytes either way.
+TEST(Safetensors, WrittenFilesHoldTheSerializedBytes) {
+  const fs::path dir = fs::temp_directory_path() / ("attest_stw_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "t.safetensors").string();
+  NamedTensors contiguous = AllDTypesSample();
+  contiguous.Add("no_rows", Tensor::Zeros(DType::kF64, {0, 3}));
+  contiguous.metadata["k"] = "v";
+  NamedTensors strided = contiguous;
+  strided.Add("permuted", Patterned(DType::kF32, {3, 4, 5}, 7).Permute({2, 0, 1}));
+  for (const NamedTensors* nt : {&contiguous, &strided}) {
+    const Status written = WriteSafetensors(path, *nt);
+    ASSERT_TRUE(written.ok()) << written.error().message;
+    auto bytes = SerializeSafetensors(*nt);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_EQ(ReadAll(path), *bytes);
+  }
+  fs::remove_all(dir);
+}
+
 // A header listing 50 000 tensors parses in well under a second: the header JSON is parsed
 // in linear time (reference/io/json.h; nlohmann's callback parser took 42 s here).
 TEST(Safetensors, AFiftyThousandTensorHeaderParsesInUnderASecond) {
