@@ -18,6 +18,7 @@
 #include "reference/problem/case_file.h"
 #include "kernels/mutants/mutants.h"
 #include "verify/checks/check_test_kernels.h"
+#include "verify/checks/recipe_test_kernels.h"
 
 namespace attest {
 namespace {
@@ -225,29 +226,7 @@ TEST(Consistency, AKernelThatDeclaresNoRecipeIsJudgedByTheDeltaItFits) {
 TEST(Consistency, AGenericLowPrecisionProfileWithoutARecipeIsNotJudgedAsBf16) {
   auto model = Kernels().Create("cpu/mxfp8-pvbf16");
   ASSERT_TRUE(model.ok()) << model.error().message;
-  class FamilyOnly final : public Kernel {
-   public:
-    explicit FamilyOnly(Kernel& inner) : inner_(inner) {}
-    std::string name() const override { return "test/mxfp8-family-profile"; }
-    Capabilities capabilities() const override {
-      Capabilities caps = inner_.capabilities();
-      caps.recipe.clear();
-      caps.profile = "mxfp8";
-      return caps;
-    }
-    KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
-                                        const Tensor& v) override {
-      return inner_.Forward(p, q, k, v);
-    }
-    KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
-                                          const Tensor& v, const Tensor& o, const Tensor& lse,
-                                          const Tensor& dout) override {
-      return inner_.Backward(p, q, k, v, o, lse, dout);
-    }
-
-   private:
-    Kernel& inner_;
-  } family(**model);
+  recipe_test::FamilyOnly family(**model, "mxfp8", "test/mxfp8-family-profile");
   double worst_declared = 0;
   for (const auto& [name, p] : GateCases()) {
     if (!(*model)->capabilities().Covers(p)) continue;

@@ -23,12 +23,17 @@
 #include "reference/recipes/recipe_json.h"
 #include "verify/checks/check_test_kernels.h"
 #include "verify/checks/consistency.h"
+#include "verify/checks/recipe_test_kernels.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"
 
 namespace attest {
 namespace {
+
+using recipe_test::Declare;
+using recipe_test::Mxfp8Recipe;
+using recipe_test::SpecFor;
 
 // The gate for the FLOOR kernel (its quick subset under the sanitizers, where the gate costs
 // minutes); the quick suite for the RCEIL kernel (the built-in mxfp8-pvbf16 recipe under
@@ -38,38 +43,6 @@ constexpr const char* kGate = "quick";
 #else
 constexpr const char* kGate = "gate";
 #endif
-
-// mxfp8-pvbf16's recipe under another name, with every MX scale mode set to `mode`, edited as
-// JSON the way a kernel author writes one.
-nlohmann::json Mxfp8Recipe(const std::string& name, const std::string& mode) {
-  nlohmann::json r = RecipeToJson(*FindRecipe("mxfp8-pvbf16"));
-  r["name"] = name;
-  r["description"] = "MXFP8 E4M3, " + mode + " E8M0 scales per 32 along D for Q.K^T and dO.V^T";
-  for (auto& [gemm, operands] : r["gemms"].items()) {
-    for (auto& [side, op] : operands.items()) {
-      if (op.contains("scale_mode")) op["scale_mode"] = mode;
-    }
-  }
-  return r;
-}
-
-// The capabilities an external kernel sends (docs/protocol.md), recipe as an object.
-Capabilities Declare(const nlohmann::json& recipe) {
-  nlohmann::json j = CapabilitiesToJson(LowpModel(LowpModelSpecs()[1]).capabilities());
-  j.erase("profile");
-  j["recipe"] = recipe;
-  auto caps = CapabilitiesFromJson(j);
-  EXPECT_TRUE(caps.ok()) << caps.error().message;
-  return caps.ok() ? *caps : Capabilities{};
-}
-
-LowpModelSpec SpecFor(std::string_view name, std::string_view recipe) {
-  LowpModelSpec s = LowpModelSpecs()[1];  // cpu/mxfp8-pvbf16: head dims, GQA, varlen
-  EXPECT_EQ(s.recipe, "mxfp8-pvbf16");
-  s.name = name;
-  s.recipe = recipe;
-  return s;
-}
 
 // Declares `caps`; runs the forward with `fwd` and the backward with `bwd`.
 class Declaring final : public Kernel {

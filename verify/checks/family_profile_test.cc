@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <memory>
 #include <random>
@@ -27,6 +28,7 @@
 #include "reference/recipes/recipe.h"
 #include "reference/recipes/recipe_json.h"
 #include "verify/checks/check.h"
+#include "verify/checks/recipe_test_kernels.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"
@@ -36,69 +38,24 @@
 namespace attest {
 namespace {
 
-// mxfp8-pvbf16's recipe under another name, every MX scale mode set to `mode` (the same edit
-// as declared_recipe_test.cc).
-nlohmann::json Mxfp8Recipe(const std::string& name, const std::string& mode) {
-  nlohmann::json r = RecipeToJson(*FindRecipe("mxfp8-pvbf16"));
-  r["name"] = name;
-  r["description"] = "MXFP8 E4M3, " + mode + " E8M0 scales per 32 along D for Q.K^T and dO.V^T";
-  for (auto& [gemm, operands] : r["gemms"].items()) {
-    for (auto& [side, op] : operands.items()) {
-      if (op.contains("scale_mode")) op["scale_mode"] = mode;
-    }
-  }
-  return r;
-}
+using recipe_test::Declare;
+using recipe_test::FamilyOnly;
+using recipe_test::Mxfp8Recipe;
+using recipe_test::SpecFor;
 
 // Registers `recipe` (as a kernel's capabilities JSON does) and returns a model running it
 // with cpu/mxfp8-pvbf16's head dims, GQA and varlen claims.
 std::unique_ptr<Kernel> DeclaredMxfp8Model(const std::string& name, const std::string& mode) {
-  static std::vector<std::unique_ptr<LowpModelSpec>> specs;  // models keep a pointer
-  static std::vector<std::unique_ptr<std::string>> names;
+  static std::deque<LowpModelSpec> specs;  // models keep a reference
+  static std::deque<std::string> names;    // specs keep views
   const std::string recipe = "test-family-mxfp8-" + mode;
-  nlohmann::json j = CapabilitiesToJson(LowpModel(LowpModelSpecs()[1]).capabilities());
-  j.erase("profile");
-  j["recipe"] = Mxfp8Recipe(recipe, mode);
-  auto caps = CapabilitiesFromJson(j);  // registers the recipe
-  EXPECT_TRUE(caps.ok()) << caps.error().message;
-  names.push_back(std::make_unique<std::string>(name));
-  names.push_back(std::make_unique<std::string>(recipe));
-  auto spec = std::make_unique<LowpModelSpec>(LowpModelSpecs()[1]);
-  spec->name = *names[names.size() - 2];
-  spec->recipe = *names.back();
-  specs.push_back(std::move(spec));
-  return std::make_unique<LowpModel>(*specs.back());
+  Declare(Mxfp8Recipe(recipe, mode));
+  names.push_back(name);
+  const std::string& model_name = names.back();
+  names.push_back(recipe);
+  specs.push_back(SpecFor(model_name, names.back()));
+  return std::make_unique<LowpModel>(specs.back());
 }
-
-// A kernel that reports the family profile `profile` and no recipe; answers are `inner`'s.
-class FamilyOnly final : public Kernel {
- public:
-  FamilyOnly(std::unique_ptr<Kernel> inner, std::string profile)
-      : inner_(std::move(inner)), profile_(std::move(profile)) {}
-  std::string name() const override { return inner_->name() + "@" + profile_; }
-  Capabilities capabilities() const override {
-    Capabilities caps = inner_->capabilities();
-    caps.recipe.clear();
-    caps.profile = profile_;
-    return caps;
-  }
-  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
-                                      const Tensor& v) override {
-    return inner_->Forward(p, q, k, v);
-  }
-  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
-                                        const Tensor& v, const Tensor& o, const Tensor& lse,
-                                        const Tensor& dout) override {
-    return inner_->Backward(p, q, k, v, o, lse, dout);
-  }
-  std::optional<Format> BackwardDpFormat(const Problem& p) const override {
-    return inner_->BackwardDpFormat(p);
-  }
-
- private:
-  std::unique_ptr<Kernel> inner_;
-  std::string profile_;
-};
 
 std::unique_ptr<Kernel> BuiltinLowp(std::string_view name) {
   for (const LowpModelSpec& s : LowpModelSpecs()) {
