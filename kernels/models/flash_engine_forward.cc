@@ -102,12 +102,15 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
       continue;
     }
     const float sum = st.row_sum[i];
-    const bool empty = sum == 0 || sum != sum;
-    const float inv = empty ? 1.0f : 1.0f / sum;
-    for (int64_t c = 0; c < dv; ++c) {
-      out[c] = empty ? 0.0f : RoundElement(st.acc[i * dv + c] * inv, plan.out_format);
+    if (sum == 0 || sum != sum) {  // no visible key (or nothing left of them)
+      EmptyRow(out, dv, &lse);
+      continue;
     }
-    lse = empty ? -kInf : hooks.RowLse(st.row_max[i], sum, plan.sp.scale_softmax);
+    const float inv = 1.0f / sum;
+    for (int64_t c = 0; c < dv; ++c) {
+      out[c] = RoundElement(st.acc[i * dv + c] * inv, plan.out_format);
+    }
+    lse = hooks.RowLse(st.row_max[i], sum, plan.sp.scale_softmax);
   }
   return Status::Ok();
 }
