@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "reference/problem/problem.h"
 #include "reference/tensor.h"
@@ -47,6 +48,16 @@ struct OracleOptions {
   // O(tile_q x Sk) per worker, never O(Sq x Sk). Results are bitwise the same either way
   // (the same product on the same operands; oracle_test checks it). 0: always recompute.
   int64_t score_cache_bytes = int64_t{64} << 20;
+  // Sampled rows (float64 path; long problems, where the whole oracle would cost too much).
+  // query_rows: [total_q] flags over the flattened query rows; o, lse, dq and delta are
+  // computed for every query tile that holds a flagged row and are NaN elsewhere. key_rows:
+  // [total_k] flags over the key rows; with the backward, dk and dv are computed for every
+  // key tile that holds a flagged key (which needs the forward of every query tile, for the
+  // rows' lse and delta) and are NaN elsewhere. Unset (null) together: everything. What is
+  // computed is bitwise what the whole run gives (the same tiles, products and order:
+  // oracle_sample_test checks it); the statistics are those of the tiles computed.
+  const std::vector<uint8_t>* query_rows = nullptr;
+  const std::vector<uint8_t>* key_rows = nullptr;
 };
 
 // The float64 path's tiles for `p` when OracleOptions leaves them 0: 128 x 128 for every

@@ -58,6 +58,8 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "reference/oracle/oracle.h"
@@ -134,6 +136,8 @@ class DoubleOracle {
         options_(options) {
     walks_.reserve(masks_.size());
     for (const MaskView& mask : masks_) walks_.emplace_back(mask, tile_k_);
+    CheckSample(options.query_rows, p.TotalQ(), "query_rows", "query");
+    CheckSample(options.key_rows, p.TotalK(), "key_rows", "key");
     stats_.unit_roundoff = std::ldexp(1.0, -53);
     stats_.scale = p.EffectiveScale();
     stats_.softcap = p.softcap;
@@ -167,6 +171,35 @@ class DoubleOracle {
     bool packed_kv_backward = false;
     std::vector<int64_t> tiles, keys, chain, chain_tq;
   };
+
+  // Sampled rows (OracleOptions::query_rows, key_rows).
+  static void CheckSample(const std::vector<uint8_t>* flags, int64_t rows, const char* field,
+                          const char* what) {
+    if (flags != nullptr && static_cast<int64_t>(flags->size()) != rows) {
+      throw std::invalid_argument("OracleOptions::" + std::string(field) + ": " +
+                                  std::to_string(flags->size()) + " flags for " +
+                                  std::to_string(rows) + " " + what + " rows");
+    }
+  }
+  bool Sampled() const { return options_.query_rows != nullptr || options_.key_rows != nullptr; }
+  static bool AnyFlag(const std::vector<uint8_t>* flags, int64_t begin, int64_t n) {
+    if (flags == nullptr) return false;
+    for (int64_t r = begin; r < begin + n; ++r) {
+      if ((*flags)[static_cast<size_t>(r)] != 0) return true;
+    }
+    return false;
+  }
+  // Whether query rows [i0, i0 + tq) of seq get o, lse, dq and delta; keys [j0, j0 + tk) dk
+  // and dv (everything, unless sampled).
+  bool QueryTileWanted(const Sequence& seq, int64_t i0, int64_t tq) const {
+    return !Sampled() || AnyFlag(options_.query_rows, seq.q_begin + i0, tq);
+  }
+  bool KeyTileWanted(const Sequence& seq, int64_t j0, int64_t tk) const {
+    return !Sampled() || AnyFlag(options_.key_rows, seq.k_begin + j0, tk);
+  }
+  // NaN in the rows a sampled run leaves out: o, lse_rows_ (and with the backward dq,
+  // delta_rows_, dk, dv).
+  void BlankUnsampled(double* o, double* dq, double* dk, double* dv);
 
   // Rows of the [rows, H, width] inputs; consecutive rows of a head are ld() apart.
   const double* QRow(int64_t row, int64_t h) const {
@@ -323,7 +356,42 @@ class DoubleOracle {
   OracleOptions options_;
   OracleStats stats_;
   std::vector<double> lse_rows_, delta_rows_;  // [rows, Hq]
+  // A sampled backward with flagged keys: every query tile's forward runs (for lse, delta).
+  bool all_query_tiles_ = false;
+  bool in_backward_ = false;  // RunForward called by RunBackward
 };
+
+void DoubleOracle::BlankUnsampled(double* o, double* dq, double* dk, double* dv) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t d = p_.head_dim, dvw = p_.head_dim_v;
+  for (int64_t b = 0; b < p_.batch; ++b) {
+    const Sequence seq = SequenceOf(p_, b);
+    for (int64_t i0 = 0; i0 < seq.q_len; i0 += tile_q_) {
+      const int64_t tq = std::min(tile_q_, seq.q_len - i0);
+      if (QueryTileWanted(seq, i0, tq)) continue;
+      for (int64_t row = seq.q_begin + i0; row < seq.q_begin + i0 + tq; ++row) {
+        for (int64_t h = 0; h < p_.heads_q; ++h) {
+          std::fill_n(o + RowOffset(row, p_.heads_q, h, dvw), dvw, nan);
+          lse_rows_[RowIndex(row, h)] = nan;
+          if (dq == nullptr) continue;
+          std::fill_n(dq + RowOffset(row, p_.heads_q, h, d), d, nan);
+          delta_rows_[RowIndex(row, h)] = nan;
+        }
+      }
+    }
+    if (dk == nullptr) continue;
+    for (int64_t j0 = 0; j0 < seq.k_len; j0 += tile_k_) {
+      const int64_t tk = std::min(tile_k_, seq.k_len - j0);
+      if (KeyTileWanted(seq, j0, tk)) continue;
+      for (int64_t row = seq.k_begin + j0; row < seq.k_begin + j0 + tk; ++row) {
+        for (int64_t g = 0; g < p_.heads_kv; ++g) {
+          std::fill_n(dk + RowOffset(row, p_.heads_kv, g, d), d, nan);
+          std::fill_n(dv + RowOffset(row, p_.heads_kv, g, dvw), dvw, nan);
+        }
+      }
+    }
+  }
+}
 
 void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, double* o,
                                bool keep) {
@@ -416,7 +484,9 @@ ForwardOut DoubleOracle::RunForward() {
     const Sequence seq = SequenceOf(p_, b);
     for (int64_t h = 0; h < p_.heads_q; ++h) {
       for (int64_t i0 = 0; i0 < seq.q_len; i0 += tile_q_) {
-        items.push_back({b, h, p_.KvHead(h), i0, std::min(tile_q_, seq.q_len - i0), 0, 0});
+        const int64_t tq = std::min(tile_q_, seq.q_len - i0);
+        if (!all_query_tiles_ && !QueryTileWanted(seq, i0, tq)) continue;
+        items.push_back({b, h, p_.KvHead(h), i0, tq, 0, 0});
       }
     }
   }
@@ -434,6 +504,7 @@ ForwardOut DoubleOracle::RunForward() {
     ForwardTile(item, sc, partial[static_cast<size_t>(w)], o, /*keep=*/false);
   });
   for (const auto& st : partial) MergeStats(stats_, st);
+  if (Sampled() && !in_backward_) BlankUnsampled(o, nullptr, nullptr, nullptr);
   out.lse = RowsToLse(lse_rows_);
   out.stats = stats_;
   return out;
@@ -482,6 +553,9 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
   for (int64_t i0 = 0; i0 < seq.q_len; i0 += tile_q_) {
     const Tile item{b, h, g, i0, std::min(tile_q_, seq.q_len - i0), 0, 0};
     const int64_t tq = item.tq, row0 = seq.q_begin + i0;
+    // Sampled: a tile whose rows are not asked for runs only for the keys that are.
+    const bool want_q = QueryTileWanted(seq, i0, tq);
+    if (!want_q && !all_query_tiles_) continue;
     sc.acc_q.assign(static_cast<size_t>(tq * dd), 0.0);
     if (forward_done) {
       sc.s.resize(static_cast<size_t>(tq * tile_k_));
@@ -496,6 +570,7 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
       }
     }
     walk.ForEachKeyTile(i0, tq, [&](int64_t kt, int64_t j0, int64_t tk) {
+      if (!want_q && !KeyTileWanted(seq, j0, tk)) return;
       Tile t = item;
       t.j0 = j0;
       t.tk = tk;
@@ -588,6 +663,8 @@ BackwardOut DoubleOracle::RunBackward() {
   forward_first = forward_first && several_tiles;
   BackwardOut out;
   delta_rows_.assign(static_cast<size_t>(p_.TotalQ() * p_.heads_q), 0.0);
+  in_backward_ = true;
+  all_query_tiles_ = AnyFlag(options_.key_rows, 0, p_.TotalK());
   if (forward_first) {
     ForwardOut fwd = RunForward();  // o, lse_rows_, and the forward's statistics in stats_
     out.o = std::move(fwd.o);
@@ -666,6 +743,10 @@ BackwardOut DoubleOracle::RunBackward() {
   stats_.q_abs_max = norms_.q_abs;
   stats_.do_abs_max = norms_.do_abs;
   stats_.do_norm_max = norms_.do_norm;
+  if (Sampled()) {
+    BlankUnsampled(out.o.data<double>(), out.dq.data<double>(), out.dk.data<double>(),
+                   out.dv.data<double>());
+  }
   out.lse = RowsToLse(lse_rows_);
   out.delta = RowsToLse(delta_rows_);
   out.stats = stats_;
