@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "kernels/kernel.h"
+#include "reference/case/case_file.h"
 #include "reference/data/generate.h"
-#include "reference/problem/case_file.h"
 #include "reference/problem/problem.h"
 
 namespace attest {

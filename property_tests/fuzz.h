@@ -19,7 +19,7 @@
 
 #include "kernels/kernel.h"
 #include "property_tests/case_gen.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/status.h"
 #include "verify/checks/check.h"
 

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "kernels/builtin.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "verify/suite.h"
 
 namespace attest {

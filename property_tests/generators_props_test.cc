@@ -6,7 +6,7 @@
 #include <rapidcheck/gtest.h>
 
 #include "property_tests/rc_gen.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 
 namespace attest {
 namespace {

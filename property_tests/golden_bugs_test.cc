@@ -11,7 +11,7 @@
 
 #include "kernels/builtin.h"
 #include "kernels/mutants/mutants.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "verify/run.h"
 
 namespace attest {

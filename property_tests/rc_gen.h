@@ -14,7 +14,7 @@
 #include "kernels/builtin.h"
 #include "property_tests/case_gen.h"
 #include "property_tests/fuzz.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 
 namespace attest {
 

@@ -12,9 +12,9 @@
 #include "kernels/builtin.h"
 #include "kernels/models/flash_engine.h"
 #include "kernels/models/lowp_models.h"
+#include "reference/case/inputs.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/inputs.h"
 
 namespace attest {
 namespace {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "verify/baseline.h"
 #include "verify/term_scale.h"
 

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "reference/case/case_file.h"
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/case_file.h"
 #include "reference/status.h"
 #include "verify/metrics.h"
 #include "verify/tolerance.h"

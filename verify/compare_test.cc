@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 
 namespace attest {
 namespace {

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/status.h"
 #include "verify/verdict.h"
 

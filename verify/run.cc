@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/exec/children.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "verify/repro.h"
 #include "verify/report.h"
 #include "verify/tolerance.h"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "kernels/kernel.h"
+#include "reference/case/case_file.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/case_file.h"
 #include "reference/status.h"
 #include "verify/checks/check.h"
 #include "verify/suite.h"

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "kernels/kernel.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/status.h"
 
 namespace attest {

@@ -11,7 +11,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 
 namespace attest {
 namespace {

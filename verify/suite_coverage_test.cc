@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/builtin.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "verify/report.h"
 #include "verify/run.h"
 #include "verify/suite.h"

@@ -17,7 +17,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
 #include "verify/baseline.h"

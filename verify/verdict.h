@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/kernel.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "verify/metrics.h"
 
 namespace attest {

@@ -24,9 +24,9 @@
 #include "kernels/builtin.h"
 #include "kernels/exec/process.h"
 #include "kernels/no_lse_test_kernel.h"
+#include "reference/case/inputs.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/inputs.h"
 
 namespace attest {
 namespace {

@@ -21,7 +21,7 @@
 #include "kernels/kernel.h"
 #include "kernels/models/flash_engine.h"
 #include "kernels/mutants/deviations.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
 

@@ -11,10 +11,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/plugin/device.h"
+#include "kernels/device/device.h"
 #include "reference/formats/format.h"
 
 namespace attest {
+
+// Descriptors name their device with the ABI's attest_device_type, which OpenDevice takes as
+// the adapters' own constants (kernels/device/device.h).
+static_assert(ATTEST_DEVICE_CUDA == kDeviceCuda && ATTEST_DEVICE_HIP == kDeviceHip);
+
 namespace {
 
 bool IsFile(const std::string& path) {

@@ -24,8 +24,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/device/device.h"
 #include "kernels/exec/children.h"
-#include "kernels/plugin/device.h"
 #include "kernels/plugin/library.h"
 #include "kernels/plugin/wire.h"
 #include "reference/formats/format.h"

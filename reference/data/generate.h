@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reference/problem/case_file.h"
+#include "reference/data/generator_spec.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
 #include "reference/tensor.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/problem/problem.h"
 
 namespace attest {

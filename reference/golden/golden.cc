@@ -14,14 +14,14 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "reference/case/case_file.h"
+#include "reference/case/inputs.h"
 #include "reference/data/generate.h"
 #include "reference/formats/format.h"
 #include "reference/golden/catalog.h"
 #include "reference/golden/manifest.h"
 #include "reference/golden/sha256.h"
 #include "reference/io/safetensors.h"
-#include "reference/problem/case_file.h"
-#include "reference/problem/inputs.h"
 
 namespace attest {
 namespace {

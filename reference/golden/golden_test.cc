@@ -15,12 +15,12 @@
 
 #include <gtest/gtest.h>
 
+#include "reference/case/case_file.h"
+#include "reference/case/inputs.h"
 #include "reference/golden/catalog.h"
 #include "reference/golden/manifest.h"
 #include "reference/golden/sha256.h"
 #include "reference/io/safetensors.h"
-#include "reference/problem/case_file.h"
-#include "reference/problem/inputs.h"
 #include "reference/problem/mask.h"
 
 namespace attest {

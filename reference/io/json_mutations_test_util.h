@@ -1,5 +1,5 @@
 // Random mutations of JSON texts, for the fuzz properties of the parsers of untrusted JSON
-// (reference/problem/case_file_fuzz_test.cc, kernels/exec/reply_fuzz_test.cc): each call
+// (reference/case/case_file_fuzz_test.cc, kernels/exec/reply_fuzz_test.cc): each call
 // applies one edit drawn with RapidCheck, aimed at what hostile documents do (repeated keys,
 // deep nesting, values of the wrong type or size, edge numbers, broken UTF-8) as well as
 // plain corruption (bit flips, truncation, junk). Test code only.

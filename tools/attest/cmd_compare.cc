@@ -6,9 +6,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "reference/case/case_file.h"
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
-#include "reference/problem/case_file.h"
 #include "tools/attest/build_info.h"
 #include "tools/attest/command.h"
 #include "verify/compare.h"

@@ -14,8 +14,8 @@
 
 #include "kernels/builtin.h"
 #include "property_tests/fuzz.h"
+#include "reference/case/case_file.h"
 #include "reference/data/generate.h"
-#include "reference/problem/case_file.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
 #include "verify/report.h"

@@ -1,6 +1,6 @@
 // `attest oracle --case F.case.json --out F.safetensors [--precision double|mp128|mp256]
 // [--threads N]` (docs/design.md "CLI contract"): runs the oracle (reference/oracle/oracle.h) on a
-// case's inputs (reference/problem/inputs.h: loaded or generated, rounded to the dtype) and
+// case's inputs (reference/case/inputs.h: loaded or generated, rounded to the dtype) and
 // writes o, lse, dq, dk, dv and delta as F64 (forward outputs only when the case has no
 // "do"). The file's metadata records the precision, the OracleStats and each tensor's
 // certification bound (ErrorBound). A missing or invalid case file, inputs that do not
@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "reference/case/case_file.h"
+#include "reference/case/inputs.h"
 #include "reference/io/safetensors.h"
 #include "reference/oracle/oracle.h"
 #include "reference/oracle/oracle_gemm.h"
-#include "reference/problem/case_file.h"
-#include "reference/problem/inputs.h"
 #include "tools/attest/command.h"
 
 namespace attest::cli {

@@ -12,9 +12,9 @@
 #include <fmt/format.h>
 
 #include "kernels/builtin.h"
+#include "reference/case/inputs.h"
 #include "reference/io/safetensors.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/inputs.h"
 #include "tools/attest/command.h"
 #include "verify/report.h"
 #include "verify/run.h"

@@ -1,6 +1,6 @@
 // content_ids CASE.case.json...: for each case file, the values attest derives from its content
 // that must not depend on the compiler or the C++ standard library (docs/design.md "Case files"):
-// the perturbation seed (reference/problem/inputs.h CaseSeed), the SHA-256 of the inputs a
+// the perturbation seed (reference/case/inputs.h CaseSeed), the SHA-256 of the inputs a
 // kernel is given (MakeCaseInputs: q, k, v, dO as float64, in that order), and the name a
 // failing case is saved under (verify/repro.h FailureCaseFileName). One line per file; exit 2
 // on a file that does not load. tools/portability/libcxx_test.sh builds it with GCC and
@@ -11,9 +11,9 @@
 
 #include <fmt/format.h>
 
+#include "reference/case/case_file.h"
+#include "reference/case/inputs.h"
 #include "reference/golden/sha256.h"
-#include "reference/problem/case_file.h"
-#include "reference/problem/inputs.h"
 #include "verify/repro.h"
 
 int main(int argc, char** argv) {

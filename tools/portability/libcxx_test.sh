@@ -20,7 +20,7 @@ fi
 # The sources content_ids.cc reaches (reference/ and verify/repro.cc); fmt header-only, since
 # the system's libfmt is built against libstdc++.
 srcs=(tools/portability/content_ids.cc verify/repro.cc reference/golden/sha256.cc
-      reference/problem/inputs.cc reference/problem/case_file.cc reference/problem/problem.cc
+      reference/case/inputs.cc reference/case/case_file.cc reference/problem/problem.cc
       reference/problem/mask.cc reference/problem/budget.cc reference/data/generate.cc
       reference/io/json.cc reference/io/files.cc reference/io/safetensors.cc
       reference/formats/format.cc reference/dtype.cc reference/tensor.cc)

@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/builtin.h"
+#include "reference/case/inputs.h"
 #include "reference/data/generate.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/inputs.h"
 #include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
 #include "verify/checks/accuracy.h"

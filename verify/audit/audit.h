@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
 #include "verify/verdict.h"

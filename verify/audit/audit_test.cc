@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "verify/audit/audit.h"
 #include "verify/audit/render.h"
 #include "verify/audit/svg.h"

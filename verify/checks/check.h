@@ -14,8 +14,8 @@
 
 #include "kernels/kernel.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/case_file.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/case_file.h"
+#include "reference/case/inputs.h"
 #include "verify/tolerance.h"
 #include "verify/verdict.h"
 

@@ -14,7 +14,7 @@
 
 #include "kernels/models/flash_models.h"
 #include "reference/formats/format.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "reference/recipes/recipe.h"
 
 namespace attest::check_test {

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "kernels/kernel.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
 #include "verify/tolerance.h"

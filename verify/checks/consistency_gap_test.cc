@@ -16,7 +16,7 @@
 #include "kernels/builtin.h"
 #include "kernels/kernel.h"
 #include "kernels/mutants/mutants.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "verify/checks/consistency.h"
 #include "verify/suite.h"
 

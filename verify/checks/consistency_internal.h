@@ -12,7 +12,7 @@
 
 #include "kernels/kernel.h"
 #include "reference/formats/format.h"
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
 #include "verify/tolerance.h"

@@ -15,7 +15,7 @@
 #include "kernels/builtin.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "kernels/mutants/mutants.h"
 #include "verify/checks/check_test_kernels.h"
 #include "verify/checks/recipe_test_kernels.h"

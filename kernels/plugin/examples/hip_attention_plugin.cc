@@ -18,7 +18,7 @@
 #include <string>
 #include <tuple>
 
-#include "kernels/hip/hip_runtime.h"
+#include "kernels/device/hip_runtime.h"
 #include "kernels/plugin/attest_kernel.h"
 #include "kernels/plugin/examples/hip_attention.h"
 #include "kernels/plugin/examples/hip_attention_bwd.h"

@@ -11,19 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reference/data/generator_spec.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
 
 namespace attest {
-
-// {"name": "gaussian", "seed": 12345, "params": {}}: a row of reference/data's generator table.
-struct GeneratorSpec {
-  std::string name;
-  uint64_t seed = 0;
-  nlohmann::json params = nlohmann::json::object();
-
-  bool operator==(const GeneratorSpec&) const = default;
-};
 
 struct Case {
   Problem problem;

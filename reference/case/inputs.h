@@ -4,7 +4,7 @@
 // the case's safetensors file (widened exactly) or generated from its seed.
 #pragma once
 
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 #include "reference/status.h"
 #include "reference/tensor.h"
 

@@ -1,6 +1,6 @@
 // Case inputs: generated from the seed and rounded to the problem's dtype, or read from the
 // case's safetensors file and widened exactly (see inputs.h).
-#include "reference/problem/inputs.h"
+#include "reference/case/inputs.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,11 +1,11 @@
-// The CUDA device adapter for C ABI plugins (kernels/plugin/device.h). The CUDA runtime is
+// The CUDA device adapter for C ABI plugins (kernels/device/device.h). The CUDA runtime is
 // loaded with dlopen (libcudart.so.13, .12, libcudart.so, then $CUDA_HOME/lib64 and
 // /usr/local/cuda/lib64), so attest builds and runs without CUDA and says so cleanly.
 #pragma once
 
 #include <memory>
 
-#include "kernels/plugin/device.h"
+#include "kernels/device/device.h"
 
 namespace attest {
 

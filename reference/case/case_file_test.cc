@@ -1,6 +1,6 @@
 // Case files (case_file.h) against docs/design.md "Case files": exactly one data source, errors
 // naming file and field, canonical bytes, relative input paths that survive a move.
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 
 #include <fstream>
 #include <sstream>

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "reference/case/case_file.h"
 #include "reference/io/json_mutations_test_util.h"
-#include "reference/problem/case_file.h"
 
 namespace attest {
 namespace {

@@ -1,5 +1,5 @@
 // Case files: parsing, canonical text and path resolution (docs/design.md "Case files").
-#include "reference/problem/case_file.h"
+#include "reference/case/case_file.h"
 
 #include <algorithm>
 #include <string_view>

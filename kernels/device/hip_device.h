@@ -1,4 +1,4 @@
-// The HIP device adapter for C ABI plugins (kernels/plugin/device.h; docs/hip.md): a
+// The HIP device adapter for C ABI plugins (kernels/device/device.h; docs/hip.md): a
 // DeviceAdapter over HipDevice (hip_runtime.h), so plugins whose descriptor says
 // ATTEST_DEVICE_HIP get buffers allocated, copied and synchronised by attest with every HIP
 // runtime call checked. libamdhip64 is loaded with dlopen: no build-time HIP dependency.
@@ -7,8 +7,8 @@
 #include <memory>
 #include <string_view>
 
-#include "kernels/hip/hip_runtime.h"
-#include "kernels/plugin/device.h"
+#include "kernels/device/device.h"
+#include "kernels/device/hip_runtime.h"
 
 namespace attest {
 

@@ -1,7 +1,7 @@
-// Tests of the HIP device adapter (kernels/hip/hip_runtime.h; docs/hip.md): what it says on
+// Tests of the HIP device adapter (kernels/device/hip_runtime.h; docs/hip.md): what it says on
 // this machine (the real libamdhip64 without a device, or no runtime at all), and every
 // adapter path against a host-memory stand-in for the runtime (fake_hip_runtime.cc).
-#include "kernels/hip/hip_runtime.h"
+#include "kernels/device/hip_runtime.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

@@ -1,13 +1,11 @@
 // The HIP DeviceAdapter (see hip_device.h): DeviceAdapter's raw-pointer interface mapped onto
 // HipDevice, whose calls are all checked and named.
-#include "kernels/hip/hip_device.h"
+#include "kernels/device/hip_device.h"
 
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
-
-#include "kernels/plugin/attest_kernel.h"
 
 namespace attest {
 namespace {
@@ -17,7 +15,7 @@ class HipDeviceAdapter final : public DeviceAdapter {
   explicit HipDeviceAdapter(std::unique_ptr<HipDevice> device) : device_(std::move(device)) {}
 
   std::string Describe() const override { return device_->Describe(); }
-  int32_t device_type() const override { return ATTEST_DEVICE_HIP; }
+  int32_t device_type() const override { return kDeviceHip; }
   int32_t device_id() const override { return device_->device_id(); }
   void* stream() const override { return device_->stream(); }
 

@@ -3,7 +3,7 @@
 // cudaGetDeviceCount, cudaSetDevice, cudaMalloc, cudaFree, cudaMemcpy, cudaDeviceSynchronize,
 // cudaGetLastError, cudaGetErrorName, cudaGetErrorString, cudaRuntimeGetVersion,
 // cudaDriverGetVersion (CUDA Runtime API reference, "Device Management", "Memory Management").
-#include "kernels/cuda/cuda_device.h"
+#include "kernels/device/cuda_device.h"
 
 #include <dlfcn.h>
 
@@ -11,8 +11,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include "kernels/plugin/attest_kernel.h"
 
 namespace attest {
 namespace {
@@ -116,7 +114,7 @@ class CudaDevice final : public DeviceAdapter {
   }
 
   std::string Describe() const override { return describe_; }
-  int32_t device_type() const override { return ATTEST_DEVICE_CUDA; }
+  int32_t device_type() const override { return kDeviceCuda; }
   int32_t device_id() const override { return device_; }
   void* stream() const override { return nullptr; }  // the legacy default stream
 

@@ -1,6 +1,6 @@
 // The HIP runtime loaded with dlopen, and the HIP device adapter (see hip_runtime.h; function
 // signatures from hip/hip_runtime_api.h of ROCm 5.2, Debian 12's libamdhip64-dev).
-#include "kernels/hip/hip_runtime.h"
+#include "kernels/device/hip_runtime.h"
 
 #include <dlfcn.h>
 

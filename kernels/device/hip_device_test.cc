@@ -1,14 +1,12 @@
-// Tests of the HIP DeviceAdapter (kernels/hip/hip_device.h) that plugin calls go through: on
+// Tests of the HIP DeviceAdapter (kernels/device/hip_device.h) that plugin calls go through: on
 // the host-memory stand-in runtime, and what OpenHipDevice says on this machine.
-#include "kernels/hip/hip_device.h"
+#include "kernels/device/hip_device.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
-
-#include "kernels/plugin/attest_kernel.h"
 
 namespace attest {
 namespace {
@@ -17,7 +15,7 @@ TEST(HipDeviceAdapter, AllocatesCopiesAndFreesThroughTheRuntime) {
   auto adapter = MakeHipDeviceAdapter(0, ATTEST_FAKE_HIP);
   ASSERT_TRUE(adapter.ok()) << adapter.error().message;
   DeviceAdapter& d = **adapter;
-  EXPECT_EQ(d.device_type(), ATTEST_DEVICE_HIP);
+  EXPECT_EQ(d.device_type(), kDeviceHip);
   EXPECT_EQ(d.device_id(), 0);
   EXPECT_NE(d.stream(), nullptr);
   EXPECT_NE(d.Describe().find("attest fake HIP device"), std::string::npos) << d.Describe();

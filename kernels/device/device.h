@@ -1,7 +1,8 @@
 // Device adapters for C ABI plugins (docs/design.md "External kernels": "the harness allocates and
 // copies device buffers, fills outputs with NaN before each call, and checks every runtime
-// call"). One adapter per attest_device_type; every method reports a failed runtime call as
-// an Error naming the call and the runtime's error string, which becomes a finding.
+// call"). One adapter per device type; every method reports a failed runtime call as an Error
+// naming the call and the runtime's error string, which becomes a finding. The adapters know
+// nothing of plugins: kernels/plugin/ uses them, never the other way.
 #pragma once
 
 #include <cstddef>
@@ -14,12 +15,18 @@
 
 namespace attest {
 
+// The device types adapters exist for. The values are the C ABI's attest_device_type
+// (kernels/plugin/attest_kernel.h), which plugin descriptors carry unchanged;
+// kernels/plugin/library.cc asserts that the two agree.
+inline constexpr int32_t kDeviceCuda = 1;  // ATTEST_DEVICE_CUDA
+inline constexpr int32_t kDeviceHip = 2;   // ATTEST_DEVICE_HIP
+
 class DeviceAdapter {
  public:
   virtual ~DeviceAdapter() = default;
   // "CUDA device 0 (NVIDIA H200)".
   virtual std::string Describe() const = 0;
-  virtual int32_t device_type() const = 0;  // attest_device_type
+  virtual int32_t device_type() const = 0;  // kDeviceCuda or kDeviceHip
   virtual int32_t device_id() const = 0;
   // The stream passed to the kernel (attest_*_args.stream); nullptr is the default stream.
   virtual void* stream() const = 0;
@@ -32,8 +39,8 @@ class DeviceAdapter {
   virtual Status Synchronize() = 0;
 };
 
-// The adapter for `device_type` (ATTEST_DEVICE_CUDA, ATTEST_DEVICE_HIP); opened once per
-// process (a runtime is loaded with dlopen, so attest has no build-time GPU dependency).
+// The adapter for `device_type` (kDeviceCuda, kDeviceHip); opened once per process (a runtime
+// is loaded with dlopen, so attest has no build-time GPU dependency).
 // Errors say "no CUDA runtime (…)" or "no CUDA device" on machines without one.
 Expected<std::shared_ptr<DeviceAdapter>> OpenDevice(int32_t device_type);
 
