@@ -22,12 +22,16 @@ fi
 srcs=(tools/portability/content_ids.cc verify/repro.cc reference/golden/sha256.cc
       reference/case/inputs.cc reference/case/case_file.cc reference/problem/problem.cc
       reference/problem/mask.cc reference/problem/budget.cc reference/data/generate.cc
-      reference/io/json.cc reference/io/files.cc reference/io/safetensors.cc
+      reference/data/element_stream.cc reference/io/json.cc reference/io/files.cc reference/io/safetensors.cc
       reference/formats/format.cc reference/dtype.cc reference/tensor.cc)
 printf '%s\n' "${srcs[@]}" | xargs -P "$(nproc)" -I{} sh -c \
   '"$0" -std=c++20 -stdlib=libc++ -O2 -DFMT_HEADER_ONLY -I. -c "$1" -o "$2/$(echo "$1" | tr / _).o"' \
   "$clangxx" {} "$out"
-"$clangxx" -stdlib=libc++ "$out"/*.o -o "$out/content_ids"
+# Link the objects of this list only: a build folder may still hold objects of sources that
+# have since moved.
+objs=()
+for src in "${srcs[@]}"; do objs+=("$out/$(echo "$src" | tr / _).o"); done
+"$clangxx" -stdlib=libc++ "${objs[@]}" -o "$out/content_ids"
 # grep reads ldd's whole output (no -q): with pipefail, grep -q exiting at the first match can
 # kill ldd with SIGPIPE and fail the pipeline (seen once under load in CI).
 if ! ldd "$out/content_ids" | grep 'libc++\.so' > /dev/null; then
