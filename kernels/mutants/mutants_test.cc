@@ -11,9 +11,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
+#include <regex>
 #include <set>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -298,6 +303,80 @@ TEST(MutantCatalogue, ProblemFaultsRewriteTheirParameter) {
   p.causal = true;
   EXPECT_EQ(ApplyProblemFault(p, ProblemFault::kCausalTopLeft).causal_align, CausalAlign::kTopLeft);
   EXPECT_EQ(ApplyProblemFault(p, ProblemFault::kNone), p);
+}
+
+// --- The documentation against the catalogue -------------------------------------------------
+
+std::string ReadDoc(const char* path) {
+  std::ifstream in(std::string(ATTEST_SOURCE_DIR) + "/" + path);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> Cells(const std::string& row) {
+  std::vector<std::string> out;
+  std::stringstream in(row);
+  std::string cell;
+  std::getline(in, cell, '|');  // before the first bar
+  while (std::getline(in, cell, '|')) {
+    const size_t a = cell.find_first_not_of(" `"), b = cell.find_last_not_of(" `");
+    out.push_back(a == std::string::npos ? "" : cell.substr(a, b - a + 1));
+  }
+  if (!out.empty() && out.back().empty()) out.pop_back();
+  return out;
+}
+
+// docs/kernels.md's mutant table has one row per catalogue entry, with its parent, the
+// outputs it differs in on its case, and its bug_class: the table is checked against the
+// catalogue it describes, so neither can drift alone.
+TEST(MutantDocs, TheTableInDocsKernelsIsTheCatalogue) {
+  const std::string doc = ReadDoc("docs/kernels.md");
+  std::stringstream lines(doc);
+  std::string line;
+  bool in_table = false;
+  std::map<std::string, std::vector<std::string>> rows;
+  while (std::getline(lines, line)) {
+    if (line.rfind("| mutant | parent |", 0) == 0) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table) continue;
+    if (line.rfind("|---", 0) == 0) continue;
+    if (line.rfind("| ", 0) != 0) break;
+    const std::vector<std::string> cells = Cells(line);
+    ASSERT_EQ(cells.size(), 7u) << line;
+    rows[cells[0]] = cells;
+  }
+  ASSERT_FALSE(rows.empty()) << "no mutant table in docs/kernels.md";
+  EXPECT_EQ(rows.size(), MutantCatalogue().size());
+  for (const MutantSpec& m : MutantCatalogue()) {
+    const auto it = rows.find(std::string(m.name));
+    ASSERT_NE(it, rows.end()) << m.name << " is not in docs/kernels.md's mutant table";
+    const std::vector<std::string>& cells = it->second;
+    EXPECT_EQ(cells[1], m.parent) << m.name;
+    EXPECT_EQ(cells[6], m.bug_class) << m.name;
+    std::string differs;
+    for (std::string_view t : m.differs) differs += (differs.empty() ? "" : ", ") + std::string(t);
+    EXPECT_EQ(cells[5], differs) << m.name;
+  }
+}
+
+// Where the documentation counts the mutants ("N mutants"; a subset is written "6 of the 24
+// mutants"), it counts the catalogue.
+TEST(MutantDocs, CountsInTheDocumentationMatchTheCatalogue) {
+  const std::regex count(R"(\b(\d+) (seeded )?mutants\b)");
+  int seen = 0;
+  for (const char* path : {"README.md", "docs/checks.md", "docs/fuzz.md", "docs/kernels.md"}) {
+    const std::string doc = ReadDoc(path);
+    for (auto it = std::sregex_iterator(doc.begin(), doc.end(), count);
+         it != std::sregex_iterator(); ++it) {
+      EXPECT_EQ(std::stoul((*it)[1].str()), MutantCatalogue().size()) << path << ": " << it->str();
+      ++seen;
+    }
+  }
+  EXPECT_GT(seen, 0);
 }
 
 }  // namespace
