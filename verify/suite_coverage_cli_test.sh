@@ -17,8 +17,9 @@ grep -q "^coverage complete" <<<"$out" || fail "not complete: $out"
 # Every built-in kernel: the gate's listing shows every claimed pair and boundary reached.
 for k in $("$attest" list kernels --json | python3 -c 'import json, sys
 print(" ".join(k["name"] for k in json.load(sys.stdin)))'); do
-  "$attest" list suites --coverage --kernel "$k" --suite gate | grep -q "^coverage complete" ||
-    fail "$k: the gate's coverage is incomplete"
+  listing=$("$attest" list suites --coverage --kernel "$k" --suite gate) ||
+    fail "$k: listing exit $?"
+  grep -q "^coverage complete" <<<"$listing" || fail "$k: the gate's coverage is incomplete"
 done
 json=$("$attest" list suites --coverage --kernel cpu/mxfp8-cudnn --json) || fail "json exit $?"
 python3 - "$json" <<'PY' || fail "JSON listing"

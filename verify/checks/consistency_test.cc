@@ -160,28 +160,10 @@ TEST(Consistency, AnUpcastKernelIsJudgedByItsOwnRecipe) {
 // `inner` with no recipe declared (a kernel passed to attest.check or through exec without
 // one): consistency judges D by whichever of the rounded O (FlashAttention-2) and the fp32 O
 // the gradients fit.
-class Undeclared final : public Kernel {
- public:
-  explicit Undeclared(Kernel& inner) : inner_(inner) {}
-  std::string name() const override { return inner_.name() + " (no recipe)"; }
-  Capabilities capabilities() const override {
-    Capabilities caps = inner_.capabilities();
-    caps.recipe.clear();
-    return caps;
-  }
-  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
-                                      const Tensor& v) override {
-    return inner_.Forward(p, q, k, v);
-  }
-  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
-                                        const Tensor& v, const Tensor& o, const Tensor& lse,
-                                        const Tensor& dout) override {
-    return inner_.Backward(p, q, k, v, o, lse, dout);
-  }
-
- private:
-  Kernel& inner_;
-};
+recipe_test::FamilyOnly Undeclared(Kernel& inner) {
+  return recipe_test::FamilyOnly(inner, inner.capabilities().profile,
+                                 inner.name() + " (no recipe)");
+}
 
 // Declaring nothing is no reason for a false alarm: the upcast kernel on the math backend's
 // finding and the FlashAttention-2 model both pass undeclared, each judged by the D it uses
@@ -191,7 +173,8 @@ TEST(Consistency, AKernelThatDeclaresNoRecipeIsJudgedByTheDeltaItFits) {
   RoundedOnce up_inner;
   auto fa2_inner = check_test::MakeFlash2Bf16();
   check_test::DeltaFromOtherO bad_inner;
-  Undeclared up(up_inner), fa2(*fa2_inner), bad(bad_inner);
+  recipe_test::FamilyOnly up = Undeclared(up_inner), fa2 = Undeclared(*fa2_inner),
+                          bad = Undeclared(bad_inner);
   auto c = LoadCase("golden/findings/sdpa-math-dk-sum-tiny-gqa.case.json");
   ASSERT_TRUE(c.ok()) << c.error().message;
   auto in = MakeCaseInputs(*c);
