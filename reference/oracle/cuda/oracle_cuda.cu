@@ -21,6 +21,11 @@
 //   has one owner block, so results are deterministic (run to run bitwise equal).
 // Memory: O(tile) shared memory per block plus the inputs, outputs and per-row norms; never
 // O(Sq Sk).
+// Products: fma chains over shared-memory tiles (each thread a few outputs), or with
+// ATTEST_ORACLE_CUDA_MMA the FP64 tensor cores (MmaProduct: mma.sync m8n8k4 f64 per 8 x 8
+// block). Both sum each tile's product apart and then add it, so the chains are the same.
+// Compiled with -DATTEST_ORACLE_CUDA_EMULATE by a C++ compiler (oracle_cuda_emulated.cc), the
+// kernels run on CPU threads (oracle_cuda_emulate.h) for tests without a GPU.
 //
 // Error bound. The GPU evaluates the same expressions as the CPU oracle with at most the same
 // per-operation error: additions, multiplications, divisions and sqrt are IEEE round-to-nearest
@@ -36,7 +41,14 @@
 // (head, query tile) pairs), and |gpu - cpu| <= ErrorBound(gpu) + ErrorBound(cpu).
 #include "reference/oracle/cuda/oracle_cuda.h"
 
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+#include "reference/oracle/cuda/oracle_cuda_emulate.h"  // the kernels on CPU threads
+#else
 #include <cuda_runtime.h>
+#define ATTEST_LAUNCH(kernel, grid, block, shared, ...) \
+  kernel<<<(grid), (block), (shared)>>>(__VA_ARGS__)
+#define ATTEST_DYNAMIC_SHARED(name) extern __shared__ double name[]
+#endif
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -48,8 +60,11 @@
 
 namespace {
 
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+constexpr int kThreads = 64;  // fewer CPU threads per block; the kernels read blockDim
+#else
 constexpr int kThreads = 256;  // 8 warps
-constexpr int kWarps = kThreads / 32;
+#endif
 
 // The problem on the device: sizes, the effective mask rules of MaskView (mask.cc), pointers to
 // device copies of the per-token arrays.
@@ -68,7 +83,8 @@ struct Dev {
   // Norms of (row, head) for the score magnitude statistic.
   const double* qn;
   const double* kn;
-  int tq, tk;  // tile sizes (<= 32 each)
+  int tq, tk;  // tile sizes (<= 32 each; multiples of 8 with mma)
+  int mma;     // products on the FP64 tensor cores (MmaProduct) instead of fma chains
 };
 
 struct Seq {
@@ -182,6 +198,46 @@ __device__ void TwoSumAdd(double& sum, double& comp, double x) {
   sum = t;
 }
 
+// D = A B + C for one 8 x 8 x 4 block on the FP64 tensor cores: mma.sync.aligned.m8n8k4.row.col
+// .f64 (PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64 floating point type"): with
+// g = lane >> 2 and t = lane & 3, lane holds a = A[g][t], b = B[t][g], and c0, c1 = C[g][2t],
+// C[g][2t + 1] (in and out). Every lane of the warp must call it.
+__device__ void Mma884(double& c0, double& c1, double a, double b) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::Mma884(c0, c1, a, b);
+#else
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(c0), "+d"(c1)
+               : "d"(a), "d"(b));
+#endif
+}
+
+// The tile product C = A B (m x n, m a multiple of 8; k = kdim) on the tensor cores, with
+// A(i, k) = a[i * a_i + k * a_k] and B(k, j) = b[k * b_k + j * b_j] in shared memory; each warp
+// takes 8 x 8 blocks of C in turn and hands every element to out(i, j, value) once (columns
+// j >= n are padding, never handed out). Every thread of the block must call it; the caller
+// synchronises after.
+template <class Out>
+__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
+                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int64_t col_blocks = (n + 7) / 8, blocks = (m / 8) * col_blocks;
+  for (int64_t blk = threadIdx.x / 32; blk < blocks; blk += warps) {
+    const int64_t i0 = blk / col_blocks * 8, j0 = blk % col_blocks * 8;
+    double c0 = 0, c1 = 0;
+    for (int64_t k0 = 0; k0 < kdim; k0 += 4) {
+      const int64_t k = k0 + t;
+      const double av = k < kdim ? a[(i0 + g) * a_i + k * a_k] : 0.0;
+      const double bv = k < kdim && j0 + g < n ? b[k * b_k + (j0 + g) * b_j] : 0.0;
+      Mma884(c0, c1, av, bv);
+    }
+    const int64_t j = j0 + 2 * t;
+    if (j < n) out(i0 + g, j, c0);
+    if (j + 1 < n) out(i0 + g, j + 1, c1);
+  }
+}
+
 // Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty), then
 // the union of the bounds into range[0..1]. Begins and ends with __syncthreads().
 __device__ void TileRowBounds(const Dev& p, const Seq& s, int64_t i0, int64_t* lo, int64_t* hi,
@@ -237,15 +293,24 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
                        const double* sk_tile, double* ss, double* th, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
   const int64_t g = h / (p.hq / p.hkv);
+  if (p.mma) {  // Q K^T into ss first
+    MmaProduct(p.tq, p.tk, p.d, sq_tile, Stride(p.d), 1, sk_tile, 1, Stride(p.d),
+               [&](int64_t r, int64_t c, double x) { ss[r * Stride(p.tk) + c] = x; });
+    __syncthreads();
+  }
   for (int e = threadIdx.x; e < p.tq * p.tk; e += blockDim.x) {
     const int r = e / p.tk, c = e % p.tk;
     const int64_t i = i0 + r, j = j0 + c;
     double sc = -INFINITY, t = 0;
     if (j >= lo[r] && j < hi[r] && Visible(p, s, i, j)) {
-      const double* qr = sq_tile + r * Stride(p.d);
-      const double* kr = sk_tile + c * Stride(p.d);
       double dot = 0;
-      for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
+      if (p.mma) {
+        dot = ss[r * Stride(p.tk) + c];
+      } else {
+        const double* qr = sq_tile + r * Stride(p.d);
+        const double* kr = sk_tile + c * Stride(p.d);
+        for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
+      }
       sc = p.scale * dot;
       if (p.softcap > 0) {
         t = tanh(sc / p.softcap);
@@ -288,7 +353,7 @@ __host__ __device__ int64_t ForwardShared(int64_t d, int64_t dv, int tq, int tk)
 
 __global__ void ForwardKernel(Dev p, const double* q, const double* k, const double* v,
                               double* o, double* lse, DevStats* stats) {
-  extern __shared__ double smem[];
+  ATTEST_DYNAMIC_SHARED(smem);
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * p.tq;
   const Seq s = SeqOf(p, b);
   if (i0 >= s.q_len) return;
@@ -332,7 +397,7 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
     __syncthreads();
     Scores(p, s, h, i0, j0, lo, hi, sq_tile, sk_tile, ss, nullptr, mag);
     // Online softmax, one warp per row; lane c holds key c of the tile.
-    for (int r = warp; r < tq; r += kWarps) {
+    for (int r = warp; r < tq; r += static_cast<int>(blockDim.x / 32)) {
       const double x = lane < tk ? ss[r * Stride(tk) + lane] : -INFINITY;
       const bool vis = x > -INFINITY;
       const int count = __popc(__ballot_sync(0xffffffffu, vis));
@@ -364,12 +429,19 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
     }
     __syncthreads();
     // O = f O + P V (the tile's product summed apart: a chain of tk, then one addition).
-    for (int64_t e = threadIdx.x; e < tq * dv; e += blockDim.x) {
-      const int64_t r = e / dv, d = e % dv;
-      const double* pr = ss + r * Stride(tk);
-      double part = 0;
-      for (int c = 0; c < tk; ++c) part = fma(pr[c], sv_tile[c * Stride(dv) + d], part);
-      acc[e] = acc[e] * f[r] + part;
+    if (p.mma) {
+      MmaProduct(tq, dv, tk, ss, Stride(tk), 1, sv_tile, Stride(dv), 1,
+                 [&](int64_t r, int64_t d, double part) {
+                   acc[r * dv + d] = acc[r * dv + d] * f[r] + part;
+                 });
+    } else {
+      for (int64_t e = threadIdx.x; e < tq * dv; e += blockDim.x) {
+        const int64_t r = e / dv, d = e % dv;
+        const double* pr = ss + r * Stride(tk);
+        double part = 0;
+        for (int c = 0; c < tk; ++c) part = fma(pr[c], sv_tile[c * Stride(dv) + d], part);
+        acc[e] = acc[e] * f[r] + part;
+      }
     }
     __syncthreads();
   }
@@ -429,17 +501,26 @@ __global__ void DeltaKernel(Dev p, const double* dout, const double* o, double* 
 // (which holds th on entry with softcap), dP = dO V^T. Ends with __syncthreads().
 __device__ void BackwardTile(const Dev& p, const double* sdo_tile, const double* sv_tile,
                              const double* row_lse, const double* row_delta, double* ss,
-                             double* ds) {
+                             double* ds, double* dpb) {
+  if (p.mma) {  // dO V^T into dpb first
+    MmaProduct(p.tq, p.tk, p.dv, sdo_tile, Stride(p.dv), 1, sv_tile, 1, Stride(p.dv),
+               [&](int64_t r, int64_t c, double x) { dpb[r * Stride(p.tk) + c] = x; });
+    __syncthreads();
+  }
   for (int e = threadIdx.x; e < p.tq * p.tk; e += blockDim.x) {
     const int r = e / p.tk, c = e % p.tk;
     const double x = ss[r * Stride(p.tk) + c];
     double pr = 0, dsv = 0;
     if (x > -INFINITY) {
       pr = exp(x - row_lse[r]);
-      const double* dor = sdo_tile + r * Stride(p.dv);
-      const double* vr = sv_tile + c * Stride(p.dv);
       double dp = 0;
-      for (int64_t d = 0; d < p.dv; ++d) dp = fma(dor[d], vr[d], dp);
+      if (p.mma) {
+        dp = dpb[r * Stride(p.tk) + c];
+      } else {
+        const double* dor = sdo_tile + r * Stride(p.dv);
+        const double* vr = sv_tile + c * Stride(p.dv);
+        for (int64_t d = 0; d < p.dv; ++d) dp = fma(dor[d], vr[d], dp);
+      }
       dsv = pr * (dp - row_delta[r]);
       if (p.softcap > 0 && pr != 0.0) {
         const double t = ds[r * Stride(p.tk) + c];
@@ -454,13 +535,13 @@ __device__ void BackwardTile(const Dev& p, const double* sdo_tile, const double*
 
 __host__ __device__ int64_t DqShared(int64_t d, int64_t dv, int tq, int tk) {
   return tq * Stride(d) + tq * Stride(dv) + tk * Stride(d) + tk * Stride(dv) +
-         2 * tq * Stride(tk) + tq * d + 4 * tq;
+         3 * tq * Stride(tk) + tq * d + 4 * tq;
 }
 
 __global__ void DqKernel(Dev p, const double* q, const double* k, const double* v,
                          const double* dout, const double* lse, const double* delta, double* dq,
                          DevStats* stats) {
-  extern __shared__ double smem[];
+  ATTEST_DYNAMIC_SHARED(smem);
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * p.tq;
   const Seq s = SeqOf(p, b);
   if (i0 >= s.q_len) return;
@@ -473,7 +554,8 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
   double* sv_tile = sk_tile + tk * Stride(dd);
   double* ss = sv_tile + tk * Stride(dv);
   double* ds = ss + tq * Stride(tk);
-  double* acc = ds + tq * Stride(tk);
+  double* dpb = ds + tq * Stride(tk);
+  double* acc = dpb + tq * Stride(tk);
   double* row_lse = acc + tq * dd;
   double* row_delta = row_lse + tq;
   int64_t* lo = reinterpret_cast<int64_t*>(row_delta + tq);
@@ -499,14 +581,19 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
     LoadTile(v, p.hkv, g, dv, s.k_begin + j0, nk, tk, sv_tile);
     __syncthreads();
     Scores(p, s, h, i0, j0, lo, hi, sq_tile, sk_tile, ss, p.softcap > 0 ? ds : nullptr, mag);
-    BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
+    BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds, dpb);
     // dQ += dS K.
-    for (int64_t e = threadIdx.x; e < tq * dd; e += blockDim.x) {
-      const int64_t r = e / dd, d = e % dd;
-      const double* dsr = ds + r * Stride(tk);
-      double part = 0;
-      for (int c = 0; c < tk; ++c) part = fma(dsr[c], sk_tile[c * Stride(dd) + d], part);
-      acc[e] += part;
+    if (p.mma) {
+      MmaProduct(tq, dd, tk, ds, Stride(tk), 1, sk_tile, Stride(dd), 1,
+                 [&](int64_t r, int64_t d, double part) { acc[r * dd + d] += part; });
+    } else {
+      for (int64_t e = threadIdx.x; e < tq * dd; e += blockDim.x) {
+        const int64_t r = e / dd, d = e % dd;
+        const double* dsr = ds + r * Stride(tk);
+        double part = 0;
+        for (int c = 0; c < tk; ++c) part = fma(dsr[c], sk_tile[c * Stride(dd) + d], part);
+        acc[e] += part;
+      }
     }
     __syncthreads();
   }
@@ -520,13 +607,13 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
 
 __host__ __device__ int64_t DkDvShared(int64_t d, int64_t dv, int tq, int tk) {
   return tk * Stride(d) + tk * Stride(dv) + tk * d + tk * dv + tq * Stride(d) + tq * Stride(dv) +
-         2 * tq * Stride(tk) + 4 * tq + 2 * tk;
+         3 * tq * Stride(tk) + 4 * tq + 2 * tk;
 }
 
 __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double* v,
                            const double* dout, const double* lse, const double* delta,
                            double* dk, double* dvo, DevStats* stats) {
-  extern __shared__ double smem[];
+  ATTEST_DYNAMIC_SHARED(smem);
   const int64_t b = blockIdx.z, g = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * p.tk;
   const Seq s = SeqOf(p, b);
   if (j0 >= s.k_len) return;
@@ -540,7 +627,8 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
   double* sdo_tile = sq_tile + tq * Stride(dd);
   double* ss = sdo_tile + tq * Stride(dv);
   double* ds = ss + tq * Stride(tk);
-  double* row_lse = ds + tq * Stride(tk);
+  double* dpb = ds + tq * Stride(tk);
+  double* row_lse = dpb + tq * Stride(tk);
   double* row_delta = row_lse + tq;
   double* mass = row_delta + tq;
   int64_t* seen = reinterpret_cast<int64_t*>(mass + tk);
@@ -577,30 +665,40 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
         for (int r = 0; r < tq; ++r) seen[c] += ss[r * Stride(tk) + c] > -INFINITY ? 1 : 0;
       }
       __syncthreads();
-      BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
+      BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds, dpb);
       for (int c = threadIdx.x; c < tk; c += blockDim.x) {
         for (int r = 0; r < tq; ++r) mass[c] += ss[r * Stride(tk) + c];
       }
       // dV += P^T dO, dK += dS^T Q (each the tile's product summed apart, then added).
-      for (int64_t e = threadIdx.x; e < tk * dv; e += blockDim.x) {
-        const int64_t c = e / dv, d = e % dv;
-        double part = 0;
-        for (int r = 0; r < tq; ++r) {
-          part = fma(ss[r * Stride(tk) + c], sdo_tile[r * Stride(dv) + d], part);
+      if (p.mma) {
+        MmaProduct(tk, dv, tq, ss, 1, Stride(tk), sdo_tile, Stride(dv), 1,
+                   [&](int64_t c, int64_t d, double part) { acc_v[c * dv + d] += part; });
+        MmaProduct(tk, dd, tq, ds, 1, Stride(tk), sq_tile, Stride(dd), 1,
+                   [&](int64_t c, int64_t d, double part) { acc_k[c * dd + d] += part; });
+      } else {
+        for (int64_t e = threadIdx.x; e < tk * dv; e += blockDim.x) {
+          const int64_t c = e / dv, d = e % dv;
+          double part = 0;
+          for (int r = 0; r < tq; ++r) {
+            part = fma(ss[r * Stride(tk) + c], sdo_tile[r * Stride(dv) + d], part);
+          }
+          acc_v[e] += part;
         }
-        acc_v[e] += part;
-      }
-      for (int64_t e = threadIdx.x; e < tk * dd; e += blockDim.x) {
-        const int64_t c = e / dd, d = e % dd;
-        double part = 0;
-        for (int r = 0; r < tq; ++r) {
-          part = fma(ds[r * Stride(tk) + c], sq_tile[r * Stride(dd) + d], part);
+        for (int64_t e = threadIdx.x; e < tk * dd; e += blockDim.x) {
+          const int64_t c = e / dd, d = e % dd;
+          double part = 0;
+          for (int r = 0; r < tq; ++r) {
+            part = fma(ds[r * Stride(tk) + c], sq_tile[r * Stride(dd) + d], part);
+          }
+          acc_k[e] += part;
         }
-        acc_k[e] += part;
       }
       __syncthreads();
     }
   }
+  // The accumulators and column statistics are complete (and initialised, when no query tile
+  // ran: a sequence without queries) before they are read across threads.
+  __syncthreads();
   for (int64_t e = threadIdx.x; e < nk * dd; e += blockDim.x) {
     const int64_t c = e / dd, d = e % dd;
     dk[((s.k_begin + j0 + c) * p.hkv + g) * dd + d] = p.scale * acc_k[e];
@@ -692,8 +790,6 @@ double Bits(unsigned long long x) {
 void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, const double* v,
          const double* dout, double* o, double* lse, double* dq, double* dk, double* dv,
          double* delta, int flags, AttestOracleCudaStats* stats) {
-  Require((flags & ATTEST_ORACLE_CUDA_MMA) == 0,
-          "flags: the FP64 tensor-core (mma) path is not implemented in this build");
   Require(pr.batch >= 1 && pr.batch <= 65535, "batch must be in [1, 65535]");
   Require(pr.heads_kv >= 1 && pr.heads_q >= pr.heads_kv && pr.heads_q % pr.heads_kv == 0 &&
               pr.heads_q <= 65535,
@@ -750,7 +846,9 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   const int64_t limit = optin - 1024;  // room for the kernels' static shared variables
   int tq = 0, tk = 0;
   const int candidates[][2] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
+  const bool mma = (flags & ATTEST_ORACLE_CUDA_MMA) != 0;
   for (const auto& c : candidates) {
+    if (mma && (c[0] % 8 != 0 || c[1] % 8 != 0)) continue;  // MmaProduct's 8 x 8 blocks
     const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1]),
                                         DqShared(dd, dvw, c[0], c[1]),
                                         DkDvShared(dd, dvw, c[0], c[1])});
@@ -813,6 +911,7 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   }
   p.tq = tq;
   p.tk = tk;
+  p.mma = mma ? 1 : 0;
 
   // Inputs and outputs on the device.
   const double *dq_in = q, *dk_in = k, *dv_in = v, *ddo_in = dout;
@@ -862,21 +961,21 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   };
   DevStats* sp = dstats;
   if (total_q * hq > 0) {
-    NormsKernel<<<blocks_for(total_q * hq), kThreads>>>(dq_in, total_q * hq, dd, qn,
-                                                        &sp->q_abs_max, nullptr);
+    ATTEST_LAUNCH(NormsKernel, blocks_for(total_q * hq), kThreads, 0, dq_in, total_q * hq, dd,
+                  qn, &sp->q_abs_max, nullptr);
     CheckLaunch("NormsKernel(q)");
   }
   if (total_k * hkv > 0) {
-    NormsKernel<<<blocks_for(total_k * hkv), kThreads>>>(dk_in, total_k * hkv, dd, kn,
-                                                         &sp->k_abs_max, nullptr);
+    ATTEST_LAUNCH(NormsKernel, blocks_for(total_k * hkv), kThreads, 0, dk_in, total_k * hkv, dd,
+                  kn, &sp->k_abs_max, nullptr);
     CheckLaunch("NormsKernel(k)");
-    NormsKernel<<<blocks_for(total_k * hkv), kThreads>>>(dv_in, total_k * hkv, dvw, nullptr,
-                                                         &sp->v_abs_max, &sp->v_norm_max);
+    ATTEST_LAUNCH(NormsKernel, blocks_for(total_k * hkv), kThreads, 0, dv_in, total_k * hkv, dvw,
+                  nullptr, &sp->v_abs_max, &sp->v_norm_max);
     CheckLaunch("NormsKernel(v)");
   }
   if (dout != nullptr && total_q * hq > 0) {
-    NormsKernel<<<blocks_for(total_q * hq), kThreads>>>(ddo_in, total_q * hq, dvw, nullptr,
-                                                        &sp->do_abs_max, &sp->do_norm_max);
+    ATTEST_LAUNCH(NormsKernel, blocks_for(total_q * hq), kThreads, 0, ddo_in, total_q * hq, dvw,
+                  nullptr, &sp->do_abs_max, &sp->do_norm_max);
     CheckLaunch("NormsKernel(dout)");
   }
   const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
@@ -884,28 +983,29 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     Require(q_tiles <= 0x7fffffff, "seqlen_q too large");
     const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(hq),
                     static_cast<unsigned>(batch));
-    ForwardKernel<<<grid, kThreads, fwd_bytes>>>(p, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
+    ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, p, dq_in, dk_in, dv_in, d_o, d_lse,
+                  dstats);
     CheckLaunch("ForwardKernel");
   }
   // Rows of zero-length sequences have no lse entries; nothing else to fill.
   if (dout != nullptr) {
     if (nlse > 0) {
-      DeltaKernel<<<blocks_for(nlse), kThreads>>>(p, ddo_in, d_o, d_delta);
+      ATTEST_LAUNCH(DeltaKernel, blocks_for(nlse), kThreads, 0, p, ddo_in, d_o, d_delta);
       CheckLaunch("DeltaKernel");
     }
     if (q_tiles > 0) {
       const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(hq),
                       static_cast<unsigned>(batch));
-      DqKernel<<<grid, kThreads, dq_bytes>>>(p, dq_in, dk_in, dv_in, ddo_in, d_lse, d_delta,
-                                             d_dq, dstats);
+      ATTEST_LAUNCH(DqKernel, grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in, d_lse,
+                    d_delta, d_dq, dstats);
       CheckLaunch("DqKernel");
     }
     if (k_tiles > 0) {
       Require(k_tiles <= 0x7fffffff, "seqlen_k too large");
       const dim3 grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(batch));
-      DkDvKernel<<<grid, kThreads, dkdv_bytes>>>(p, dq_in, dk_in, dv_in, ddo_in, d_lse, d_delta,
-                                                 d_dk, d_dv, dstats);
+      ATTEST_LAUNCH(DkDvKernel, grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in, ddo_in, d_lse,
+                    d_delta, d_dk, d_dv, dstats);
       CheckLaunch("DkDvKernel");
     }
   }
@@ -999,6 +1099,13 @@ extern "C" __attribute__((visibility("default"))) int attest_oracle_cuda_device_
 extern "C" __attribute__((visibility("default"))) int attest_oracle_cuda_dgemm_seconds(
     int64_t n, int repeats, double* seconds, char* message, int64_t message_size) {
   SetMessage(message, message_size, "");
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  (void)n;
+  (void)repeats;
+  (void)seconds;
+  SetMessage(message, message_size, "no cuBLAS in the CPU emulation");
+  return 1;
+#else
   std::vector<std::string> names;
   if (const char* env = std::getenv("ATTEST_CUBLAS"); env != nullptr && *env != '\0') {
     names.push_back(env);
@@ -1062,4 +1169,5 @@ extern "C" __attribute__((visibility("default"))) int attest_oracle_cuda_dgemm_s
     SetMessage(message, message_size, f.message);
     return f.code;
   }
+#endif
 }

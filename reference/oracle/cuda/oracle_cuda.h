@@ -50,7 +50,7 @@ typedef struct AttestOracleCudaStats {
 
 enum {
   ATTEST_ORACLE_CUDA_DEVICE_POINTERS = 1,  // q, k, v, dout and all outputs are device memory
-  ATTEST_ORACLE_CUDA_MMA = 2,  // products on the FP64 tensor cores (not implemented: error)
+  ATTEST_ORACLE_CUDA_MMA = 2,  // products on the FP64 tensor cores (mma.sync m8n8k4 f64)
 };
 
 // Forward (dout == NULL; dq, dk, dv, delta ignored) or forward + backward. Outputs: o, lse

@@ -1,7 +1,8 @@
 // oracle_cuda_check: the CUDA float64 oracle (oracle_cuda_host.h) against the CPU oracle
 // (reference/oracle/oracle.h), on a GPU host (tools/device/oracle_cuda.sh runs it).
 //
-//   oracle_cuda_check [--json FILE]        every Problem feature (the CPU tests' feature problems,
+//   oracle_cuda_check [--problems A,B] [--json FILE]
+//                                          every Problem feature (the CPU tests' feature problems,
 //                                          reference/oracle/oracle_test_util.h, plus multi-tile
 //                                          ones): CPU Backward<double> vs the GPU (FMA path, and
 //                                          the mma path when the library has it), forward-only
@@ -45,6 +46,13 @@ using oracle_test::NamedProblem;
 // or smaller) with each feature, and shrink the tiles (D = 256).
 std::vector<NamedProblem> CheckProblems() {
   std::vector<NamedProblem> out = oracle_test::FeatureProblems();
+  {
+    Problem p = Base(1, 2, 1, 70, 45, 8, 8);  // 3 x 2 tiles of 32: cheap enough to emulate
+    p.causal = true;
+    p.window_left = 20;
+    p.prefix_lm = 5;
+    out.push_back({"small_multi_tile", p});
+  }
   {
     Problem p = Base(2, 4, 2, 300, 333, 64, 64);
     p.causal = true;
@@ -174,13 +182,15 @@ void ExpectCount(const char* what, int64_t gpu, int64_t cpu, Counter& c, nlohman
   }
 }
 
-int RunCheck(const std::string& json_path) {
+int RunCheck(const std::string& json_path, const std::vector<std::string>& only) {
   Counter c;
   uint64_t seed = 100;
   bool mma_available = true;
   for (const NamedProblem& np : CheckProblems()) {
+    ++seed;  // the same inputs whichever problems run
+    if (!only.empty() && std::find(only.begin(), only.end(), np.name) == only.end()) continue;
     const Problem& p = np.p;
-    const auto in = oracle_test::RandomInputs(p, ++seed, np.q_sigma);
+    const auto in = oracle_test::RandomInputs(p, seed, np.q_sigma);
     const BackwardOut cpu = Backward<double>(p, in.q, in.k, in.v, in.dout);
     const ForwardOut cpu_f = Forward<double>(p, in.q, in.k, in.v);
     for (const bool mma : {false, true}) {
@@ -328,6 +338,7 @@ int Main(int argc, char** argv) {
   bool bench = false;
   std::string json_path;
   std::vector<int64_t> sizes = {8192, 16384, 32768};
+  std::vector<std::string> only;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg == "--probe") {
@@ -336,6 +347,10 @@ int Main(int argc, char** argv) {
       bench = true;
     } else if (arg == "--json" && a + 1 < argc) {
       json_path = argv[++a];
+    } else if (arg == "--problems" && a + 1 < argc) {
+      std::stringstream list(argv[++a]);
+      std::string item;
+      while (std::getline(list, item, ',')) only.push_back(item);
     } else if (arg == "--sizes" && a + 1 < argc) {
       sizes.clear();
       std::stringstream list(argv[++a]);
@@ -353,7 +368,8 @@ int Main(int argc, char** argv) {
         }
       }
     } else {
-      std::cerr << "usage: oracle_cuda_check [--bench [--sizes S1,S2,...]] [--json FILE]\n";
+      std::cerr << "usage: oracle_cuda_check [--problems NAME,...] [--bench [--sizes S,...]] "
+                   "[--json FILE]\n";
       return 2;
     }
   }
@@ -364,7 +380,7 @@ int Main(int argc, char** argv) {
       std::cerr << "oracle_cuda_check: no usable GPU (" << why << ")\n";
       return 2;
     }
-    return bench ? RunBench(sizes, json_path) : RunCheck(json_path);
+    return bench ? RunBench(sizes, json_path) : RunCheck(json_path, only);
   } catch (const std::runtime_error& e) {
     std::cerr << "oracle_cuda_check: " << e.what() << "\n";
     return 2;
