@@ -29,8 +29,10 @@ if [ ! -x "$run" ]; then
   exit 2
 fi
 echo "oracle_cuda.sh: $(date -u +%FT%TZ), OUT=$out"
-nvidia-smi -L > "$out/nvidia-smi.txt" 2>&1 || true
-cat "$out/nvidia-smi.txt"
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi -L > "$out/nvidia-smi.txt" 2>&1
+  cat "$out/nvidia-smi.txt"
+fi
 
 # cuBLAS for the bench's yardstick (the library's own search: libcublas.so.13, .12).
 if [ -z "${ATTEST_CUBLAS:-}" ]; then
@@ -42,7 +44,7 @@ if [ -z "${ATTEST_CUBLAS:-}" ]; then
   fi
   for d in "${dirs[@]}"; do
     [ -d "$d" ] || continue
-    found="$(find "$d" -maxdepth 5 -name 'libcublas.so.1[0-9]*' 2>/dev/null | sort -r | head -1)"
+    found="$(find "$d/" -maxdepth 5 -name 'libcublas.so.1[0-9]*' 2>/dev/null | sort -r | head -1)"
     if [ -n "$found" ]; then
       export ATTEST_CUBLAS="$found"
       export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -58,6 +60,7 @@ timeout 300 "$run" oracle_cuda_check --json "$out/oracle_cuda_check.json" \
   > "$out/oracle_cuda_check.txt" 2>&1
 rc_check=$?
 grep -E "FAIL|PASS|skipped|library:" "$out/oracle_cuda_check.txt" | tail -40
+[ "$rc_check" -gt 1 ] && tail -5 "$out/oracle_cuda_check.txt"
 echo "check: exit $rc_check in $(( $(date +%s) - t0 )) s (full log: $out/oracle_cuda_check.txt)"
 
 echo "== 2. attest oracle --device cuda"
