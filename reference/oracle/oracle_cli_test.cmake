@@ -4,8 +4,10 @@
 # a bad case file, a missing one and a bad --precision exit 2 with a message; the double
 # oracle's output files are byte-identical whichever ISA version of its products runs
 # (ATTEST_ORACLE_ISA = portable, avx2, avx512; reference/oracle/oracle_gemm.h), on this case
-# and on larger ones from tools/device/cases-oracle/. Run by ctest as
-#   cmake -DATTEST=<attest> -DSRC=<repo root> -DWORK=<scratch dir> -P oracle_cli_test.cmake
+# and on larger ones from tools/device/cases-oracle/; --device cuda through the CPU-emulated
+# GPU oracle (reference/oracle/cuda/). Run by ctest as
+#   cmake -DATTEST=<attest> -DSRC=<repo root> -DWORK=<scratch dir> [-DEMULATED=<emulated .so>]
+#         -P oracle_cli_test.cmake
 cmake_policy(SET CMP0057 NEW)  # if(IN_LIST)
 set(case "${SRC}/reference/oracle/testdata/varlen_gqa_softcap.case.json")
 file(MAKE_DIRECTORY "${WORK}")
@@ -74,3 +76,24 @@ foreach(c IN LISTS small large)
     message(STATUS "${isa}: same bytes on ${c}")
   endforeach()
 endforeach()
+
+# --device cuda (reference/oracle/cuda/): through the CPU-emulated library (EMULATED, built
+# everywhere) the same counts as the CPU oracle; a library that cannot be loaded, an unknown
+# device and a precision the GPU does not run exit 2 with a message.
+if(EMULATED)
+  set(ENV{ATTEST_ORACLE_CUDA} "${EMULATED}")
+  run_attest(0 out oracle --case "${case}" --out "${WORK}/cuda.safetensors" --device cuda)
+  expect_match("${out}" "double oracle \\(CUDA\\).* \\(12 empty rows, 32 unseen keys"
+               "oracle --device cuda (emulated)")
+  run_attest(0 out inspect --json "${WORK}/cuda.safetensors")
+  expect_match("${out}" "attest.oracle.device" "inspect --device cuda: metadata")
+  set(ENV{ATTEST_ORACLE_CUDA} "${WORK}/no-such-libattest_oracle_cuda.so")
+  run_attest(2 out oracle --case "${case}" --out "${WORK}/cuda2.safetensors" --device cuda)
+  expect_match("${out}" "--device cuda: CUDA oracle: cannot load" "oracle without the library")
+  unset(ENV{ATTEST_ORACLE_CUDA})
+endif()
+run_attest(2 out oracle --case "${case}" --out "${WORK}/x.safetensors" --device tpu)
+expect_match("${out}" "--device: expected cpu or cuda" "oracle --device tpu")
+run_attest(2 out oracle --case "${case}" --out "${WORK}/x.safetensors" --device cuda
+           --precision mp256)
+expect_match("${out}" "only --precision double runs on the GPU" "oracle --device cuda mp256")

@@ -1,5 +1,8 @@
 // `attest oracle --case F.case.json --out F.safetensors [--precision double|mp128|mp256]
-// [--threads N]` (docs/design.md "CLI contract"): runs the oracle (reference/oracle/oracle.h) on a
+// [--threads N] [--device cpu|cuda]` (docs/design.md "CLI contract"): runs the oracle
+// (reference/oracle/oracle.h; with --device cuda the float64 oracle on a GPU,
+// reference/oracle/cuda/oracle_cuda_host.h, which exits 2 with a message where there is no
+// library or GPU) on a
 // case's inputs (reference/case/inputs.h: loaded or generated, rounded to the dtype) and
 // writes o, lse, dq, dk, dv and delta as F64 (forward outputs only when the case has no
 // "do"). The file's metadata records the precision, the OracleStats and each tensor's
@@ -15,6 +18,7 @@
 #include "reference/case/case_file.h"
 #include "reference/case/inputs.h"
 #include "reference/io/safetensors.h"
+#include "reference/oracle/cuda/oracle_cuda_host.h"
 #include "reference/oracle/oracle.h"
 #include "reference/oracle/oracle_gemm.h"
 #include "tools/attest/command.h"
@@ -27,6 +31,7 @@ struct OracleCmdOptions {
   std::string out;
   std::string precision = "double";
   int threads = 0;
+  std::string device = "cpu";
   bool quiet = false;
 };
 
@@ -58,6 +63,13 @@ int RunOracle(const OracleCmdOptions& opt) {
   if (!precision) {
     throw UsageError("--precision: expected double, mp128 or mp256, got '" + opt.precision + "'");
   }
+  if (opt.device != "cpu" && opt.device != "cuda") {
+    throw UsageError("--device: expected cpu or cuda, got '" + opt.device + "'");
+  }
+  const bool cuda = opt.device == "cuda";
+  if (cuda && *precision != Precision::kDouble) {
+    throw UsageError("--device cuda: only --precision double runs on the GPU");
+  }
   auto c = LoadCase(opt.case_path);
   if (!c.ok()) throw UsageError(c.error().message);
   auto in = MakeCaseInputs(*c);
@@ -71,7 +83,9 @@ int RunOracle(const OracleCmdOptions& opt) {
   std::vector<OracleTensor> tensors;
   try {
     if (in->dout.defined()) {
-      BackwardOut b = Backward(*precision, c->problem, in->q, in->k, in->v, in->dout, options);
+      BackwardOut b =
+          cuda ? CudaBackward(c->problem, in->q, in->k, in->v, in->dout)
+               : Backward(*precision, c->problem, in->q, in->k, in->v, in->dout, options);
       out.Add("o", b.o);
       out.Add("lse", b.lse);
       out.Add("dq", b.dq);
@@ -82,7 +96,8 @@ int RunOracle(const OracleCmdOptions& opt) {
       tensors = {OracleTensor::kO,  OracleTensor::kLse, OracleTensor::kDq,
                  OracleTensor::kDk, OracleTensor::kDv,  OracleTensor::kDelta};
     } else {
-      ForwardOut f = Forward(*precision, c->problem, in->q, in->k, in->v, options);
+      ForwardOut f = cuda ? CudaForward(c->problem, in->q, in->k, in->v)
+                          : Forward(*precision, c->problem, in->q, in->k, in->v, options);
       out.Add("o", f.o);
       out.Add("lse", f.lse);
       stats = f.stats;
@@ -93,16 +108,21 @@ int RunOracle(const OracleCmdOptions& opt) {
     }
   } catch (const std::invalid_argument& e) {
     throw UsageError(opt.case_path + ": " + e.what());
+  } catch (const std::runtime_error& e) {
+    if (!cuda) throw;
+    throw UsageError(std::string("--device cuda: ") + e.what());  // no library, no GPU
   }
   for (OracleTensor t : tensors) bounds[std::string(Name(t))] = ErrorBound(stats, t);
   out.metadata["attest.oracle.precision"] = std::string(Name(*precision));
+  if (cuda) out.metadata["attest.oracle.device"] = "cuda";  // CPU files stay byte-identical
   out.metadata["attest.oracle.stats"] = StatsJson(stats).dump();
   out.metadata["attest.oracle.error_bound"] = bounds.dump();
   if (Status s = WriteSafetensors(opt.out, out); !s.ok()) throw UsageError(s.error().message);
   if (!opt.quiet) {
     // The products' ISA version is printed, never stored: every version gives the same bits.
     const std::string how =
-        *precision == Precision::kDouble
+        cuda ? std::string("double oracle (CUDA)")
+        : *precision == Precision::kDouble
             ? fmt::format("double oracle ({} products)", oracle_internal::GemmPanelsIsa())
             : fmt::format("{} oracle", Name(*precision));
     std::cout << fmt::format("{}: {} -> {} ({} empty rows, {} unseen keys)\n", opt.case_path, how,
@@ -118,6 +138,8 @@ Runner SetupOracle(CLI::App& sub) {
       ->required();
   sub.add_option("--precision", opt->precision, "double (tiled float64), mp128 or mp256 (MPFR)");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Worker threads (0: all cores)");
+  sub.add_option("--device", opt->device,
+                 "cpu, or cuda: the float64 oracle on a GPU (libattest_oracle_cuda.so)");
   sub.add_flag("--quiet", opt->quiet, "Print nothing on success");
   return [opt] { return RunOracle(*opt); };
 }

@@ -1,0 +1,150 @@
+// The CUDA oracle's host wrapper (oracle_cuda_host.h) where there may be no library or GPU:
+// a missing library and a machine without a GPU give a std::runtime_error that says so; bad
+// inputs give std::invalid_argument naming the tensor, before anything is loaded. With
+// ATTEST_ORACLE_CUDA_TEST_LIBRARY set (by ctest when the library is built) and a GPU present,
+// a small problem must agree with the CPU oracle within the certification bounds. Through the
+// CPU-emulated library (ATTEST_ORACLE_CUDA_EMULATED), the C interface itself: device pointers
+// (host memory there) give the bits host pointers give, and a bad problem is an error code
+// with a message naming the field.
+#include "reference/oracle/cuda/oracle_cuda_host.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "reference/oracle/cuda/oracle_cuda.h"
+#include "reference/oracle/oracle_test_util.h"
+
+namespace attest {
+namespace {
+
+using oracle_test::Base;
+using oracle_test::MaxAbsDiff;
+using oracle_test::RandomInputs;
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OracleCudaHostTest, MissingLibraryIsAClearError) {
+  const Problem p = Base(1, 1, 1, 3, 4, 8, 8);
+  const auto in = RandomInputs(p, 1);
+  CudaOracleOptions options;
+  options.library = "/nonexistent/libattest_oracle_cuda.so";
+  EXPECT_THROW(CudaForward(p, in.q, in.k, in.v, options), std::runtime_error);
+  const std::string what = ErrorOf([&] { CudaForward(p, in.q, in.k, in.v, options); });
+  EXPECT_NE(what.find("cannot load libattest_oracle_cuda.so"), std::string::npos) << what;
+  EXPECT_NE(what.find("/nonexistent/libattest_oracle_cuda.so"), std::string::npos) << what;
+  EXPECT_NE(what.find("ATTEST_ORACLE_CUDA"), std::string::npos) << what;
+}
+
+TEST(OracleCudaHostTest, BadInputsNameTheTensorBeforeLoading) {
+  const Problem p = Base(1, 1, 1, 3, 4, 8, 8);
+  const auto in = RandomInputs(p, 2);
+  CudaOracleOptions options;
+  options.library = "/nonexistent/libattest_oracle_cuda.so";
+  const std::string what = ErrorOf([&] { CudaForward(p, in.k, in.k, in.v, options); });
+  EXPECT_NE(what.find("q"), std::string::npos) << what;
+  EXPECT_THROW(CudaForward(p, in.k, in.k, in.v, options), std::invalid_argument);
+}
+
+TEST(OracleCudaHostTest, BuiltLibraryRunsOrSaysThereIsNoGpu) {
+  const char* library = std::getenv("ATTEST_ORACLE_CUDA_TEST_LIBRARY");
+  if (library == nullptr || *library == '\0') GTEST_SKIP() << "the CUDA oracle is not built";
+  CudaOracleOptions options;
+  options.library = library;
+  EXPECT_EQ(CudaOracleLibrary(options), library);
+  Problem p = Base(1, 2, 1, 37, 41, 16, 8);
+  p.causal = true;
+  const auto in = RandomInputs(p, 3);
+  BackwardOut gpu;
+  try {
+    gpu = CudaBackward(p, in.q, in.k, in.v, in.dout, options);
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no usable GPU"), std::string::npos) << what;
+    return;
+  }
+  const BackwardOut cpu = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  EXPECT_LE(MaxAbsDiff(gpu.o, cpu.o), 2 * ErrorBound(cpu.stats, OracleTensor::kO));
+  EXPECT_LE(MaxAbsDiff(gpu.dq, cpu.dq), 2 * ErrorBound(cpu.stats, OracleTensor::kDq));
+  EXPECT_LE(MaxAbsDiff(gpu.dk, cpu.dk), 2 * ErrorBound(cpu.stats, OracleTensor::kDk));
+  EXPECT_LE(MaxAbsDiff(gpu.dv, cpu.dv), 2 * ErrorBound(cpu.stats, OracleTensor::kDv));
+  EXPECT_EQ(gpu.stats.empty_rows, cpu.stats.empty_rows);
+}
+
+TEST(OracleCudaHostTest, CInterfaceDevicePointersAndErrors) {
+  const char* library = std::getenv("ATTEST_ORACLE_CUDA_EMULATED");
+  if (library == nullptr || *library == '\0') GTEST_SKIP() << "no emulated library given";
+  void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  auto run = reinterpret_cast<decltype(&attest_oracle_cuda_run)>(
+      dlsym(handle, "attest_oracle_cuda_run"));
+  ASSERT_NE(run, nullptr);
+  Problem p = Base(2, 4, 2, 21, 37, 16, 8);
+  p.causal = true;
+  const auto in = RandomInputs(p, 5);
+  AttestOracleCudaProblem c{};
+  c.batch = p.batch;
+  c.heads_q = p.heads_q;
+  c.heads_kv = p.heads_kv;
+  c.seqlen_q = p.seqlen_q;
+  c.seqlen_k = p.seqlen_k;
+  c.head_dim = p.head_dim;
+  c.head_dim_v = p.head_dim_v;
+  c.scale = p.EffectiveScale();
+  c.causal = 1;
+  c.window_left = c.window_right = -1;
+  const auto n = [](const Shape& s) { return static_cast<size_t>(Tensor::NumElements(s)); };
+  struct Out {
+    std::vector<double> o, lse, dq, dk, dv, delta;
+  };
+  auto call = [&](int flags, Out& out) {
+    out.o.assign(n(p.OShape()), 0);
+    out.lse.assign(n(p.LseShape()), 0);
+    out.dq.assign(n(p.QShape()), 0);
+    out.dk.assign(n(p.KShape()), 0);
+    out.dv.assign(n(p.VShape()), 0);
+    out.delta.assign(n(p.LseShape()), 0);
+    AttestOracleCudaStats stats{};
+    char message[256] = {0};
+    const int rc = run(&c, in.q.data<double>(), in.k.data<double>(), in.v.data<double>(),
+                       in.dout.data<double>(), out.o.data(), out.lse.data(), out.dq.data(),
+                       out.dk.data(), out.dv.data(), out.delta.data(), flags, &stats, message,
+                       sizeof message);
+    EXPECT_EQ(rc, 0) << message;
+  };
+  Out host, device;
+  call(0, host);
+  call(ATTEST_ORACLE_CUDA_DEVICE_POINTERS, device);
+  for (auto [a, b] : {std::pair{&host.o, &device.o}, {&host.lse, &device.lse},
+                      {&host.dq, &device.dq}, {&host.dk, &device.dk}, {&host.dv, &device.dv},
+                      {&host.delta, &device.delta}}) {
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(double)), 0);
+  }
+  c.heads_kv = 3;  // 4 is not a multiple of 3
+  char message[256] = {0};
+  Out bad;
+  bad.o.assign(n(p.OShape()), 0);
+  bad.lse.assign(n(p.LseShape()), 0);
+  EXPECT_NE(run(&c, in.q.data<double>(), in.k.data<double>(), in.v.data<double>(), nullptr,
+                bad.o.data(), bad.lse.data(), nullptr, nullptr, nullptr, nullptr, 0, nullptr,
+                message, sizeof message),
+            0);
+  EXPECT_NE(std::string(message).find("heads_q"), std::string::npos) << message;
+  dlclose(handle);
+}
+
+}  // namespace
+}  // namespace attest
