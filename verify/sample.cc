@@ -166,7 +166,12 @@ int64_t BandPairs(const Problem& p) {
 }
 
 double ForwardMacs(const Problem& p) {
-  return static_cast<double>(BandPairs(p)) * static_cast<double>(p.heads_q) *
+  double dense = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence s = SequenceOf(p, b);
+    dense += static_cast<double>(s.q_len) * static_cast<double>(s.k_len);
+  }
+  return std::max(static_cast<double>(BandPairs(p)), dense) * static_cast<double>(p.heads_q) *
          static_cast<double>(p.head_dim + p.head_dim_v);
 }
 
