@@ -217,5 +217,20 @@ TEST(LongSuite, SampledChecksPassACorrectModelAndSayWhatTheyJudged) {
   }
 }
 
+// A profile whose baseline is a recipe reference has no sampled baseline: accuracy says so in a
+// failing verdict instead of judging without one (docs/checks.md "Sampled rows").
+TEST(LongSuite, RecipeBaselinesAreNotSampledAndSaySo) {
+  auto kernel = Make("cpu/mxfp8-pvbf16");
+  Problem p = Shape(1, 1, 200, 200);
+  p.causal = true;
+  const Report r = RunSampled(*kernel, MakeCase(p), {"accuracy"});
+  bool said = false;
+  for (const Verdict& v : r.verdicts) {
+    said = said || (!v.pass && v.policy == "a baseline for the profile" &&
+                    v.message.find("sampled rows have a baseline only") != std::string::npos);
+  }
+  EXPECT_TRUE(said) << FirstFailure(r);
+}
+
 }  // namespace
 }  // namespace attest
