@@ -120,16 +120,18 @@ void MarkBandEdges(std::vector<uint8_t>& flags, int64_t begin, int64_t len, int6
   }
 }
 
+// Up to `budget` more rows than the forced ones, drawn uniformly.
 void Draw(std::vector<uint8_t>& flags, uint64_t seed, uint32_t stream, int64_t budget) {
   const auto total = static_cast<int64_t>(flags.size());
   int64_t count = std::count(flags.begin(), flags.end(), uint8_t{1});
-  if (total <= budget) {
+  const int64_t target = count + budget;
+  if (total <= target) {
     std::fill(flags.begin(), flags.end(), uint8_t{1});
     return;
   }
   // A bounded number of draws: repeats are possible, the result is the same everywhere.
   const int64_t draws = 4 * budget;
-  for (int64_t n = 0; n < draws && count < budget; ++n) {
+  for (int64_t n = 0; n < draws && count < target; ++n) {
     ElementStream es(seed, stream, static_cast<uint64_t>(n));
     const auto x = static_cast<size_t>(es.NextU64() % static_cast<uint64_t>(total));
     if (flags[x] == 0) {

@@ -11,8 +11,8 @@
 //     starts or stops being cut by the sequence's first or last key, and the same for keys'
 //     bands of queries; both sides of the prefix-LM boundary;
 //   - the last kLastRows rows of the whole query and key tensors;
-//   - then rows drawn from Philox streams (reference/data/generate.h ElementStream) under the
-//     seed until the budget is reached: the same seed gives the same sample everywhere.
+//   - then up to a budget of further rows drawn from Philox streams (reference/data/generate.h
+//     ElementStream) under the seed: the same seed gives the same sample everywhere.
 // Flags are per flattened row ([total_q], [total_k]) and apply to every head, the form of
 // OracleOptions::query_rows / key_rows. verify/sample_test.cc enumerates each rule by brute
 // force over the mask and checks the sample holds it.
@@ -46,8 +46,8 @@ enum SampleRule : uint32_t {
 
 struct SampleOptions {
   uint64_t seed = 0;
-  // Rows to reach with random draws (query and key rows counted separately); the forced rows
-  // are kept even when they exceed it.
+  // Random rows beyond the forced ones (query and key rows counted separately; fewer when
+  // draws repeat a row, every row when the forced ones and the budget cover the tensor).
   int64_t query_budget = 1024;
   int64_t key_budget = 1024;
   uint32_t rules = kAllSampleRules;  // tests only remove rules
@@ -82,7 +82,7 @@ std::vector<uint8_t> UnseenKeyRows(const Problem& p);   // [total_k]
 // kSampleAboveMacs is above every gate and full suite case (the largest, "2k causal GQA batch
 // 2", is 1.7e10) and below every long suite case but the split-KV ones (at most 8.6e9).
 inline constexpr double kSampleAboveMacs = 2e10;
-// Random rows of a sampled case, on each side, beyond the forced ones.
+// Random rows of a sampled case, on each side, beyond the forced ones (SampleOptions).
 inline constexpr int64_t kSampleBudget = 1024;
 // The cost above, and the rule.
 double ForwardMacs(const Problem& p);
