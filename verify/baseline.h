@@ -33,6 +33,9 @@
 // products are exact in fp32, so for them only the summation order is a choice).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
 #include "reference/status.h"
@@ -96,8 +99,11 @@ Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& re
 
 // The baseline of `profile`'s baseline-ratio policies on (q, k, v[, dout]): the recipe
 // reference of profile.baseline_recipe when it names one, else the kSdpaMath "pt". dout
-// nullptr: forward only. The Error names the profile.
+// nullptr: forward only. query_rows ([total_q] flags, verify/sample.h; forward of the kSdpaMath
+// path only): only the flagged rows are computed, one at a time, each bitwise as in the whole
+// run; the others are o = 0, lse = -inf. The Error names the profile.
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
-                                      const Tensor& k, const Tensor& v, const Tensor* dout);
+                                      const Tensor& k, const Tensor& v, const Tensor* dout,
+                                      const std::vector<uint8_t>* query_rows = nullptr);
 
 }  // namespace attest

@@ -28,6 +28,9 @@ struct CoveragePolicy {
   bool allow_skips = false;
   // The run was restricted to this check (`--check`): only its families are required.
   std::string only_check;
+  // The suite judges the forward only (suite.h Suite::forward_only: the long suite's sampled
+  // rows): the backward's families are not required, and a passing verdict per family says so.
+  bool forward_only = false;
 };
 
 // Whether the kernel returns lse, which makes accuracy of lse a required family.
@@ -35,9 +38,10 @@ bool ReturnsLse(const Capabilities& caps);
 
 // The (check, tensor) families a run must produce verdicts for: accuracy of o, of lse when
 // the kernel returns it, and of dq, dk, dv when it claims a backward; restricted to
-// `only_check` when set.
+// `only_check` when set; without dq, dk, dv when `forward_only`.
 std::vector<std::pair<std::string, std::string>> RequiredFamilies(const Capabilities& caps,
-                                                                  std::string_view only_check);
+                                                                  std::string_view only_check,
+                                                                  bool forward_only = false);
 
 // Verdict counts of every family of `report`, in verdict order, with the required families
 // (zero counts included) marked.

@@ -123,6 +123,12 @@ Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile*
   ctx.oracle_options = options.oracle;
   // Perturbations drawn by checks follow the case, so a saved case reproduces them.
   ctx.seed = CaseSeed(c);
+  // Long cases: sampled rows, drawn from the case's seed (a saved case samples the same rows).
+  if (ShouldSample(c.problem, options.sample_above)) {
+    ctx.sample = SampleRows(c.problem, {.seed = ctx.seed,
+                                        .query_budget = kSampleBudget,
+                                        .key_budget = kSampleBudget});
+  }
   return ctx;
 }
 

@@ -30,6 +30,9 @@ struct RunOptions {
   // the `attest check` command itself.
   std::optional<std::filesystem::path> failure_dir;
   OracleOptions oracle;
+  // Cases whose forward costs more multiply-adds than this are sampled (verify/sample.h
+  // ShouldSample); tests lower it to sample short cases.
+  double sample_above = kSampleAboveMacs;
   std::string only_check;  // run only the rows of this check ("" all)
   // Wall times of every row in the report's `timings` (off by default: the same seed then
   // gives an identical JSON report). Verdict::seconds is measured either way.

@@ -251,6 +251,60 @@ void FullRows(Builder& s) {
   }
 }
 
+// Packed documents summing to `total` tokens, causal: each of the given long documents after a
+// run of five 1-3 token documents, then documents of `fill` tokens (each after one 1-token
+// document), the last one shorter.
+Problem PackedDocuments(Problem p, const std::vector<int32_t>& long_docs, int32_t fill,
+                        int32_t total) {
+  std::vector<int32_t> lens;
+  int32_t used = 0, tiny = 1;
+  auto push = [&](int32_t l) {
+    l = std::min(l, total - used);
+    if (l <= 0) return;
+    lens.push_back(l);
+    used += l;
+  };
+  for (int32_t l : long_docs) {
+    for (int r = 0; r < 5; ++r, tiny = tiny % 3 + 1) push(tiny);  // 1, 2, 3, 1, 2 tokens
+    push(l);
+  }
+  while (used < total) {
+    push(1);
+    push(fill);
+  }
+  return Causal(Varlen(std::move(p), lens, lens));
+}
+
+// The long suite (docs/checks.md "Sampled rows"; times in docs/long-suite.md): 8k to 128k
+// tokens, sampled (verify/sample.h ShouldSample), forward judged. Heads are few and the 128k
+// rows use masks whose visible pairs are modest (a sliding window, packed documents): the CPU
+// models compute the whole attention, and the suite must finish in 10 minutes on 2 cores (a
+// full-causal 128k row cannot: docs/long-suite.md).
+void LongSuiteRows(Builder& s) {
+  s.Add({kAcc, kUnw, kSpec}, "8k causal D128", Causal(P(1, 2, 2, 8192, 8192, 128)));
+  s.Add({kAcc, kLeak}, "8k causal GQA 4:1 D64 Sq<Sk", Causal(P(1, 4, 1, 6000, 8192, 64)));
+  s.Add({kAcc}, "8k window (1024, 0) D256", Window(Causal(P(1, 2, 2, 8192, 8192, 256)), 1024, 0));
+  s.Add({kAcc, kSpec}, "32k window (2048, 0) GQA 2:1 D128",
+        Window(Causal(P(1, 2, 1, 32768, 32768, 128)), 2048, 0));
+  s.Add({kAcc, kLeak}, "32k window (512, 512) D64",
+        Window(P(1, 1, 1, 32768, 32768, 64), 512, 512));
+  s.Add({kAcc}, "32k causal D64", Causal(P(1, 1, 1, 32768, 32768, 64)));
+  s.Add({kAcc}, "32k window (1024, 0) D256",
+        Window(Causal(P(1, 1, 1, 32768, 32768, 256)), 1024, 0));
+  s.Add({kAcc, kUnw, kSpec}, "128k window (4096, 0) D128",
+        Window(Causal(P(1, 1, 1, 131072, 131072, 128)), 4096, 0));
+  s.Add({kAcc}, "128k window (1024, 0) GQA 2:1 D64",
+        Window(Causal(P(1, 2, 1, 131072, 131072, 64)), 1024, 0));
+  s.Add({kAcc, kUnw, kSpec}, "128k packed documents: 1-3 tokens, 32k, 16k, 8k, 4k, 2k D128",
+        PackedDocuments(P(1, 1, 1, 1, 1, 128), {32768, 16384, 8192, 8192, 4096, 4096}, 2048,
+                        131072));
+  // Split-KV shapes: a few queries against a long cache (bottom-right causal: every query
+  // sees nearly every key). Cheap enough to judge every row (ShouldSample: at most 8.6e9).
+  s.Add({kAcc, kUnw}, "split-KV Sq1 Sk128k GQA 8:1 D128", Causal(P(1, 8, 1, 1, 131072, 128)));
+  s.Add({kAcc}, "split-KV Sq64 Sk128k GQA 4:1 D128", Causal(P(1, 4, 1, 64, 131072, 128)));
+  s.Add({kAcc}, "split-KV Sq16 Sk32k batch 2 D256", Causal(P(2, 2, 2, 16, 32768, 256)));
+}
+
 // The gate's fuzz tail: cases of the fuzz engine at a CPU model's few milliseconds each.
 constexpr int64_t kGateFuzzCases = 48;
 // Seeds of generated coverage rows: above every table row's (the full suite's reach 2000+).
@@ -258,8 +312,10 @@ constexpr uint64_t kCoverageSeed = 100000;
 
 std::vector<Suite> BuildSuites() {
   std::vector<Suite> t;
-  Builder quick, gate, full;
+  Builder quick, gate, full, long_rows;
   QuickRows(quick);
+  long_rows.next_seed = 5000;
+  LongSuiteRows(long_rows);
   GateRows(gate);
   LongRows(gate);
   FullRows(full);
@@ -272,6 +328,11 @@ std::vector<Suite> BuildSuites() {
                std::move(gate.rows), true, kGateFuzzCases});
   t.push_back({"full", "gate plus long sequences, head dim 128 and a second set of seeds",
                std::move(full.rows), true, kGateFuzzCases});
+  t.push_back({"long",
+               "8k-128k tokens on sampled rows (verify/sample.h), forward judged: causal, "
+               "sliding windows, packed documents of 1-3 tokens and of 16k, GQA, D 64-256, "
+               "split-KV shapes (< 10 min for cpu/flash2-bf16 on 2 cores)",
+               std::move(long_rows.rows), false, 0, true});
   return t;
 }
 

@@ -11,7 +11,9 @@
 //          (verify/suite_coverage.h), then a fixed-seed fuzz tail: `attest fuzz --seed S --cases N`'s
 //          cases (property_tests/fuzz.h), drawn inside the capabilities; < 5 min for a CPU
 //          model;
-//   full:  gate plus longer sequences, head dim 128 and more seeds.
+//   full:  gate plus longer sequences, head dim 128 and more seeds;
+//   long:  8k-128k tokens on sampled rows (verify/sample.h), forward judged; not in the
+//          default test run (docs/long-suite.md has its times).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,9 @@ struct Suite {
   // (property_tests/case_gen.h DrawCase from PhiloxPicker(MixSeed(S, n)), its check drawn
   // first from AllChecks(), as property_tests/fuzz.cc DrawFuzzCase does).
   int64_t fuzz_cases = 0;
+  // Judges the forward only (the long suite: sampled cases judge o and lse; CheckContext in
+  // verify/checks/check.h): the coverage guard does not require the backward's families.
+  bool forward_only = false;
 };
 
 // Every row of `suite` for a kernel with `caps` under `run_seed`: the table, the generated
@@ -65,7 +70,7 @@ std::vector<SuiteRow> RowsFor(const Suite& suite, const Capabilities& caps, uint
 // The fuzz tail alone (RowsFor's last `cases` rows).
 std::vector<SuiteRow> FuzzTailRows(const Capabilities& caps, uint64_t run_seed, int64_t cases);
 
-// "quick", "gate", "full", built once.
+// "quick", "gate", "full", "long", built once.
 std::span<const Suite> AllSuites();
 const Suite* FindSuite(std::string_view name);
 

@@ -25,7 +25,7 @@ json=$("$attest" list suites --coverage --kernel cpu/mxfp8-cudnn --json) || fail
 python3 - "$json" <<'PY' || fail "JSON listing"
 import json, sys
 suites = {s["suite"]: s for s in json.loads(sys.argv[1])}
-assert set(suites) == {"quick", "gate", "full"}, suites.keys()
+assert set(suites) == {"quick", "gate", "full", "long"}, suites.keys()
 assert suites["gate"]["complete"] and suites["full"]["complete"]
 assert not suites["quick"]["complete"]  # the quick suite does not promise coverage
 d = {b["length"]: b for b in suites["gate"]["boundaries"]}["D"]

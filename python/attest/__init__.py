@@ -81,7 +81,7 @@ def check(fn, api="sdpa", suite="gate", dtype="bf16", device=None, seed=0, caps=
           backward=None, only_check=None, failure_dir=None, isolate=False, threads=0,
           time_budget=None, max_skipped=0.8, allow_skips=False, name=None,
           deterministic=False, mask_form="bool", verbose=False):
-    """Runs `suite` ("quick", "gate", "full") against `fn` and returns a Report.
+    """Runs `suite` ("quick", "gate", "full", "long") against `fn` and returns a Report.
 
     fn        a callable in calling convention `api`, a kernel spec string, or a Kernel
     api       "sdpa": fn(q, k, v, attn_mask=None, is_causal=False, scale=None

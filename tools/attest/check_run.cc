@@ -44,6 +44,7 @@ Expected<RunResult> RunCheckSuite(Kernel& kernel, const Suite& suite, const RunO
   report.attest_version = std::string(AttestVersion());
   report.attest_commit = std::string(AttestCommit());
   policy.only_check = options.only_check;
+  policy.forward_only = suite.forward_only;
   ApplyCoverageGuard(report, policy);
   return result;
 }

@@ -118,7 +118,7 @@ Runner SetupCheck(CLI::App& sub) {
   sub.add_option("--kernel", opt->kernel,
                  "Kernel to check (`attest list kernels`, plugin:PATH[:NAME], exec:COMMAND)")
       ->required();
-  sub.add_option("--suite", opt->suite, "Suite: quick (< 30 s), gate (merge gate), full")
+  sub.add_option("--suite", opt->suite, "Suite: quick (< 30 s), gate (merge gate), full, long (8k-128k, sampled)")
       ->capture_default_str();
   AddUnsignedOption(sub, "--seed", opt->seed,
                     "Run seed (the same seed gives the same report; default 0)");

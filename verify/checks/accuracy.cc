@@ -16,6 +16,48 @@
 #include "verify/term_scale.h"
 
 namespace attest {
+namespace {
+
+// Sampled cases (verify/sample.h): whether each element of output `name` (o, lse, dq: query
+// rows; dk, dv: key rows) belongs to a sampled row.
+std::vector<uint8_t> JudgedElements(const Problem& p, const RowSample& sample,
+                                    std::string_view name, const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t x : shape) n *= x;
+  std::vector<uint8_t> out(static_cast<size_t>(n), 0);
+  const bool keys = name == "dk" || name == "dv";
+  const std::vector<uint8_t>& rows = keys ? sample.key_rows : sample.query_rows;
+  const int64_t tq = p.TotalQ();
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t t = 0;
+    if (name == "lse") {
+      // [B, Hq, Sq] padded, [Hq, total_q] packed.
+      t = p.varlen() ? e % tq : (e / (p.heads_q * p.seqlen_q)) * p.seqlen_q + e % p.seqlen_q;
+    } else {
+      t = e / (shape[shape.size() - 1] * shape[shape.size() - 2]);  // [..., tokens, H, D]
+    }
+    out[static_cast<size_t>(e)] = rows[static_cast<size_t>(t)];
+  }
+  return out;
+}
+
+// The token of lse element e (for the empty-row rule).
+int64_t LseToken(const Problem& p, int64_t e) {
+  return p.varlen() ? e % p.TotalQ()
+                    : (e / (p.heads_q * p.seqlen_q)) * p.seqlen_q + e % p.seqlen_q;
+}
+
+// A copy of `t` (f64) with 0 wherever `judged` is 0.
+Tensor ZeroUnjudged(const Tensor& t, const std::vector<uint8_t>& judged) {
+  Tensor w = ToF64(t).Clone();
+  auto span = w.span<double>();
+  for (size_t e = 0; e < span.size(); ++e) {
+    if (!judged[e]) span[e] = 0;
+  }
+  return w;
+}
+
+}  // namespace
 
 std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view check,
                                         const ForwardResult& fwd, const BackwardResult* bwd) {
@@ -65,9 +107,11 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   }
   Tensor base[5];
   const bool with_baseline = ctx.profile->needs_baseline();
+  const RowSample* sample = ctx.sample ? &*ctx.sample : nullptr;
   if (with_baseline) {
     const CaseInputs& in = ctx.inputs;
-    auto b = ProfileBaseline(*ctx.profile, p, in.q, in.k, in.v, bwd != nullptr ? &in.dout : nullptr);
+    auto b = ProfileBaseline(*ctx.profile, p, in.q, in.k, in.v, bwd != nullptr ? &in.dout : nullptr,
+                             sample != nullptr ? &sample->query_rows : nullptr);
     if (!b.ok()) {
       out.push_back(Failure(check, "", "a baseline for the profile",
                             fmt::format("profile {}: {}", ctx.profile->name, b.error().message)));
@@ -148,11 +192,58 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     format_bounds = std::move(f).value();
   }
 
+  // Sampled case (docs/checks.md "Sampled rows"): outside the sampled rows the kernel's outputs
+  // are checked only for non-finite values (an lse of -inf or +inf only on an empty row, known
+  // exactly from the mask); inside, the comparison below runs on copies in which every other
+  // element is 0 in the output, the oracle and the baseline alike (no error, no weight in any
+  // maximum or norm; the oracle's NaN there means "not computed", never a failure or a pass).
+  Tensor sampled_observed[5];
+  std::string sample_note;
+  if (sample != nullptr) {
+    sample_note = " [" + sample->Describe() + "; forward judged]";
+    const std::vector<uint8_t> empty = EmptyQueryRows(p);
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (k == 1 && !judge_lse) continue;
+      const Slot& s = slots[k];
+      const std::vector<uint8_t> judged = JudgedElements(p, *sample, s.name, s.shape);
+      const Tensor obs = ToF64(*s.observed);
+      const auto span = obs.span<const double>();
+      int64_t bad = 0, first = -1, outside = 0;
+      for (size_t e = 0; e < span.size(); ++e) {
+        if (judged[e]) continue;
+        ++outside;
+        const double x = span[e];
+        const bool empty_lse = k == 1 && std::isinf(x) &&
+                               empty[static_cast<size_t>(LseToken(p, static_cast<int64_t>(e)))];
+        if (std::isfinite(x) || empty_lse) continue;
+        if (bad++ == 0) first = static_cast<int64_t>(e);
+      }
+      const std::string policy = "outside the sampled rows: finite (lse +-inf only on empty rows)";
+      if (bad > 0) {
+        Verdict v = Failure(check, s.name, policy,
+                            fmt::format("{} of {} {} elements outside the sampled rows are not "
+                                        "finite; first at flat {} ({}){}",
+                                        bad, outside, s.name, first,
+                                        span[static_cast<size_t>(first)], sample_note));
+        v.worst = LocateElement(p, s.name, s.shape, first);
+        out.push_back(std::move(v));
+      } else {
+        out.push_back(Passing(check, s.name, policy,
+                              fmt::format("{} elements outside the sampled rows finite{}", outside,
+                                          sample_note)));
+      }
+      sampled_observed[k] = ZeroUnjudged(obs, judged);
+      ref[k] = ZeroUnjudged(ref[k], judged);
+      if (with_baseline) base[k] = ZeroUnjudged(base[k], judged);
+    }
+  }
+
   // 3. Metrics and verdicts per tensor, ULPs counted in the format the kernel delivered.
   for (size_t k = 0; k < slots.size(); ++k) {
     if (k == 1 && !judge_lse) continue;
-    const Slot& s = slots[k];
-    const Format format = FormatOf(s.observed->dtype()).value_or(Format::kF64);
+    Slot s = slots[k];
+    if (sample != nullptr) s.observed = &sampled_observed[k];
+    const Format format = FormatOf(slots[k].observed->dtype()).value_or(Format::kF64);
     const Layout layout = LayoutOf(p, s.name);
     auto m = Compare(s.name, *s.observed, ref[k], format, layout);
     if (!m.ok()) {
@@ -166,6 +257,14 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
         !st.ok()) {
       out.push_back(Failure(check, s.name, what, st.error().message));
       continue;
+    }
+    // Sampled: floors computed from the oracle's lse are NaN where it was not computed.
+    if (sample != nullptr && m->rounding_floor.defined()) {
+      Tensor f = ToF64(m->rounding_floor).Clone();
+      for (double& x : f.span<double>()) {
+        if (std::isnan(x)) x = 0;
+      }
+      m->rounding_floor = f;
     }
     // A declared tanh approximation (kernels/kernel.h Capabilities::softcap_tanh_abs_error):
     // every score may be off by softcap x its error e; lse then by at most that, and o_i =
@@ -199,6 +298,7 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
       bm = std::move(b).value();
     }
     for (Verdict& v : EvaluateProfile(*ctx.profile, *m, bm ? &*bm : nullptr, check)) {
+      v.message += sample_note;
       out.push_back(std::move(v));
     }
   }

@@ -287,7 +287,18 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   }
 
   // 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
-  // format edges). lse may be -inf exactly where the oracle's is.
+  // format edges). lse may be -inf exactly where the oracle's is. A sampled case
+  // (CheckContext::sample): where the oracle did not compute (NaN), the kernel must be finite
+  // too, except the lse of an empty row (known exactly from the mask, verify/sample.h): the
+  // oracle of finite inputs is finite there (o a convex combination of v rows, lse a finite
+  // log-sum-exp).
+  const bool sampled = ctx.sample.has_value();
+  const std::vector<uint8_t> empty_q = sampled ? EmptyQueryRows(p) : std::vector<uint8_t>();
+  const auto lse_token = [&](int64_t e) {
+    return p.varlen() ? e % p.TotalQ()
+                      : (e / (p.heads_q * p.seqlen_q)) * p.seqlen_q + e % p.seqlen_q;
+  };
+  const std::string sample_note = sampled ? " [" + ctx.sample->Describe() + "]" : "";
   for (size_t k = 0; k < slots.size(); ++k) {
     if (k == 1 && !judge_lse) continue;
     const auto so = obs[k].span<const double>();
@@ -295,6 +306,12 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
     Violations v;
     int64_t finite_refs = 0;
     for (size_t e = 0; e < so.size(); ++e) {
+      if (sampled && std::isnan(sr[e])) {
+        if (k == 1 && empty_q[static_cast<size_t>(lse_token(static_cast<int64_t>(e)))]) continue;
+        ++finite_refs;
+        if (!std::isfinite(so[e])) v.Add(p, slots[k].name, obs[k], static_cast<int64_t>(e), so[e]);
+        continue;
+      }
       if (!std::isfinite(sr[e])) continue;
       ++finite_refs;
       if (!std::isfinite(so[e])) {
@@ -304,6 +321,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
     }
     out.push_back(ExactRule(slots[k].name, "finite where the oracle is finite", v, finite_refs,
                             "finite-reference"));
+    out.back().message += sample_note;
   }
 
   // 2. Empty rows (oracle lse = -inf) and unseen keys: exact zeros, and lse = -inf or the
@@ -321,7 +339,10 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
       for (int64_t i = 0; i < s.q_len; ++i) {
         const int64_t l = at.Lse(b, s, h, i);
-        if (!(std::isinf(rl[static_cast<size_t>(l)]) && rl[static_cast<size_t>(l)] < 0)) continue;
+        const bool empty = sampled ? empty_q[static_cast<size_t>(s.q_begin + i)] != 0
+                                   : std::isinf(rl[static_cast<size_t>(l)]) &&
+                                         rl[static_cast<size_t>(l)] < 0;
+        if (!empty) continue;
         ++empty_rows;
         if (judge_lse) {
           const double lo = obs[1].span<const double>()[static_cast<size_t>(l)];

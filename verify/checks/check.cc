@@ -12,6 +12,15 @@
 
 namespace attest {
 
+OracleOptions CheckContext::SampledOptions() const {
+  OracleOptions o = oracle_options;
+  if (sample) {
+    o.query_rows = &sample->query_rows;
+    o.key_rows = &sample->key_rows;
+  }
+  return o;
+}
+
 const ForwardOut& CheckContext::OracleForward() {
   // A backward run already holds the forward it differentiated: reuse it.
   if (bwd_) {
@@ -20,7 +29,7 @@ const ForwardOut& CheckContext::OracleForward() {
   }
   if (!fwd_) {
     try {
-      fwd_ = Forward<double>(case_.problem, inputs.q, inputs.k, inputs.v, oracle_options);
+      fwd_ = Forward<double>(case_.problem, inputs.q, inputs.k, inputs.v, SampledOptions());
     } catch (const std::exception& e) {
       throw HarnessError(std::string("oracle forward: ") + e.what());
     }
@@ -32,7 +41,7 @@ const BackwardOut& CheckContext::OracleBackward() {
   if (!bwd_) {
     try {
       bwd_ = Backward<double>(case_.problem, inputs.q, inputs.k, inputs.v, inputs.dout,
-                              oracle_options);
+                              SampledOptions());
     } catch (const std::exception& e) {
       throw HarnessError(std::string("oracle backward: ") + e.what());
     }
@@ -60,7 +69,8 @@ const KernelAnswer<BackwardResult>& CheckContext::KernelBackward() {
 }
 
 bool CheckContext::WantsBackward() const {
-  return kernel != nullptr && kernel->capabilities().backward && inputs.dout.defined();
+  return kernel != nullptr && kernel->capabilities().backward && inputs.dout.defined() &&
+         !sample.has_value();
 }
 
 bool JudgesLse(const Kernel& kernel) { return kernel.capabilities().lse; }

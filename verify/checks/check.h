@@ -16,6 +16,7 @@
 #include "reference/oracle/oracle.h"
 #include "reference/case/case_file.h"
 #include "reference/case/inputs.h"
+#include "verify/sample.h"
 #include "verify/tolerance.h"
 #include "verify/verdict.h"
 
@@ -31,6 +32,13 @@ struct CheckContext {
   const Profile* profile = nullptr;
   OracleOptions oracle_options;
   uint64_t seed = 0;  // for checks that draw their own perturbations
+  // Sampled rows (verify/sample.h; docs/checks.md "Sampled rows"), set by the runner when the
+  // case is sampled (ShouldSample): the oracle then computes only the tiles holding a flagged
+  // row or key (NaN elsewhere: not computed), checks judge only the flagged rows, say so in
+  // their verdicts ("sampled: N of M query rows, K of L keys") and check the rest of the
+  // kernel's outputs only for non-finite values; only the forward is judged (the backward's
+  // baseline and dk, dv need every row).
+  std::optional<RowSample> sample;
 
   // Lazily computed float64 oracle forward / backward on `inputs`.
   const ForwardOut& OracleForward();
@@ -42,7 +50,7 @@ struct CheckContext {
   // WantsBackward() and KernelForward() holds outputs.
   const KernelAnswer<ForwardResult>& KernelForward();
   const KernelAnswer<BackwardResult>& KernelBackward();
-  // The kernel claims a backward and the case has a "do".
+  // The kernel claims a backward, the case has a "do" and is not sampled.
   bool WantsBackward() const;
   // Put into every failing verdict: the command line that reproduces it.
   std::string repro;
@@ -50,6 +58,7 @@ struct CheckContext {
   std::string label;
 
  private:
+  OracleOptions SampledOptions() const;  // oracle_options with the sample's flags
   std::optional<ForwardOut> fwd_;
   std::optional<BackwardOut> bwd_;
   std::optional<KernelAnswer<ForwardResult>> kfwd_;

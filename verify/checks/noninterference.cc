@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
 #include "verify/checks/check.h"
@@ -274,6 +276,24 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   std::vector<MaskView> views;
   views.reserve(static_cast<size_t>(nseq));
   for (int64_t b = 0; b < nseq; ++b) views.emplace_back(p, b);
+  // Sampled case: protected rows and keys are the flagged ones; one sequence pivots.
+  const bool sampled = options.query_rows != nullptr && options.key_rows != nullptr;
+  const auto q_kept = [&](int64_t token) {
+    return !sampled || (*options.query_rows)[static_cast<size_t>(token)] != 0;
+  };
+  const auto k_kept = [&](int64_t token) {
+    return !sampled || (*options.key_rows)[static_cast<size_t>(token)] != 0;
+  };
+  int64_t pivot_sequence = -1;  // sampled: the longest sequence (the first of equals)
+  if (sampled) {
+    for (int64_t b = 0; b < nseq; ++b) {
+      const Sequence& s = views[static_cast<size_t>(b)].sequence();
+      if (pivot_sequence < 0 ||
+          s.q_len > views[static_cast<size_t>(pivot_sequence)].sequence().q_len) {
+        pivot_sequence = b;
+      }
+    }
+  }
   // Rows / keys of every sequence but `b` (cross-sequence protection comes free with every set:
   // a padded batch entry or a packed neighbour must not move either).
   auto add_other_sequences = [&](int64_t b, Protected& keep) {
@@ -281,16 +301,21 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
       if (c == b) continue;
       const Sequence& s = views[static_cast<size_t>(c)].sequence();
       for (int64_t i = 0; i < s.q_len; ++i) {
+        if (!q_kept(s.q_begin + i)) continue;
         AddTokenRows(in.q, s.q_begin + i, keep.dq);
         AddLseRows(p, s, i, keep.lse);
       }
-      for (int64_t j = 0; j < s.k_len; ++j) AddTokenRows(in.k, s.k_begin + j, keep.dk);
-      for (int64_t j = 0; j < s.k_len; ++j) AddTokenRows(in.v, s.k_begin + j, keep.dv);
+      for (int64_t j = 0; j < s.k_len; ++j) {
+        if (!k_kept(s.k_begin + j)) continue;
+        AddTokenRows(in.k, s.k_begin + j, keep.dk);
+        AddTokenRows(in.v, s.k_begin + j, keep.dv);
+      }
     }
   };
   // o rows use the output's row length (Dv), dq rows q's (D): build o from dq's token list.
   auto finish = [&](Protected& keep, const std::vector<int64_t>& q_tokens) {
     for (int64_t t : q_tokens) {
+      if (!q_kept(t)) continue;
       const int64_t dv = p.head_dim_v * p.heads_q;
       for (int64_t e = 0; e < dv; ++e) keep.o.push_back(t * dv + e);
     }
@@ -299,8 +324,23 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
     const MaskView& m = views[static_cast<size_t>(b)];
     const Sequence& s = m.sequence();
     if (s.q_len == 0 || s.k_len == 0) continue;
+    if (sampled && b != pivot_sequence) continue;
+    std::vector<int64_t> pivots;
+    if (sampled && options.pivot_rows.empty()) {
+      // A tile's first row near the middle (its neighbour keys share the tile and a 32-block),
+      // and a flagged row drawn from the seed.
+      pivots.push_back(s.q_len / 2 / 64 * 64);
+      std::vector<int64_t> flagged;
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        if (q_kept(s.q_begin + i)) flagged.push_back(i);
+      }
+      const int64_t r = flagged[static_cast<size_t>(rng() % flagged.size())];
+      if (r != pivots[0]) pivots.push_back(r);
+    } else {
+      pivots = Pivots(options.pivot_rows, s.q_len, rng);
+    }
     // Forward direction: keys hidden from a pivot query, perturbed in k and v.
-    for (int64_t i0 : Pivots(options.pivot_rows, s.q_len, rng)) {
+    for (int64_t i0 : pivots) {
       std::vector<int64_t> hidden;
       for (int64_t j = 0; j < s.k_len; ++j) {
         if (m.Visible(i0, j)) continue;
@@ -316,8 +356,16 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
       set.touch_v = options.perturb_v;
       std::vector<int64_t> kept_rows, q_tokens;
       for (int64_t i = 0; i < s.q_len; ++i) {
+        if (!q_kept(s.q_begin + i)) continue;
         bool sees = false;
-        for (int64_t j : hidden) sees = sees || m.Visible(i, j);
+        if (m.interval_only()) {
+          // hidden is ascending: does it hold a key of the row's interval? O(log S).
+          const auto [lo, hi] = m.KeyBounds(i);
+          const auto it = std::lower_bound(hidden.begin(), hidden.end(), lo);
+          sees = lo < hi && it != hidden.end() && *it < hi;
+        } else {
+          for (int64_t j : hidden) sees = sees || m.Visible(i, j);
+        }
         if (sees) continue;
         kept_rows.push_back(i);
         q_tokens.push_back(s.q_begin + i);
@@ -339,7 +387,9 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
                         (set.touch_k && set.touch_v ? "," : "") +
                         std::string(set.touch_v ? "v" : "") + " at keys " + Describe(hidden) +
                         " hidden from query " + std::to_string(i0) + "; protected rows " +
-                        Describe(kept_rows) + " and every other sequence";
+                        Describe(kept_rows) +
+                        (sampled ? " and every other sequence's sampled rows"
+                                 : " and every other sequence");
       sets.push_back(std::move(set));
     }
     // Backward direction: queries that cannot see a pivot key, perturbed in q and dO.
@@ -353,6 +403,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
       PerturbSet set;
       std::vector<int64_t> kept_keys;
       for (int64_t j = 0; j < s.k_len; ++j) {
+        if (!k_kept(s.k_begin + j)) continue;
         bool seen = false;
         for (int64_t i : blind) seen = seen || m.Visible(i, j);
         if (seen) continue;
@@ -498,6 +549,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
     if (v.pass) {
       msg << "protected " << names[t] << " unchanged over " << sets.size() * std::size(kKinds)
           << " perturbations (" << w.judged << " element checks)";
+      if (sampled) msg << " on sampled rows";
     } else {
       msg << (shared_scales ? "leak through shared scales" : "mask leak") << ": " << w.changed
           << " protected " << names[t] << " elements moved; worst " << w.where.ToString()
@@ -505,6 +557,14 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
       v.repro = options.repro;
     }
     v.message = msg.str();
+    if (sampled) {
+      const auto flagged = [](const std::vector<uint8_t>& f) {
+        return std::count(f.begin(), f.end(), uint8_t{1});
+      };
+      v.message += fmt::format(" [sampled: {} of {} query rows, {} of {} keys]",
+                               flagged(*options.query_rows), options.query_rows->size(),
+                               flagged(*options.key_rows), options.key_rows->size());
+    }
     verdicts.push_back(std::move(v));
   }
   return verdicts;
@@ -516,6 +576,10 @@ std::vector<Verdict> RunNonInterference(CheckContext& ctx) {
   options.seed = ctx.seed;
   options.repro = ctx.repro;
   options.backward = ctx.WantsBackward();
+  if (ctx.sample) {
+    options.query_rows = &ctx.sample->query_rows;
+    options.key_rows = &ctx.sample->key_rows;
+  }
   std::vector<Verdict> verdicts =
       CheckNonInterference(*ctx.kernel, ctx.case_.problem, ctx.inputs, options);
   Finish(verdicts, ctx);

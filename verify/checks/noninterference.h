@@ -37,6 +37,13 @@ struct NonInterferenceOptions {
   bool backward = true;  // also run the backward directions (when the kernel has backward)
   uint64_t seed = 0;
   std::string repro;  // the repro line copied into failing verdicts
+  // A sampled case (verify/sample.h; CheckContext::sample): [total_q] and [total_k] flags.
+  // Then, so that the cost stays O(S x D) per perturbation besides the kernel's own runs:
+  // only the longest sequence pivots (when pivot_rows is empty: the first row of the 64-row
+  // tile holding its middle row, a tile boundary row, and one drawn from its flagged rows),
+  // and the protected outputs are those of the flagged rows and keys only.
+  const std::vector<uint8_t>* query_rows = nullptr;
+  const std::vector<uint8_t>* key_rows = nullptr;
 };
 
 // True when some operand of `recipe` uses a block scheme along the sequence axis: one scale is
