@@ -1,0 +1,280 @@
+// Device helpers of the CUDA float64 oracle: the problem and statistics on the device, the
+// mask rules (MaskView::KeyBounds and Visible of reference/problem/mask.cc), warp reductions,
+// compensated sums, the FP64 tensor-core block product and the tile loaders and score tiles.
+// Included by oracle_cuda.cu only, after its CUDA (or emulation) includes; the file's header
+// comment describes the kernels and the error bound.
+#pragma once
+
+namespace {
+
+
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+constexpr int kThreads = 64;  // fewer CPU threads per block; the kernels read blockDim
+#else
+constexpr int kThreads = 256;  // 8 warps
+#endif
+
+// The problem on the device: sizes, the effective mask rules of MaskView (mask.cc), pointers to
+// device copies of the per-token arrays.
+struct Dev {
+  int64_t batch, hq, hkv, sq, sk, d, dv, total_q, total_k;
+  double scale, softcap;
+  int top_left;
+  int64_t left, right, prefix;  // right: causal caps it at 0 (MaskView's constructor)
+  const double* slopes;
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  const int32_t* doc_q;
+  const int32_t* doc_k;
+  int64_t block_q, block_k, key_blocks;
+  const uint8_t* blocks;
+  // Norms of (row, head) for the score magnitude statistic.
+  const double* qn;
+  const double* kn;
+  int tq, tk;  // tile sizes (<= 32 each; multiples of 8 with mma)
+  int mma;     // products on the FP64 tensor cores (MmaProduct) instead of fma chains
+};
+
+struct Seq {
+  int64_t q_begin, q_len, k_begin, k_len, off;
+};
+
+// Statistics on the device: maxima of non-negative doubles kept as their bit patterns (the
+// order of non-negative IEEE doubles is that of the integers), counts as integers.
+struct DevStats {
+  unsigned long long score_abs_max, v_abs_max, v_norm_max, k_abs_max, lse_abs_max;
+  unsigned long long q_abs_max, do_abs_max, do_norm_max, col_mass_max;
+  unsigned long long max_keys, sum_len_k, empty_rows, max_queries, sum_len_q, unseen_keys;
+};
+
+__device__ void MaxDouble(unsigned long long* at, double x) {
+  if (x > 0) atomicMax(at, static_cast<unsigned long long>(__double_as_longlong(x)));
+}
+__device__ void MaxInt(unsigned long long* at, int64_t x) {
+  if (x > 0) atomicMax(at, static_cast<unsigned long long>(x));
+}
+
+__device__ Seq SeqOf(const Dev& p, int64_t b) {
+  Seq s;
+  if (p.cu_q != nullptr) {
+    s.q_begin = p.cu_q[b];
+    s.q_len = p.cu_q[b + 1] - s.q_begin;
+    s.k_begin = p.cu_k[b];
+    s.k_len = p.cu_k[b + 1] - s.k_begin;
+  } else {
+    s.q_begin = b * p.sq;
+    s.q_len = p.sq;
+    s.k_begin = b * p.sk;
+    s.k_len = p.sk;
+  }
+  s.off = p.top_left ? 0 : s.k_len - s.q_len;
+  return s;
+}
+
+// MaskView::KeyBounds (reference/problem/mask.cc), line by line.
+__device__ void KeyBounds(const Dev& p, const Seq& s, int64_t i, int64_t* lo_out,
+                          int64_t* hi_out) {
+  const int64_t diag = i + s.off;
+  int64_t lo = p.left >= 0 ? max(int64_t{0}, diag - p.left) : 0;
+  int64_t hi = p.right >= 0 ? min(s.k_len, diag + p.right + 1) : s.k_len;
+  if (p.prefix > 0) {
+    const int64_t pre = min(p.prefix, s.k_len);
+    if (hi <= lo) {
+      lo = 0;
+      hi = pre;
+    } else {
+      lo = 0;
+      hi = max(hi, pre);
+    }
+  }
+  if (hi < lo) hi = lo;
+  *lo_out = min(max(lo, int64_t{0}), s.k_len);
+  *hi_out = min(max(hi, int64_t{0}), s.k_len);
+}
+
+// MaskView::Visible (mask.cc). Document ids are indexed by token row (padded layouts only).
+__device__ bool Visible(const Dev& p, const Seq& s, int64_t i, int64_t j) {
+  if (i < 0 || i >= s.q_len || j < 0 || j >= s.k_len) return false;
+  const int64_t diag = i + s.off;
+  bool band = true;
+  if (p.left >= 0 && j < diag - p.left) band = false;
+  if (p.right >= 0 && j > diag + p.right) band = false;
+  if (!(band || j < p.prefix)) return false;
+  if (p.doc_q != nullptr && p.doc_q[s.q_begin + i] != p.doc_k[s.k_begin + j]) return false;
+  if (p.blocks != nullptr &&
+      p.blocks[(i / p.block_q) * p.key_blocks + j / p.block_k] == 0) {
+    return false;
+  }
+  return true;
+}
+
+__device__ int64_t LseIndex(const Dev& p, int64_t b, int64_t h, const Seq& s, int64_t i) {
+  if (p.cu_q != nullptr) return h * p.total_q + s.q_begin + i;
+  return (b * p.hq + h) * p.sq + i;
+}
+
+// The shared-memory row stride of a tile of `width` doubles (odd: fewer bank conflicts).
+__host__ __device__ int64_t Stride(int64_t width) { return width + 1; }
+
+// Warp reductions (all lanes get the result).
+__device__ double WarpMax(double x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+// Compensated sum over the warp: a TwoSum tree carrying each addition's exact error (Sum2's
+// bound in tree order; Ogita, Rump, Oishi, "Accurate sum and dot product", SIAM J. Sci.
+// Comput. 26(6), 2005). TwoSum is symmetric, so every lane ends with the same (sum, comp).
+__device__ void WarpSum2(double* sum, double* comp) {
+  double s = *sum, c = *comp;
+  for (int o = 16; o > 0; o >>= 1) {
+    const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    const double c2 = __shfl_xor_sync(0xffffffffu, c, o);
+    const double t = s + s2;
+    const double bp = t - s;
+    const double e = (s - (t - bp)) + (s2 - bp);
+    s = t;
+    c = (c + c2) + e;
+  }
+  *sum = s;
+  *comp = c;
+}
+// TwoSumAdd of oracle_double.cc.
+__device__ void TwoSumAdd(double& sum, double& comp, double x) {
+  const double t = sum + x;
+  const double bp = t - sum;
+  comp += (sum - (t - bp)) + (x - bp);
+  sum = t;
+}
+
+// D = A B + C for one 8 x 8 x 4 block on the FP64 tensor cores: mma.sync.aligned.m8n8k4.row.col
+// .f64 (PTX ISA, "Matrix Fragments for mma.m8n8k4 with .f64 floating point type"): with
+// g = lane >> 2 and t = lane & 3, lane holds a = A[g][t], b = B[t][g], and c0, c1 = C[g][2t],
+// C[g][2t + 1] (in and out). Every lane of the warp must call it.
+__device__ void Mma884(double& c0, double& c1, double a, double b) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::Mma884(c0, c1, a, b);
+#else
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(c0), "+d"(c1)
+               : "d"(a), "d"(b));
+#endif
+}
+
+// The tile product C = A B (m x n, m a multiple of 8; k = kdim) on the tensor cores, with
+// A(i, k) = a[i * a_i + k * a_k] and B(k, j) = b[k * b_k + j * b_j] in shared memory; each warp
+// takes 8 x 8 blocks of C in turn and hands every element to out(i, j, value) once (columns
+// j >= n are padding, never handed out). Every thread of the block must call it; the caller
+// synchronises after.
+template <class Out>
+__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
+                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int64_t col_blocks = (n + 7) / 8, blocks = (m / 8) * col_blocks;
+  for (int64_t blk = threadIdx.x / 32; blk < blocks; blk += warps) {
+    const int64_t i0 = blk / col_blocks * 8, j0 = blk % col_blocks * 8;
+    double c0 = 0, c1 = 0;
+    for (int64_t k0 = 0; k0 < kdim; k0 += 4) {
+      const int64_t k = k0 + t;
+      const double av = k < kdim ? a[(i0 + g) * a_i + k * a_k] : 0.0;
+      const double bv = k < kdim && j0 + g < n ? b[k * b_k + (j0 + g) * b_j] : 0.0;
+      Mma884(c0, c1, av, bv);
+    }
+    const int64_t j = j0 + 2 * t;
+    if (j < n) out(i0 + g, j, c0);
+    if (j + 1 < n) out(i0 + g, j + 1, c1);
+  }
+}
+
+// Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty), then
+// the union of the bounds into range[0..1]. Begins and ends with __syncthreads().
+__device__ void TileRowBounds(const Dev& p, const Seq& s, int64_t i0, int64_t* lo, int64_t* hi,
+                              int64_t* range) {
+  __syncthreads();  // lo, hi and range may still be read for the previous tile
+  for (int r = threadIdx.x; r < p.tq; r += blockDim.x) {
+    int64_t a = 0, z = 0;
+    if (i0 + r < s.q_len) KeyBounds(p, s, i0 + r, &a, &z);
+    lo[r] = a;
+    hi[r] = z;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t a = s.k_len, z = 0;
+    for (int r = 0; r < p.tq; ++r) {
+      if (lo[r] < hi[r]) {
+        a = min(a, lo[r]);
+        z = max(z, hi[r]);
+      }
+    }
+    range[0] = a;
+    range[1] = z;
+  }
+  __syncthreads();
+}
+
+// TileWalk::MaySee: some row of the tile may see some key of [j0, j0 + tk).
+__device__ bool MaySee(const Dev& p, const int64_t* lo, const int64_t* hi, int64_t j0,
+                       int64_t tk) {
+  for (int r = 0; r < p.tq; ++r) {
+    if (lo[r] < hi[r] && lo[r] < j0 + tk && hi[r] > j0) return true;
+  }
+  return false;
+}
+
+// Loads rows [row0, row0 + n) of head `head` of a [rows, heads, width] tensor into a tile of
+// `rows_tile` rows (stride Stride(width)); rows past n are zero.
+__device__ void LoadTile(const double* x, int64_t heads, int64_t head, int64_t width,
+                         int64_t row0, int64_t n, int rows_tile, double* tile) {
+  const int64_t count = rows_tile * width;
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+    const int64_t r = e / width, d = e % width;
+    tile[r * Stride(width) + d] = r < n ? x[((row0 + r) * heads + head) * width + d] : 0.0;
+  }
+}
+
+// Transformed, masked scores of the tile (query rows i0.., keys j0.. of sequence s, query head
+// h): s_rc = TransformScore(scale q.k) where Visible, -inf elsewhere (reference/problem/mask.h);
+// th_rc = tanh(scale q.k / cap) with softcap (th may be null). Records the score magnitude
+// statistic of every visible entry into the thread's `mag`. Ends with __syncthreads().
+__device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_t j0,
+                       const int64_t* lo, const int64_t* hi, const double* sq_tile,
+                       const double* sk_tile, double* ss, double* th, double& mag) {
+  const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
+  const int64_t g = h / (p.hq / p.hkv);
+  if (p.mma) {  // Q K^T into ss first
+    MmaProduct(p.tq, p.tk, p.d, sq_tile, Stride(p.d), 1, sk_tile, 1, Stride(p.d),
+               [&](int64_t r, int64_t c, double x) { ss[r * Stride(p.tk) + c] = x; });
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < p.tq * p.tk; e += blockDim.x) {
+    const int r = e / p.tk, c = e % p.tk;
+    const int64_t i = i0 + r, j = j0 + c;
+    double sc = -INFINITY, t = 0;
+    if (j >= lo[r] && j < hi[r] && Visible(p, s, i, j)) {
+      double dot = 0;
+      if (p.mma) {
+        dot = ss[r * Stride(p.tk) + c];
+      } else {
+        const double* qr = sq_tile + r * Stride(p.d);
+        const double* kr = sk_tile + c * Stride(p.d);
+        for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
+      }
+      sc = p.scale * dot;
+      if (p.softcap > 0) {
+        t = tanh(sc / p.softcap);
+        sc = p.softcap * t;
+      }
+      const int64_t diag = i + s.off;
+      const int64_t dist = diag > j ? diag - j : j - diag;
+      if (slope != 0) sc -= slope * static_cast<double>(dist);
+      const double nq = p.qn[(s.q_begin + i) * p.hq + h];
+      const double nk = p.kn[(s.k_begin + j) * p.hkv + g];
+      mag = fmax(mag, fabs(p.scale) * nq * nk + fabs(slope) * static_cast<double>(dist));
+    }
+    ss[r * Stride(p.tk) + c] = sc;
+    if (th != nullptr) th[r * Stride(p.tk) + c] = t;
+  }
+  __syncthreads();
+}
+
+}  // namespace
