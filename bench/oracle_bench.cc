@@ -4,6 +4,7 @@
 // drives it and prints the table (docs/bench-oracle.md).
 //   oracle_bench attention --seqlen S --head-dim D [--heads H] [--causal] [--threads T]
 //                          [--reps R] [--tile-q TQ] [--tile-k TK] [--skip-forward]
+//                          [--sampled]
 //   oracle_bench dgemm --n N [--threads T] [--reps R]
 // Each prints one JSON object on stdout.
 #include <sys/resource.h>
@@ -23,6 +24,7 @@
 #include "reference/oracle/oracle_gemm.h"
 #include "reference/problem/problem.h"
 #include "reference/tensor.h"
+#include "verify/sample.h"
 
 namespace attest {
 namespace {
@@ -73,6 +75,9 @@ struct AttentionArgs {
   int64_t heads = 8;
   int64_t tile_q = 0, tile_k = 0;  // 0: AutoTiles (oracle.h)
   bool skip_forward = false;       // time only the fwd+bwd call (tile experiments)
+  // Also time the forward and fwd+bwd on the rows the checks sample (verify/sample.h
+  // SampleRows, seed 0, the default budget) beside the whole run.
+  bool sampled = false;
 };
 
 int RunAttention(int64_t seqlen, int64_t head_dim, bool causal, int threads, int reps,
@@ -113,6 +118,20 @@ int RunAttention(int64_t seqlen, int64_t head_dim, bool causal, int threads, int
                         {"gflops_per_cpu_second_fwd_bwd", flops / step.cpu * 1e-9},
                         {"peak_rss_mib", PeakRssMiB()},
                         {"products", oracle_internal::GemmPanelsIsa()}};
+  if (args.sampled) {
+    const RowSample sample = SampleRows(p, SampleOptions{});
+    OracleOptions sampled = options;
+    sampled.query_rows = &sample.query_rows;
+    sampled.key_rows = &sample.key_rows;
+    const Timing fwd = Best(reps, [&] { (void)Forward<double>(p, q, k, v, sampled); });
+    const Timing both = Best(reps, [&] { (void)Backward<double>(p, q, k, v, dout, sampled); });
+    out["sampled_query_rows"] = sample.queries;
+    out["sampled_key_rows"] = sample.keys;
+    out["seconds_forward_sampled"] = fwd.wall;
+    out["cpu_seconds_forward_sampled"] = fwd.cpu;
+    out["seconds_fwd_bwd_sampled"] = both.wall;
+    out["cpu_seconds_fwd_bwd_sampled"] = both.cpu;
+  }
   std::cout << out.dump() << std::endl;
   return 0;
 }
@@ -142,7 +161,8 @@ int RunDgemm(int64_t n, int threads, int reps) {
 int Usage() {
   std::cerr << "usage: oracle_bench attention --seqlen S --head-dim D [--heads H] [--causal]\n"
                "                             [--threads T] [--reps R] [--tile-q TQ] [--tile-k TK] "
-               "[--skip-forward]\n       oracle_bench dgemm --n N [--threads T] [--reps R]\n";
+               "[--skip-forward] [--sampled]\n"
+               "       oracle_bench dgemm --n N [--threads T] [--reps R]\n";
   return 2;
 }
 
@@ -168,6 +188,10 @@ int main(int argc, char** argv) {
       args.skip_forward = true;
       continue;
     }
+    if (a == "--sampled") {
+      args.sampled = true;
+      continue;
+    }
     if ((value = next()) == nullptr) return attest::Usage();
     if (a == "--seqlen") {
       seqlen = std::atoll(value);
@@ -189,7 +213,9 @@ int main(int argc, char** argv) {
       return attest::Usage();
     }
   }
-  if (mode == "attention") return attest::RunAttention(seqlen, head_dim, causal, threads, reps, args);
+  if (mode == "attention") {
+    return attest::RunAttention(seqlen, head_dim, causal, threads, reps, args);
+  }
   if (mode == "dgemm") return attest::RunDgemm(n, threads, reps);
   return attest::Usage();
 }
