@@ -49,8 +49,10 @@ struct OracleOptions {
   // (the same product on the same operands; oracle_test checks it). 0: always recompute.
   int64_t score_cache_bytes = int64_t{64} << 20;
   // Sampled rows (float64 path; long problems, where the whole oracle would cost too much).
-  // query_rows: [total_q] flags over the flattened query rows; o, lse, dq and delta are
-  // computed for every query tile that holds a flagged row and are NaN elsewhere. key_rows:
+  // query_rows: [total_q] flags over the flattened query rows. The forward alone computes o
+  // and lse of exactly the flagged rows (gathered into tiles of flagged rows, so its cost
+  // follows their number); with the backward, o, lse, dq and delta are computed for every
+  // query tile that holds a flagged row. Both leave NaN elsewhere. key_rows:
   // [total_k] flags over the key rows; with the backward, dk and dv are computed for every
   // key tile that holds a flagged key (which needs the forward of every query tile, for the
   // rows' lse and delta) and are NaN elsewhere. Unset (null) together: everything. What is

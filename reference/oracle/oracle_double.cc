@@ -111,6 +111,10 @@ struct Tile {
   int64_t b = 0, h = 0, g = 0;
   int64_t i0 = 0, tq = 0;  // query rows [i0, i0 + tq) of the sequence
   int64_t j0 = 0, tk = 0;  // keys [j0, j0 + tk)
+  // A gathered tile (the sampled forward, DoubleOracle::GatheredForward): its tq query rows
+  // are rows[0, tq) of the sequence, ascending, instead of [i0, i0 + tq).
+  const int64_t* rows = nullptr;
+  int64_t Row(int64_t r) const { return rows != nullptr ? rows[r] : i0 + r; }
 };
 
 // Compensated summation: Knuth's TwoSum (branch-free, unlike Neumaier's comparison) feeds
@@ -156,6 +160,7 @@ class DoubleOracle {
     // s: P of one tile (tq x tk); dp: dP, then dS; acc_v: the forward's O rows; m, l, comp:
     // online-softmax row state; knorm: ||k_j|| of one key tile.
     std::vector<double> s, dp, acc_v, m, l, comp, knorm;
+    std::vector<double> q_gather;  // a gathered tile's Q rows (tq x D, contiguous)
     // The transformed scores (and with softcap tanh(s / cap)) of one query tile: every key
     // tile's block (tq x tk at offset tq j0) when the backward reuses them, else one tile.
     BigArray strip, strip_th;
@@ -200,6 +205,23 @@ class DoubleOracle {
   // NaN in the rows a sampled run leaves out: o, lse_rows_ (and with the backward dq,
   // delta_rows_, dk, dv).
   void BlankUnsampled(double* o, double* dq, double* dk, double* dv);
+  // The forward alone on sampled query rows computes only the flagged rows: per sequence,
+  // they are gathered, ascending, into tiles of up to tile_q rows (GatheredRows), which run
+  // as ForwardTile runs a tile of consecutive rows. Each row's result is bitwise the same
+  // (GemmPanels gives every element the same rounding sequence whatever rows share its call,
+  // oracle_gemm.h; a row's softmax state sees only the key tiles where it has visible keys, in
+  // ascending order, as in its own tile), at a cost in proportion to the rows flagged rather
+  // than to the tiles holding them (every tile holds a sampled boundary row, verify/sample.h).
+  bool GatheredForward() const {
+    return options_.query_rows != nullptr && !in_backward_;
+  }
+  std::vector<int64_t> GatheredRows(const Sequence& seq) const {
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < seq.q_len; ++i) {
+      if ((*options_.query_rows)[static_cast<size_t>(seq.q_begin + i)] != 0) rows.push_back(i);
+    }
+    return rows;
+  }
 
   // Rows of the [rows, H, width] inputs; consecutive rows of a head are ld() apart.
   const double* QRow(int64_t row, int64_t h) const {
@@ -279,8 +301,12 @@ class DoubleOracle {
   }
 
   // S = scale Q_tile K_tile^T into s (tq x tk, leading dimension tk). Needs PackKv.
+  // A gathered tile's Q rows are in sc.q_gather (ForwardTile fills it).
   void Scores(const Tile& t, const Sequence& seq, const Scratch& sc, double* s) const {
-    GemmPanels(t.tq, t.tk, p_.head_dim, QRow(seq.q_begin + t.i0, t.h), QLd(), 1,
+    const bool gathered = t.rows != nullptr;
+    GemmPanels(t.tq, t.tk, p_.head_dim,
+               gathered ? sc.q_gather.data() : QRow(seq.q_begin + t.i0, t.h),
+               gathered ? p_.head_dim : QLd(), 1,
                KeyTilePanels(sc.kt, p_.head_dim, t.j0 / tile_k_), stats_.scale,
                /*accumulate=*/false, s, t.tk);
   }
@@ -302,7 +328,7 @@ class DoubleOracle {
   // magnitude goes into st.score_abs_max. Needs GatherKeyNorms for the tile.
   double TransformRow(const Tile& t, const Scratch& sc, int64_t r, double* s, double* th,
                       int64_t* count, OracleStats& st) const {
-    const int64_t i = t.i0 + r;
+    const int64_t i = t.Row(r);
     const TileWalk& walk = walks_[static_cast<size_t>(t.b)];
     const IndexRange span =
         walk.TransformRow(i, t.j0, t.tk, p_.softcap, AlibiSlope(p_, t.h), s, th);
@@ -364,6 +390,16 @@ class DoubleOracle {
 void DoubleOracle::BlankUnsampled(double* o, double* dq, double* dk, double* dv) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const int64_t d = p_.head_dim, dvw = p_.head_dim_v;
+  if (GatheredForward()) {  // the forward alone: exactly the flagged rows were computed
+    for (int64_t row = 0; row < p_.TotalQ(); ++row) {
+      if ((*options_.query_rows)[static_cast<size_t>(row)] != 0) continue;
+      for (int64_t h = 0; h < p_.heads_q; ++h) {
+        std::fill_n(o + RowOffset(row, p_.heads_q, h, dvw), dvw, nan);
+        lse_rows_[RowIndex(row, h)] = nan;
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < p_.batch; ++b) {
     const Sequence seq = SequenceOf(p_, b);
     for (int64_t i0 = 0; i0 < seq.q_len; i0 += tile_q_) {
@@ -409,8 +445,15 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
   sc.strip.Reserve(strip);
   if (p_.softcap > 0) sc.strip_th.Reserve(strip);
   sc.visible.assign(static_cast<size_t>(tq * key_tiles), 0);
+  if (item.rows != nullptr) {
+    sc.q_gather.resize(static_cast<size_t>(tq * p_.head_dim));
+    for (int64_t r = 0; r < tq; ++r) {
+      const double* q = QRow(seq.q_begin + item.rows[r], item.h);
+      std::copy(q, q + p_.head_dim, sc.q_gather.data() + r * p_.head_dim);
+    }
+  }
   int64_t max_tk = 0;
-  walk.ForEachKeyTile(item.i0, tq, [&](int64_t kt, int64_t j0, int64_t tk) {
+  const auto key_tile = [&](int64_t kt, int64_t j0, int64_t tk) {
     Tile t = item;
     t.j0 = j0;
     t.tk = tk;
@@ -457,10 +500,15 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
     max_tk = std::max(max_tk, t.tk);
     GemmPanels(tq, dv, t.tk, sc.s.data(), t.tk, 1, sc.v_rows.Rows(t.j0), 1.0,
                /*accumulate=*/true, sc.acc_v.data(), dv);
-  });
+  };
+  if (item.rows != nullptr) {
+    walk.ForEachKeyTileOfRows(item.rows, tq, key_tile);
+  } else {
+    walk.ForEachKeyTile(item.i0, tq, key_tile);
+  }
   for (int64_t r = 0; r < tq; ++r) {
     const size_t ur = static_cast<size_t>(r);
-    const int64_t row = seq.q_begin + item.i0 + r;
+    const int64_t row = seq.q_begin + item.Row(r);
     double* orow = o + RowOffset(row, p_.heads_q, item.h, dv);
     double& lse = lse_rows_[RowIndex(row, item.h)];
     st.max_keys = std::max(st.max_keys, sc.keys[ur]);
@@ -480,8 +528,21 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
 
 ForwardOut DoubleOracle::RunForward() {
   std::vector<Tile> items;
+  std::vector<std::vector<int64_t>> gathered(static_cast<size_t>(p_.batch));
   for (int64_t b = 0; b < p_.batch; ++b) {
     const Sequence seq = SequenceOf(p_, b);
+    if (GatheredForward()) {
+      const std::vector<int64_t>& rows = gathered[static_cast<size_t>(b)] = GatheredRows(seq);
+      const int64_t n = static_cast<int64_t>(rows.size());
+      for (int64_t h = 0; h < p_.heads_q; ++h) {
+        for (int64_t r0 = 0; r0 < n; r0 += tile_q_) {
+          const int64_t tq = std::min(tile_q_, n - r0);
+          items.push_back({b, h, p_.KvHead(h), rows[static_cast<size_t>(r0)], tq, 0, 0,
+                           rows.data() + r0});
+        }
+      }
+      continue;
+    }
     for (int64_t h = 0; h < p_.heads_q; ++h) {
       for (int64_t i0 = 0; i0 < seq.q_len; i0 += tile_q_) {
         const int64_t tq = std::min(tile_q_, seq.q_len - i0);

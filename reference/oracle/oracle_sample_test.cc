@@ -2,8 +2,8 @@
 // feature problem, with small tiles so that there are many of them, and with one to four
 // threads (one takes the forward-first path when there are fewer (batch, head) items than
 // threads), what a sampled run computes is bitwise the whole run's value, and what it leaves
-// out is NaN. A sampled run that skips a tile it needs, or adds a tile in another order,
-// fails here.
+// out is NaN; the forward alone computes exactly the flagged rows, gathered into tiles. A
+// sampled run that skips a tile it needs, or adds a tile in another order, fails here.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -110,10 +110,10 @@ TEST(OracleSample, SampledRowsAndKeysAreTheWholeRunsBitsAndTheRestIsNaN) {
           ExpectRows(got.dv, whole.dv, p.heads_kv, p.head_dim_v, keys, what + " dv");
           ExpectLse(p, got.lse, whole.lse, rows, what + " lse");
           ExpectLse(p, got.delta, whole.delta, rows, what + " delta");
-          // The forward alone: o and lse of the sampled rows.
+          // The forward alone: o and lse of exactly the flagged rows (gathered tiles).
           const ForwardOut fwd = Forward<double>(p, in.q, in.k, in.v, o);
-          ExpectRows(fwd.o, whole.o, p.heads_q, p.head_dim_v, rows, what + " forward o");
-          ExpectLse(p, fwd.lse, whole.lse, rows, what + " forward lse");
+          ExpectRows(fwd.o, whole.o, p.heads_q, p.head_dim_v, qf, what + " forward o");
+          ExpectLse(p, fwd.lse, whole.lse, qf, what + " forward lse");
           ++cases;
         }
       }

@@ -108,6 +108,26 @@ class TileWalk {
     }
   }
 
+  // fn(kt, j0, tk) for every key tile that some row of rows[0, n) may see (rows ascending or
+  // not), ascending: ForEachKeyTile for a gathered set of rows (the oracle's sampled forward).
+  template <class Fn>
+  void ForEachKeyTileOfRows(const int64_t* rows, int64_t n, Fn&& fn) const {
+    std::vector<uint8_t> seen(static_cast<size_t>(key_tiles()), 0);
+    bool any = false;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t lo = lo_[static_cast<size_t>(rows[r])], hi = hi_[static_cast<size_t>(rows[r])];
+      if (lo >= hi) continue;
+      any = true;
+      for (int64_t kt = lo / tile_k_; kt * tile_k_ < hi; ++kt) seen[static_cast<size_t>(kt)] = 1;
+    }
+    if (!any) return;
+    for (int64_t kt = 0; kt < key_tiles(); ++kt) {
+      if (!seen[static_cast<size_t>(kt)]) continue;
+      const IndexRange t = KeyTile(kt);
+      fn(kt, t.begin, t.end - t.begin);
+    }
+  }
+
   // Row i's scores of keys [j0, j0 + tk), scale already applied, transformed and masked in
   // place: TransformScore (mask.h) where visible, -inf elsewhere; with softcap, th (if not
   // null) receives tanh(s / cap) at the row's bound range (the backward's derivative), and
