@@ -353,9 +353,17 @@ RoundingPoints RoundingPointsOf(const Recipe& recipe, DType dtype, std::optional
 Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingPoints& points,
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& dout, const Tensor& lse,
-                                               const Tensor& o, const Tensor& delta) {
+                                               const Tensor& o, const Tensor& delta,
+                                               const std::vector<uint8_t>* query_rows) {
   if (Status st = Validate(p); !st.ok()) return st.error();
   const bool backward = dout.defined();
+  if (query_rows != nullptr &&
+      (backward || static_cast<int64_t>(query_rows->size()) != p.TotalQ())) {
+    return Error{backward ? std::string("rounding floors: query_rows with the backward")
+                          : "rounding floors: query_rows has " +
+                                std::to_string(query_rows->size()) + " flags for " +
+                                std::to_string(p.TotalQ()) + " query rows"};
+  }
   auto qt = F64Input(q, "q", p.QShape());
   if (!qt.ok()) return qt.error();
   auto kt = F64Input(k, "k", p.KShape());
@@ -421,6 +429,11 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
   std::vector<double> sq(area);
   std::vector<double> th(static_cast<size_t>(kTileK));
   std::vector<uint8_t> vis(static_cast<size_t>(kTileK));
+  // The query rows of each sequence whose floors are computed, in tiles of up to kTileQ: all of
+  // them, or the flagged ones of query_rows, gathered (their Q rows copied to qg when not
+  // consecutive), so that the cost follows the sample. The other rows' floors stay 0.
+  std::vector<int64_t> rows;
+  std::vector<double> qg(static_cast<size_t>(kTileQ * d));
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView mask(p, b);
     const TileWalk walk(mask, kTileK);
@@ -435,9 +448,25 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
       }
       for (int64_t h = g * p.gqa_ratio(); h < (g + 1) * p.gqa_ratio(); ++h) {
         const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
-        for (int64_t i0 = 0; i0 < seq.q_len; i0 += kTileQ) {
-          const int64_t tq = std::min(kTileQ, seq.q_len - i0);
+        rows.clear();
+        for (int64_t i = 0; i < seq.q_len; ++i) {
+          if (query_rows == nullptr || (*query_rows)[static_cast<size_t>(seq.q_begin + i)] != 0) {
+            rows.push_back(i);
+          }
+        }
+        for (size_t n0 = 0; n0 < rows.size(); n0 += static_cast<size_t>(kTileQ)) {
+          const int64_t* rw = rows.data() + n0;
+          const int64_t tq = std::min<int64_t>(kTileQ, static_cast<int64_t>(rows.size() - n0));
+          // Consecutive rows (always, with the backward): read in place from row i0 on.
+          const bool consecutive = rw[tq - 1] - rw[0] == tq - 1;
+          const int64_t i0 = rw[0];
           const int64_t qrow0 = seq.q_begin + i0;
+          if (!consecutive) {
+            for (int64_t r = 0; r < tq; ++r) {
+              const double* src = Q + ((seq.q_begin + rw[r]) * hq + h) * d;
+              std::copy(src, src + d, qg.data() + r * d);
+            }
+          }
           std::fill(o1.begin(), o1.end(), 0.0);
           std::fill(o2.begin(), o2.end(), 0.0);
           std::fill(q1.begin(), q1.end(), 0.0);
@@ -456,10 +485,11 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             }
             dd[static_cast<size_t>(r)] = std::min(a1, kRoundingSigmas * std::sqrt(a2));
           }
-          walk.ForEachKeyTile(i0, tq, [&](int64_t, int64_t j0, int64_t tk) {
+          const auto key_tile = [&](int64_t, int64_t j0, int64_t tk) {
             const int64_t krow0 = seq.k_begin + j0;
             const size_t n = static_cast<size_t>(tq * tk);
-            Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
+            Gemm(false, true, tq, tk, d, scale,
+                 consecutive ? Q + (qrow0 * hq + h) * d : qg.data(), consecutive ? ldq : d,
                  K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
             if (backward) {
               Gemm(false, true, tq, tk, dv, 1.0, DO + (qrow0 * hq + h) * dv, ldo,
@@ -468,7 +498,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             // e5: o's weights; e4: dv's; e1: dq's independent, e2: dq's shared (x dD_i), e3:
             // dk's. All 0 where masked.
             for (int64_t r = 0; r < tq; ++r) {
-              const int64_t i = i0 + r;
+              const int64_t i = rw[r];
               const int64_t li = LseIndex(p, b, h, seq, i);
               const double row_lse = LSE[li];
               const double row_d = backward ? DELTA[li] : 0.0;
@@ -523,12 +553,17 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             square(e4, sq, n);
             Gemm(true, false, tk, dv, tq, 1.0, sq.data(), tk, sdo, ldo, 1.0, v2.data() + j0 * dv,
                  dv);
-          });
+          };
+          if (consecutive) {
+            walk.ForEachKeyTile(i0, tq, key_tile);
+          } else {
+            walk.ForEachKeyTileOfRows(rw, tq, key_tile);
+          }
           double* of = out.o.data<double>();
           for (int64_t r = 0; r < tq; ++r) {
             for (int64_t c = 0; c < dv; ++c) {
               const size_t at = static_cast<size_t>(r * dv + c);
-              of[((qrow0 + r) * hq + h) * dv + c] =
+              of[((seq.q_begin + rw[r]) * hq + h) * dv + c] =
                   std::min(o1[at], kRoundingSigmas * std::sqrt(o2[at]));
             }
           }

@@ -39,7 +39,9 @@
 // the error of D when it reads O rounded to the output format.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "reference/formats/format.h"
 #include "reference/problem/problem.h"
@@ -136,11 +138,15 @@ struct RoundingFloors {
 // the kernel multiplies: quantised ones for a recipe gradient); lse, o, delta: the oracle's
 // outputs on those inputs (delta and o only read with dout). Tiled like
 // ComputeGradientTermScales, the oracle's products for every sum over keys or queries.
-// Errors name the tensor whose shape or dtype is wrong.
+// query_rows ([total_q] flags, verify/sample.h; forward only): floors of o for the flagged rows
+// only, gathered into tiles, at a cost that follows their number (0 on the other rows; lse
+// may be NaN there, as a sampled oracle leaves it). Errors name the tensor whose shape or
+// dtype is wrong, or query_rows of the wrong length.
 Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingPoints& points,
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& dout, const Tensor& lse,
-                                               const Tensor& o, const Tensor& delta);
+                                               const Tensor& o, const Tensor& delta,
+                                               const std::vector<uint8_t>* query_rows = nullptr);
 
 // ---- Format bounds (the family rows fp8 / mxfp8 / nvfp4; verify/tolerance.cc) ----
 

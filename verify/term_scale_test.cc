@@ -257,6 +257,37 @@ void ExpectFloorsMatchNaive(const Problem& p, const Computed& c) {
   const auto fo = fwd->o.span<const double>();
   const auto go = got->o.span<const double>();
   for (size_t e = 0; e < fo.size(); ++e) ASSERT_EQ(fo[e], go[e]) << "forward-only o " << e;
+  // Sampled forward (query_rows): the flagged rows' o floors, gathered, bitwise the whole
+  // run's, whatever rows share their tiles; 0 elsewhere, where the lse may be NaN (as a
+  // sampled oracle leaves it).
+  std::vector<uint8_t> flags(static_cast<size_t>(p.TotalQ()));
+  for (size_t t = 0; t < flags.size(); ++t) flags[t] = t % 3 == 0 || t % 7 == 5;
+  Tensor lse_nan = ToF64(c.ref.lse).Clone();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence seq = SequenceOf(p, b);
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      for (int64_t i = 0; i < seq.q_len; ++i) {
+        if (flags[static_cast<size_t>(seq.q_begin + i)]) continue;
+        const int64_t at = p.varlen() ? h * p.TotalQ() + seq.q_begin + i
+                                      : (b * p.heads_q + h) * p.seqlen_q + i;
+        lse_nan.data<double>()[at] = std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+  }
+  auto sampled = ComputeRoundingFloors(p, pts, c.in.q, c.in.k, c.in.v, Tensor(), lse_nan,
+                                       Tensor(), Tensor(), &flags);
+  ASSERT_TRUE(sampled.ok()) << sampled.error().message;
+  const auto so = sampled->o.span<const double>();
+  const int64_t per_row = p.heads_q * p.head_dim_v;
+  for (size_t e = 0; e < so.size(); ++e) {
+    const bool flagged = flags[e / static_cast<size_t>(per_row)] != 0;
+    ASSERT_EQ(so[e], flagged ? fo[e] : 0.0) << "sampled o " << e << (flagged ? " (flagged)" : "");
+  }
+  std::vector<uint8_t> short_flags(flags.size() - 1, 1);
+  auto refused = ComputeRoundingFloors(p, pts, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse,
+                                       Tensor(), Tensor(), &short_flags);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("query_rows"), std::string::npos);
 }
 
 void ExpectMatchesNaive(const Problem& p, const char* what) {

@@ -170,7 +170,8 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
             ? ComputeRoundingFloors(p, points, in.q, in.k, in.v, in.dout, ctx.OracleBackward().lse,
                                     ctx.OracleBackward().o, ctx.OracleBackward().delta)
             : ComputeRoundingFloors(p, points, in.q, in.k, in.v, Tensor(),
-                                    ctx.OracleForward().lse, Tensor(), Tensor());
+                                    ctx.OracleForward().lse, Tensor(), Tensor(),
+                                    sample != nullptr ? &sample->query_rows : nullptr);
     if (!f.ok()) {
       out.push_back(Failure(check, "", "rounding floors", f.error().message));
       return out;
