@@ -92,7 +92,10 @@ int RunAuditCli(const AuditCliOptions& opt) {
                                                      r.non_interference.smallest_leak)]
                                                  .label +
                                              ")"
-                                       : "no leak",
+                             : r.non_interference.kernel_errors > 0
+                                 ? fmt::format("leaks not judged in {} case(s): kernel error",
+                                               r.non_interference.kernel_errors)
+                                 : "no leak",
                              r.seconds);
     if (!r.non_interference.repro.empty()) {
       std::cout << "  repro: " << r.non_interference.repro << "\n";

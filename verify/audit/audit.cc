@@ -519,14 +519,22 @@ Status Auditor::MeasureNonInterference(AuditResult& r) {
     o.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
     n.verdicts = CheckNonInterference(kernel_, n.c.problem, *in, o);
     if (n.verdicts.empty()) n.note = "not applicable: nothing is hidden from any row";
-    for (const Verdict& v : n.verdicts) n.leaks = n.leaks || !v.pass;
+    for (const Verdict& v : n.verdicts) {
+      if (v.pass) continue;
+      if (v.check == kKernelErrorCheck) {
+        if (n.kernel_error.empty()) n.kernel_error = v.message;
+      } else {
+        n.leaks = true;
+      }
+    }
   }
   r.non_interference.cases = std::move(cases);
   for (size_t i = 0; i < r.non_interference.cases.size(); ++i) {
     NonInterferenceCase& n = r.non_interference.cases[i];
+    if (!n.kernel_error.empty()) ++r.non_interference.kernel_errors;
     for (Verdict& v : n.verdicts) {
       if (v.pass) continue;
-      if (r.non_interference.smallest_leak < 0) {
+      if (r.non_interference.smallest_leak < 0 && v.check != kKernelErrorCheck) {
         r.non_interference.smallest_leak = static_cast<int>(i);
         if (!opt_.out_dir.empty()) {
           auto path = SaveFailureCase(n.c, opt_.out_dir, opt_.kernel_spec, v);

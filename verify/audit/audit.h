@@ -153,13 +153,17 @@ struct NonInterferenceCase {
   Case c;
   int64_t size = 0;  // Sq * Sk summed over sequences: the order "smallest" refers to
   std::vector<Verdict> verdicts;
-  bool leaks = false;
+  bool leaks = false;  // a protected output moved (a kernel error is not a leak)
+  // The first kernel-error verdict's message when a call of the check failed (a crash, a
+  // timeout, an Unsupported answer to a claimed problem): the case was not judged for leaks.
+  std::string kernel_error;
   std::string note;  // "not applicable: ..." when the check had nothing to judge
 };
 
 struct NonInterferenceSummary {
   std::vector<NonInterferenceCase> cases;  // smallest first
   int smallest_leak = -1;                  // index into cases, -1: none leaks
+  int kernel_errors = 0;                   // cases not judged: a call of the kernel failed
   std::string case_file;                   // the smallest leaking case, written into out_dir
   std::string repro;                       // "attest repro --kernel K --case F"
 };

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -142,6 +143,37 @@ TEST(Audit, PvBf16VariantLeaksNowhere) {
   EXPECT_EQ(judged, 5) << "every non-interference case (2 causal, Sq < Sk, window, documents) applies: " << notes;
   // Its errors sit well above bf16's (MXFP8 Q.K^T) but its backward is consistent.
   for (const ConsistencyCase& c : r.consistency) EXPECT_FALSE(c.verdicts.empty()) << c.label;
+}
+
+// A kernel that dies on one non-interference case (the packed documents, Sq = 27 in the tiny
+// plan) was not judged there: the audit fails, counts the case as not judged and says why, and
+// calls nothing a leak (a CUDA error on packed inputs was once summarised as "LEAKS through
+// shared block scales").
+TEST(Audit, AKernelErrorIsNotJudgedAndNotALeak) {
+#ifndef ATTEST_PYTHON
+  GTEST_SKIP() << "no Python for the exec worker";
+#else
+  const AuditResult r = Audit(std::string("exec:") + ATTEST_PYTHON +
+                              " tools/workers/faulty_worker.py --mode crash --when-seqlen-q 27");
+  EXPECT_FALSE(r.passed());
+  EXPECT_FALSE(r.leaks());
+  EXPECT_EQ(r.non_interference.smallest_leak, -1);
+  EXPECT_EQ(r.non_interference.kernel_errors, 1);
+  int errors = 0;
+  for (const NonInterferenceCase& c : r.non_interference.cases) {
+    EXPECT_FALSE(c.leaks) << c.label;
+    if (c.kernel_error.empty()) continue;
+    ++errors;
+    EXPECT_NE(c.label.find("packed documents"), std::string::npos) << c.label;
+    EXPECT_NE(c.kernel_error.find("SIGSEGV"), std::string::npos) << c.kernel_error;
+  }
+  EXPECT_EQ(errors, 1);
+  const std::string md = AuditToMarkdown(std::span<const AuditResult>(&r, 1));
+  EXPECT_NE(md.find("NOT JUDGED: no leak in the"), std::string::npos) << md;
+  EXPECT_NE(md.find("| kernel error |"), std::string::npos);
+  EXPECT_EQ(md.find("LEAKS"), std::string::npos) << "a kernel error summarised as a leak";
+  EXPECT_EQ(md.find("| LEAK |"), std::string::npos) << "a kernel error shown as a leak";
+#endif
 }
 
 TEST(Audit, KernelAgainstItselfMatchesTheBaselineExactly) {

@@ -121,16 +121,29 @@ Findings Summarise(const AuditResult& r) {
   }
   const NonInterferenceSummary& ni = r.non_interference;
   int judged = 0;
-  for (const NonInterferenceCase& c : ni.cases) judged += c.verdicts.empty() ? 0 : 1;
+  const NonInterferenceCase* first_error = nullptr;
+  for (const NonInterferenceCase& c : ni.cases) {
+    judged += c.verdicts.empty() || !c.kernel_error.empty() ? 0 : 1;
+    if (!c.kernel_error.empty() && first_error == nullptr) first_error = &c;
+  }
+  // A case whose kernel call failed was not judged: never "no leak", never a leak.
+  const std::string errors =
+      first_error == nullptr
+          ? ""
+          : fmt::format("; not judged in {} case{}, the kernel failed (smallest: {}: {})",
+                        ni.kernel_errors, ni.kernel_errors == 1 ? "" : "s", first_error->label,
+                        first_error->kernel_error);
   if (ni.smallest_leak >= 0) {
     const NonInterferenceCase& c = ni.cases[static_cast<size_t>(ni.smallest_leak)];
     std::string tensors;
     for (const Verdict& v : c.verdicts) {
       if (!v.pass) tensors += (tensors.empty() ? "" : ", ") + v.tensor;
     }
-    f.leak = fmt::format("LEAKS{}: smallest leaking case {} ({} moved)",
+    f.leak = fmt::format("LEAKS{}: smallest leaking case {} ({} moved){}",
                          r.sequence_block_scales ? " through shared block scales" : "", c.label,
-                         tensors);
+                         tensors, errors);
+  } else if (first_error != nullptr) {
+    f.leak = fmt::format("NOT JUDGED: no leak in the {} cases judged{}", judged, errors);
   } else {
     f.leak = fmt::format("no leak: protected outputs bitwise unchanged in {} cases", judged);
   }
@@ -224,7 +237,10 @@ std::string AuditToMarkdown(std::span<const AuditResult> results) {
         ts += fmt::format("{}{} {}", ts.empty() ? "" : ", ", v.tensor, MarginText(v));
       }
       md += fmt::format("| {} | {} | {} | {} |\n", c.label, c.size,
-                        c.verdicts.empty() ? "n/a" : (c.leaks ? "LEAK" : "bitwise unchanged"),
+                        c.verdicts.empty()        ? "n/a"
+                        : c.leaks                 ? "LEAK"
+                        : !c.kernel_error.empty() ? "kernel error"
+                                                  : "bitwise unchanged",
                         Cell(c.verdicts.empty() ? c.note : ts));
     }
     md += "\n### Consistency identities\n\n| case | identity | policy | result |\n|---|---|---|---|\n";
@@ -302,7 +318,8 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     h += "<tr><th>verdict</th><td>" + PassFail(r.passed()) + " " + Esc(f.verdict) + "</td></tr>\n";
     h += "<tr><th>accuracy (profile " + Esc(r.profile) + ")</th><td>" + Esc(f.accuracy) +
          "</td></tr>\n";
-    h += "<tr><th>non-interference</th><td>" + PassFail(!r.leaks()) + " " + Esc(f.leak) +
+    h += "<tr><th>non-interference</th><td>" +
+         PassFail(!r.leaks() && r.non_interference.kernel_errors == 0) + " " + Esc(f.leak) +
          "</td></tr>\n";
     h += "<tr><th>consistency</th><td>" + Esc(f.consistency) + "</td></tr>\n";
     h += "<tr><th>gradient bias</th><td>" + Esc(f.bias) + "</td></tr>\n";
@@ -383,7 +400,10 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
       const bool smallest = static_cast<int>(i) == r.non_interference.smallest_leak;
       h += fmt::format("<tr><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", Esc(c.label),
                        smallest ? " <b>(smallest leak)</b>" : "", c.size,
-                       c.verdicts.empty() ? "n/a" : PassFail(!c.leaks),
+                       c.verdicts.empty() ? "n/a"
+                       : !c.leaks && !c.kernel_error.empty()
+                           ? std::string("<span class=\"fail\">kernel error</span>")
+                           : PassFail(!c.leaks),
                        Esc(c.verdicts.empty() ? c.note : ts));
     }
     h += "</table>\n";

@@ -110,6 +110,7 @@ nlohmann::json AuditToJson(std::span<const AuditResult> results) {
       ni.push_back({{"label", c.label},
                     {"size", c.size},
                     {"leaks", c.leaks},
+                    {"kernel_error", c.kernel_error},
                     {"note", c.note},
                     {"case", CaseToJson(c.c)},
                     {"verdicts", ToJson(rep)["verdicts"]}});
@@ -166,6 +167,7 @@ nlohmann::json AuditToJson(std::span<const AuditResult> results) {
             s.smallest_leak >= 0
                 ? nlohmann::json(s.cases[static_cast<size_t>(s.smallest_leak)].label)
                 : nlohmann::json()},
+           {"kernel_errors", s.kernel_errors},
            {"case_file", s.case_file},
            {"repro", s.repro}}},
          {"consistency", cons},
