@@ -8,6 +8,7 @@ wrongly moves o by O(1); the kernel's own FP8 rounding of P and dS moves it by a
 Prints one JSON line per problem (status ok / unsupported / error, relative errors) and
 writes them to --out.
 Usage: python3 tools/device/cudnn_fp8_probe.py [--out FILE] [--scaling static|current]
+                                               [--output bf16|e4m3]
 """
 
 import argparse
@@ -126,8 +127,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--scaling", default="static", choices=["static", "current"])
+    ap.add_argument("--output", default="bf16", choices=["bf16", "e4m3"])
     args = ap.parse_args()
-    ns = types.SimpleNamespace(device="cuda", dtype="bf16", fp8_scaling=args.scaling)
+    ns = types.SimpleNamespace(device="cuda", dtype="bf16", fp8_scaling=args.scaling,
+                               fp8_output=args.output, measure_claims=False)
     runner = tb.Runner(tb.make(types.SimpleNamespace(backend="cudnn-fp8", **vars(ns))),
                        caps={"head_dims": [], "head_dims_v": []})
     import cudnn

@@ -12,7 +12,9 @@
 #   F  (carry .devF, filled by tools/device/pack_cudnn_fp8.sh; one call on its own): install
 #      nvidia-cudnn-frontend; probe cuDNN's FP8 SDPA (tools/device/cudnn_fp8_probe.py), gate,
 #      audit (AUDITS, against AUDIT_BASELINE; AUDIT_QUICK=1 for --quick) and fuzz it with
-#      static and current scales (backends cudnn-fp8-static, cudnn-fp8-current).
+#      static and current scales (backends cudnn-fp8-static, cudnn-fp8-current; with an -e4m3
+#      suffix O comes out as E4M3, what Hopper builds; PROBE_OUTPUT=e4m3 probes that; PROBE=0
+#      skips the probe).
 # Backends: the torch_worker.py names, plus fa4-deterministic and flex-triton-static
 # (flex-triton compiled static: --flex-dynamic false).
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
@@ -115,6 +117,9 @@ kernel_of() {  # backend dtype -> exec: spec
     fa4-deterministic) backend=fa4; extra=" --deterministic" ;;
     flex-triton-static) backend=flex-triton; extra=" --flex-dynamic false" ;;
     cudnn-fp8-static|cudnn-fp8-current) extra=" --fp8-scaling ${backend##*-}"; backend=cudnn-fp8 ;;
+    cudnn-fp8-static-e4m3|cudnn-fp8-current-e4m3)
+      extra=${backend%-e4m3}; extra=" --fp8-scaling ${extra##*-} --fp8-output e4m3"
+      backend=cudnn-fp8 ;;
   esac
   echo "exec:LD_LIBRARY_PATH=$orig_ld PYTHONPATH=$PYTHONPATH $python tools/workers/torch_worker.py --backend $backend --dtype $dtype --device cuda$extra"
 }
@@ -262,9 +267,10 @@ case "$stage" in
   F)
     "$python" -c "import cudnn; print('cudnn frontend', cudnn.__file__, cudnn.backend_version())" \
       || exit 2
-    ( for m in static current; do
+    ( [ "${PROBE:-1}" = 0 ] || for m in static current; do
         LD_LIBRARY_PATH="$orig_ld" timeout 200 "$python" tools/device/cudnn_fp8_probe.py \
-          --scaling "$m" --out "$work/probe-cudnn-fp8-$m.json" > "$work/probe-cudnn-fp8-$m.log" 2>&1
+          --scaling "$m" --output "${PROBE_OUTPUT:-bf16}" \
+          --out "$work/probe-cudnn-fp8-$m.json" > "$work/probe-cudnn-fp8-$m.log" 2>&1
       done ) &
     p1=$!
     ( GATE_SPLIT=1 gate ${RUNS-cudnn-fp8-static:bf16 cudnn-fp8-current:bf16} ) &

@@ -5,7 +5,7 @@
      special values included, so the recipe it declares describes what it feeds the kernel;
   2. its static scales are the fp32 arithmetic of fp8_scaling.cc on the calibration amaxes,
      and the calibration is the same on every run;
-  3. the recipes it declares (torch_worker.py --describe; the copies in
+  3. the recipes it declares (torch_worker.py --describe, bf16 or E4M3 O; the copies in
      docs/gpu-results/cudnn-fp8/ are the same bytes) are accepted by attest, and the CPU model
      built from each (`--kernel recipe:FILE`) gets the verdict its scaling implies:
      non-interference holds for static scales and fails, as a leak through shared scales, for
@@ -93,16 +93,22 @@ def main():
                f"static descale of {n} is fl32(1 / fl32(448 / amax))")
 
     # 3. The declared recipes, through attest.
-    for mode, holds in (("static", True), ("current", False)):
+    for mode, holds, output in (("static", True, "bf16"), ("current", False, "bf16"),
+                                ("static", True, "e4m3"), ("current", False, "e4m3")):
         out = subprocess.run([sys.executable, os.path.join(HERE, "torch_worker.py"), "--backend",
                               "cudnn-fp8", "--device", "cpu", "--fp8-scaling", mode,
-                              "--describe"], check=True, capture_output=True, text=True).stdout
+                              "--fp8-output", output, "--describe"],
+                             check=True, capture_output=True, text=True).stdout
+        tail = "" if output == "bf16" else "-e4m3"
         committed = os.path.join(ROOT, "docs", "gpu-results", "cudnn-fp8",
-                                 f"describe-{mode}.json")
+                                 f"describe-{mode}{tail}.json")
         with open(committed) as f:
             expect(f.read() == out, f"{committed} is what torch_worker.py --describe prints")
-        expect(json.loads(out)["capabilities"]["recipe"]["name"] == f"cudnn-fp8-{mode}",
-               f"{mode}: the recipe is named cudnn-fp8-{mode}")
+        recipe = json.loads(out)["capabilities"]["recipe"]
+        name = f"cudnn-fp8-{mode}" + ("-e4m3-out" if tail else "")
+        expect(recipe["name"] == name, f"{mode}: the recipe is named {name}")
+        expect(recipe["output"] == ("e4m3fn" if tail else "bf16"),
+               f"{name}: the recipe's output is {recipe['output']}")
         r = subprocess.run([binary, "check", "--kernel", "recipe:" + committed, "--suite",
                             "quick", "--check", "non-interference"], capture_output=True,
                            text=True)

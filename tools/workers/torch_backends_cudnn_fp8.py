@@ -21,15 +21,24 @@ The kernel under test is that cast plus the cuDNN call, and its recipe is declar
     to a running max that may lag by up to 2^4), so the forward's P is rounded as e4m3(P · 2^4);
   - dS before dS·K and dSᵀ·Q (cuDNN's `scale_dP`): a static power of two from the calibration
     batch's largest |dS| with a margin of 2^2, in both modes;
-  - D = rowsum(dO∘O) from the bf16 O handed to the backward and the FP8 dO.
+  - D = rowsum(dO∘O) from the O handed to the backward and the FP8 dO.
+O comes out as bf16 (the default; cuDNN 9.19 builds that graph on Blackwell only) or, with
+--fp8-output e4m3, as E4M3 with scale_o 1 (the graph Hopper builds): the worker hands those
+codes back as bf16, which holds every E4M3 value exactly, and the backward reads the same E4M3
+O (descale_o 1). The recipe's `output` says which.
 The adapter passes GQA (fewer kv heads), causal masks in both alignments (`diagonal_alignment`
 and `right_bound` 0) and packed variable-length batches (ragged offsets and `seq_len_q/kv`,
 cuDNN's THD layout) to the kernel; it writes no output itself. A graph cuDNN declines
 (`cudnnGraphNotSupportedError`) is the API not accepting the problem: Unsupported, with
-cuDNN's reason. tools/device/cudnn_fp8_probe.py measures what the API accepts on a GPU.
+cuDNN's reason. What it claims is measured where it runs: on a GPU, `caps()` builds the
+forward and backward graphs of one small problem per feature and claims the features whose
+graphs build (cuDNN's support differs by architecture and version: on an H100 with cuDNN 9.19
+it declines every bf16-output FP8 forward, docs/gpu-results.md); none building is a start-up
+error naming cuDNN's reason. tools/device/cudnn_fp8_probe.py runs each feature on a GPU.
 """
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -143,7 +152,13 @@ class CudnnFp8(Backend):
         self.mode = getattr(args, "fp8_scaling", "static") or "static"
         if self.mode not in ("static", "current"):
             raise ValueError(f"--fp8-scaling {self.mode!r}: static or current")
-        self.name = f"cudnn-fp8-{self.mode}"
+        self.out8 = (getattr(args, "fp8_output", "bf16") or "bf16") == "e4m3"
+        if (getattr(args, "fp8_output", "bf16") or "bf16") not in ("bf16", "e4m3"):
+            raise ValueError(f"--fp8-output {args.fp8_output!r}: bf16 or e4m3")
+        self.name = f"cudnn-fp8-{self.mode}" + ("-e4m3-out" if self.out8 else "")
+        # False: claim the fixed set below without building graphs (cudnn_fp8_probe.py, which
+        # calls every problem itself).
+        self.measure_claims = getattr(args, "measure_claims", True)
         self.cal = calibration()
         self.graphs = {}
         self.handle = None
@@ -167,12 +182,14 @@ class CudnnFp8(Backend):
         ds = element(self.cal["ds_scale"])
         how = ("static scales from a calibration batch" if static else
                "current scales (each tensor's own amax, which spans every position: leaks)")
+        out = ("E4M3 O (scale_o 1), bf16 gradients" if self.out8 else
+               "bf16 O and gradients")
         return {
-            "name": f"cudnn-fp8-{self.mode}",
+            "name": self.name,
             "description": (
                 "cuDNN per-tensor FP8 SDPA (graph.sdpa_fp8 / sdpa_fp8_backward) behind a "
                 f"bf16 -> E4M3 cast of Q, K, V, dO with {how}; P x2^4 -> E4M3 for P.V, "
-                "P x2^8 for dV, dS x scale_dP -> E4M3 for dQ, dK; bf16 O and gradients"),
+                f"P x2^8 for dV, dS x scale_dP -> E4M3 for dQ, dK; {out}"),
             "input_dtypes": ["bf16"],
             "gemms": {
                 "qk": {"a": tensor("q"), "b": tensor("k")},
@@ -183,18 +200,65 @@ class CudnnFp8(Backend):
                 "dsq": {"a": ds, "b": tensor("q")},
             },
             "delta": "rounded_o", "delta_do": "dov_operand",
-            "accumulate": "f32", "lse": "f32", "output": "bf16", "gradients": "bf16",
+            "accumulate": "f32", "lse": "f32", "output": "e4m3fn" if self.out8 else "bf16",
+            "gradients": "bf16",
             "dp": None,
         }
 
+    # One small problem per feature the adapter can pass: (feature, problem). caps() claims a
+    # head dim or feature where its forward graph builds, and the backward where the plain
+    # problem's backward graph builds (then a feature needs its backward graph too).
+    PROBES = (
+        ("d64", dict(head_dim=64)), ("d128", dict(head_dim=128)),
+        ("gqa", dict(heads_q=4, heads_kv=2)),
+        ("causal", dict(causal=True, causal_align="top_left", seqlen_q=64, seqlen_k=128)),
+        ("causal", dict(causal=True, seqlen_q=64, seqlen_k=128)),
+        ("varlen", dict(batch=2, seqlen_q=64, seqlen_k=64, cu_seqlens_q=[0, 64, 128],
+                        cu_seqlens_k=[0, 64, 128])),
+    )
+
+    def _declined(self, backward, **kw):
+        """None if cuDNN builds this problem's forward graph (and its backward graph, if
+        `backward`), else cuDNN's reason."""
+        p = {"batch": 1, "heads_q": 2, "heads_kv": 2, "seqlen_q": 128, "seqlen_k": 128,
+             "head_dim": 128, "head_dim_v": kw.get("head_dim", 128), "causal": False,
+             "causal_align": "bottom_right"}
+        p.update(kw)
+        cudnn = self._cudnn()
+        try:
+            g = _Geometry(p)
+            self._fwd_graph(cudnn, g)
+            if backward:
+                self._bwd_graph(cudnn, g)
+        except aw.Unsupported as e:
+            return str(e)
+        return None
+
     def caps(self):
         c = self.base_caps("bf16")
-        # What cuDNN 9.19's FP8 SDPA accepts on the H200, measured by
-        # tools/device/cudnn_fp8_probe.py; --caps narrows or widens it.
         recipe = self.recipe()
-        c.update({"causal": True, "gqa": True, "varlen": True, "deterministic": True,
-                  "head_dims": [64, 128], "head_dims_v": [64, 128], "same_head_dim_v": True,
-                  "profile": recipe["name"], "recipe": recipe})
+        claim = {"causal": True, "gqa": True, "varlen": True, "head_dims": [64, 128],
+                 "backward": True}
+        if self.device.type == "cuda" and self.measure_claims:
+            no_bwd = self._declined(True)
+            declined = {"backward": no_bwd} if no_bwd else {}
+            for feature, kw in self.PROBES:
+                why = self._declined(no_bwd is None, **kw)
+                if why is not None:
+                    declined.setdefault(feature, why)
+            claim = {f: f not in declined for f in ("causal", "gqa", "varlen", "backward")}
+            claim["head_dims"] = [d for d in (64, 128) if f"d{d}" not in declined]
+            if not claim["head_dims"]:
+                raise RuntimeError(
+                    f"{self.name}: cuDNN builds no FP8 SDPA forward graph on this GPU "
+                    f"({torch.cuda.get_device_name(self.device)}): {declined['d128']}")
+            for f, why in declined.items():
+                print(f"{self.name}: not claimed, {f}: {why}", file=sys.stderr)
+        # deterministic: the backward is built with use_deterministic_algorithm; --caps
+        # narrows or widens the claim.
+        c.update(claim)
+        c.update({"deterministic": True, "head_dims_v": list(claim["head_dims"]),
+                  "same_head_dim_v": True, "profile": recipe["name"], "recipe": recipe})
         return c
 
     # ---- cuDNN ----
@@ -262,7 +326,8 @@ class CudnnFp8(Backend):
             descale_s=sc["ds"], scale_s=sc["ss"], scale_o=sc["so"], attn_scale=g.scale,
             generate_stats=True, **kw)
         o.set_uid(4).set_output(True).set_dim((g.b, g.hq, sq_, g.dv)).set_stride(
-            g.stride(g.hq, sq_, g.dv)).set_data_type(cudnn.data_type.BFLOAT16)
+            g.stride(g.hq, sq_, g.dv)).set_data_type(fp8 if self.out8 else
+                                                     cudnn.data_type.BFLOAT16)
         stats_stride = (sq_ * g.hq, 1, g.hq, 1) if g.varlen else (g.hq * sq_, sq_, 1, 1)
         stats.set_uid(5).set_output(True).set_dim((g.b, g.hq, sq_, 1)).set_stride(
             stats_stride).set_data_type(f32)
@@ -292,7 +357,8 @@ class CudnnFp8(Backend):
         t["v"] = graph.tensor(uid=103, dim=(g.b, g.hk, g.sk, g.dv),
                               stride=g.stride(g.hk, g.sk, g.dv), data_type=fp8)
         t["o"] = graph.tensor(uid=104, dim=(g.b, g.hq, sq_, g.dv),
-                              stride=g.stride(g.hq, sq_, g.dv), data_type=bf16)
+                              stride=g.stride(g.hq, sq_, g.dv),
+                              data_type=fp8 if self.out8 else bf16)
         t["do"] = graph.tensor(uid=105, dim=(g.b, g.hq, sq_, g.dv),
                                stride=g.stride(g.hq, sq_, g.dv), data_type=fp8)
         stats_stride = (sq_ * g.hq, 1, g.hq, 1) if g.varlen else (g.hq * sq_, sq_, 1, 1)
@@ -301,6 +367,7 @@ class CudnnFp8(Backend):
         names = ("descale_q", "descale_k", "descale_v", "descale_o", "descale_dO",
                  "descale_s", "descale_dP", "scale_s", "scale_dQ", "scale_dK", "scale_dV",
                  "scale_dP")
+        # uids 110-121: the twelve scales; the outputs start at 150.
         sc = {n: graph.tensor(uid=110 + i, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=f32)
               for i, n in enumerate(names)}
         kw = self._mask_kw(cudnn, g)
@@ -322,18 +389,18 @@ class CudnnFp8(Backend):
             **{n: sc[n] for n in names}, attn_scale=g.scale, use_deterministic_algorithm=True,
             **kw)
         dq, dk, dv = outs[0], outs[1], outs[2]
-        dq.set_uid(120).set_output(True).set_dim((g.b, g.hq, sq_, g.d)).set_stride(
+        dq.set_uid(150).set_output(True).set_dim((g.b, g.hq, sq_, g.d)).set_stride(
             g.stride(g.hq, sq_, g.d)).set_data_type(bf16)
-        dk.set_uid(121).set_output(True).set_dim((g.b, g.hk, g.sk, g.d)).set_stride(
+        dk.set_uid(151).set_output(True).set_dim((g.b, g.hk, g.sk, g.d)).set_stride(
             g.stride(g.hk, g.sk, g.d)).set_data_type(bf16)
-        dv.set_uid(122).set_output(True).set_dim((g.b, g.hk, g.sk, g.dv)).set_stride(
+        dv.set_uid(152).set_output(True).set_dim((g.b, g.hk, g.sk, g.dv)).set_stride(
             g.stride(g.hk, g.sk, g.dv)).set_data_type(bf16)
         if g.varlen:
             dq.set_ragged_offset(rag["q"])
             dk.set_ragged_offset(rag["k"])
             dv.set_ragged_offset(rag["v"])
         for i, a in enumerate(outs[3:7]):
-            a.set_uid(123 + i).set_output(True).set_dim((1, 1, 1, 1)).set_stride(
+            a.set_uid(153 + i).set_output(True).set_dim((1, 1, 1, 1)).set_stride(
                 (1, 1, 1, 1)).set_data_type(f32)
         self._build(cudnn, graph, "backward")
         self.graphs[key] = graph
@@ -370,12 +437,13 @@ class CudnnFp8(Backend):
         g = _Geometry(p)
         graph = self._fwd_graph(cudnn, g)
         d = self.device
+        o_type = torch.float8_e4m3fn if self.out8 else torch.bfloat16
         if g.varlen:
             q8, k8, v8 = self._pad(q8, g.tq), self._pad(k8, g.tk), self._pad(v8, g.tk)
-            o = torch.zeros((g.tq, g.hq, g.dv), dtype=torch.bfloat16, device=d)
+            o = torch.zeros((g.tq, g.hq, g.dv), dtype=o_type, device=d)
             stats = torch.full((g.tq, g.hq, 1), float("nan"), dtype=torch.float32, device=d)
         else:
-            o = torch.empty((g.b, g.sq, g.hq, g.dv), dtype=torch.bfloat16, device=d)
+            o = torch.empty((g.b, g.sq, g.hq, g.dv), dtype=o_type, device=d)
             stats = torch.empty((g.b, g.hq, g.sq, 1), dtype=torch.float32, device=d)
         amax_o = torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=d)
         pack = {1: q8, 2: k8, 3: v8, 4: o, 5: stats, 6: amax_o,
@@ -400,7 +468,8 @@ class CudnnFp8(Backend):
         lse = None
         if need_lse:
             lse = stats[..., 0].t() if g.varlen else lse_to_attest(stats, p)
-        return o, lse
+        # E4M3 O as bf16: every E4M3 value (NaN included) is a bf16 value, so nothing rounds.
+        return o.to(torch.bfloat16), lse
 
     def backward(self, p, q, k, v, o_unused, lse_unused, do):
         """The forward recomputed (its O and stats feed the backward, as docs/protocol.md
@@ -430,10 +499,10 @@ class CudnnFp8(Backend):
                 scalar(1.0 / S_SCALE, d), scalar(1.0 / ds_scale, d), scalar(S_SCALE, d),
                 scalar(1.0, d), scalar(1.0, d), scalar(1.0, d), scalar(ds_scale, d)]
         pack = {101: q8, 102: k8, 103: v8, 104: o_in, 105: do8, 106: st,
-                120: dq, 121: dk, 122: dv}
+                150: dq, 151: dk, 152: dv}
         pack.update({110 + i: x for i, x in enumerate(vals)})
         for i in range(4):
-            pack[123 + i] = torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=d)
+            pack[153 + i] = torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=d)
         if g.varlen:
             self._varlen_pack(cudnn, g, pack, 130, 131, 140,
                               ("q", "k", "v", "o", "stats", "do"))

@@ -13,7 +13,8 @@ Backends (tools/workers/torch_backends.py says what each calls and claims):
   fa4              flash_attn.cute.flash_attn_func / flash_attn_varlen_func (flash-attn-4)
   cudnn-fp8        cuDNN's per-tensor FP8 SDPA (graph.sdpa_fp8 / sdpa_fp8_backward from
                    nvidia-cudnn-frontend) behind a bf16 -> E4M3 cast with --fp8-scaling
-                   static (calibrated) or current scales; its recipe declared as data
+                   static (calibrated) or current scales, O as bf16 or --fp8-output e4m3;
+                   its recipe declared as data
   fa:MOD:FUNC      any flash_attn_func (FlashAttention-2/3 or -4 conventions, from the
                    function's signature)
 Each request is one call of the kernel with the whole problem; the backward is autograd
@@ -87,6 +88,8 @@ def main():
     parser.add_argument("--fp8-scaling", default="static", choices=["static", "current"],
                         help="cudnn-fp8: Q, K, V, dO scales from a calibration batch (static) "
                         "or from each call's own amax (current)")
+    parser.add_argument("--fp8-output", default="bf16", choices=["bf16", "e4m3"],
+                        help="cudnn-fp8: O as bf16 or as E4M3 (scale_o 1; what Hopper builds)")
     parser.add_argument("--caps", default=None,
                         help="JSON object merged into the claimed capabilities")
     parser.add_argument("--describe", action="store_true",
