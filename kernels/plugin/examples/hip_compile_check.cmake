@@ -1,5 +1,6 @@
 # ctest hip_device_compile (the HIP code must compile for gfx1100 and gfx1151; docs/hip.md):
-# compiles the example plugin's device code with clang++-19 for each architecture to assembly,
+# takes the example plugin's device code's assembly for each architecture (the build's
+# -save-temps output beside BUNDLE, else compiled here with clang++-19),
 # requires the WMMA instruction, wave32 and no dynamic stack in every kernel, then builds the
 # two-architecture offload bundle the plugin embeds holds both.
 # Run as: cmake -DCLANG=... -DLLD=... -DBUNDLER=... -DSOURCE=... -DROOT=... -DOUT=...
@@ -20,13 +21,28 @@ foreach(dims d64_dv64 d64_dv128 d128_dv64 d128_dv128)
                       attest_hip_wmma_bwd_dkdv_${dims})
 endforeach()
 foreach(arch gfx1100 gfx1151)
-  execute_process(COMMAND ${CLANG} ${flags} --offload-arch=${arch} -S ${SOURCE}
-                          -o ${OUT}/hip_attention_${arch}.s
-                  RESULT_VARIABLE rc ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "clang++-19 --offload-arch=${arch} failed:\n${err}")
+  # The build compiled the bundle with -save-temps=obj: its assembly for this architecture,
+  # when newer than the source, is that compile's own; otherwise compile it here.
+  set(asm_file)
+  if(BUNDLE AND EXISTS "${BUNDLE}")
+    get_filename_component(bundle_dir ${BUNDLE} DIRECTORY)
+    set(asm_file ${bundle_dir}/hip_attention_device-hip-amdgcn-amd-amdhsa-${arch}.s)
+    if(NOT EXISTS "${asm_file}" OR "${SOURCE}" IS_NEWER_THAN "${asm_file}")
+      set(asm_file)
+    endif()
   endif()
-  file(READ ${OUT}/hip_attention_${arch}.s asm)
+  if(asm_file)
+    message("${arch}: the build's assembly ${asm_file}")
+  else()
+    set(asm_file ${OUT}/hip_attention_${arch}.s)
+    execute_process(COMMAND ${CLANG} ${flags} --offload-arch=${arch} -S ${SOURCE}
+                            -o ${asm_file}
+                    RESULT_VARIABLE rc ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "clang++-19 --offload-arch=${arch} failed:\n${err}")
+    endif()
+  endif()
+  file(READ ${asm_file} asm)
   string(REGEX MATCHALL "v_wmma_f32_16x16x16_f16" wmma "${asm}")
   list(LENGTH wmma n_wmma)
   # Unrolled, per (D, Dv): forward D/16 (S) + Dv/16 (O); dQ 2 D/16 (S, dQ) + 2 Dv/16 (dP, Δ);
