@@ -158,8 +158,11 @@ void QuickRows(Builder& s) {
 }
 
 void GateRows(Builder& s) {
-  // Shapes: Sq != Sk both ways, batch > 1, dense and causal.
-  s.Add({kAcc, kUnw, kDet, kPerm, kCons}, "dense batch 2", P(2, 4, 4, 128, 128));
+  // Shapes: Sq != Sk both ways, batch > 1, dense and causal. non-interference on the dense
+  // batch: every other sequence is protected, so a kernel that claims no mask at all (cuDNN's
+  // FP8 forward on Hopper) still gets a leak verdict, and a scale shared across the batch (one
+  // current amax per tensor) leaks there.
+  s.Add({kAcc, kUnw, kDet, kPerm, kCons, kLeak}, "dense batch 2", P(2, 4, 4, 128, 128));
   s.Add({kAcc, kUnw, kSpec, kWin, kLeak, kPad}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
   s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq>Sk (empty rows)",
         Causal(P(1, 2, 2, 130, 77)));

@@ -79,6 +79,24 @@ TEST(Coverage, NarrowCapabilitiesGetTheirOwnTargets) {
   EXPECT_TRUE(BoundaryTargets(LengthKind::kDocQ, plain).empty());
 }
 
+// A kernel that claims no mask (no causal, window, documents, varlen, ALiBi; dense attention
+// only, as cuDNN's FP8 forward on an H100, docs/gpu-results.md) still gets non-interference
+// rows in the gate: a dense batch whose other sequences are protected.
+TEST(Coverage, AKernelWithoutMasksStillGetsNonInterferenceRows) {
+  Capabilities dense;
+  dense.dtypes = {DType::kBF16};
+  dense.head_dims = dense.head_dims_v = {64, 128};
+  dense.gqa = true;
+  int rows = 0;
+  for (const SuiteRow& r : Gate().rows) {
+    if (r.check == "non-interference" && r.case_template.problem.batch > 1 &&
+        dense.Covers(r.case_template.problem)) {
+      ++rows;
+    }
+  }
+  EXPECT_GE(rows, 1);
+}
+
 TEST(Coverage, RowsAreTheSameForTheSameSeedAndTheFuzzTailFollowsTheSeed) {
   auto k = Kernels().Create("cpu/flash2-bf16");
   ASSERT_TRUE(k.ok());
