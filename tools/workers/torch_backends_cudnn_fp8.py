@@ -152,9 +152,10 @@ class CudnnFp8(Backend):
         self.mode = getattr(args, "fp8_scaling", "static") or "static"
         if self.mode not in ("static", "current"):
             raise ValueError(f"--fp8-scaling {self.mode!r}: static or current")
-        self.out8 = (getattr(args, "fp8_output", "bf16") or "bf16") == "e4m3"
-        if (getattr(args, "fp8_output", "bf16") or "bf16") not in ("bf16", "e4m3"):
-            raise ValueError(f"--fp8-output {args.fp8_output!r}: bf16 or e4m3")
+        output = getattr(args, "fp8_output", "bf16") or "bf16"
+        if output not in ("bf16", "e4m3"):
+            raise ValueError(f"--fp8-output {output!r}: bf16 or e4m3")
+        self.out8 = output == "e4m3"
         self.name = f"cudnn-fp8-{self.mode}" + ("-e4m3-out" if self.out8 else "")
         # False: claim the fixed set below without building graphs (cudnn_fp8_probe.py, which
         # calls every problem itself).
