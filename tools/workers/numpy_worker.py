@@ -169,14 +169,33 @@ def main():
                         help='declare "lse": false and return o only')
     parser.add_argument("--omit-lse", action="store_true",
                         help="return o only but keep claiming lse (a broken worker, for tests)")
+    parser.add_argument("--no-masks", action="store_true",
+                        help="claim no mask (causal, window, prefix-LM, documents, block-sparse) "
+                             "and refuse problems with one, as a kernel without masks does")
     args = parser.parse_args()
     caps = dict(CAPABILITIES, lse=False) if args.no_lse else CAPABILITIES
+    if args.no_masks:
+        caps = dict(caps, causal=False, window=False, prefix_lm=False, documents=False,
+                    block_sparse=False)
 
     def forward_o_only(problem, inputs):
         return {"o": forward(problem, inputs)["o"]}
 
     fwd = forward_o_only if args.no_lse or args.omit_lse else forward
-    aw.serve(lambda: (args.name, caps), fwd, backward)
+    bwd = backward
+    if args.no_masks:
+        def refuse_masks(op):
+            def call(problem, *rest):
+                masked = (problem.get("causal") or problem.get("prefix_lm")
+                          or problem.get("document_ids_q") is not None
+                          or problem.get("block_sparse") is not None
+                          or list(problem.get("window", [-1, -1])) != [-1, -1])
+                if masked:
+                    raise aw.Unsupported("masks (this worker runs with --no-masks)")
+                return op(problem, *rest)
+            return call
+        fwd, bwd = refuse_masks(fwd), refuse_masks(backward)
+    aw.serve(lambda: (args.name, caps), fwd, bwd)
 
 
 if __name__ == "__main__":

@@ -201,6 +201,9 @@ class Auditor {
       : opt_(options), kernel_(kernel), baseline_(baseline), profile_(profile), dtype_(dtype) {
     caps_ = kernel.capabilities();
     backward_ = caps_.backward;
+    // A kernel without a causal mask gets its curves, consistency and bias cases unmasked
+    // (else every one of them would be "not applicable" and the audit judge nothing).
+    causal_ = caps_.causal;
     baseline_backward_ = baseline.capabilities().backward;
     oracle_.threads = options.threads;
   }
@@ -212,6 +215,8 @@ class Auditor {
     if (opt_.progress) opt_.progress({done_, total_, what});
     ++done_;
   }
+  // "causal" or "non-causal", as the sweeps and cases are run (causal_).
+  std::string_view MaskWord() const { return causal_ ? "causal" : "non-causal"; }
   Problem MakeProblem(int64_t s, int64_t d, bool causal) const {
     Problem p;
     p.batch = 1;
@@ -252,6 +257,7 @@ class Auditor {
   DType dtype_;
   Capabilities caps_;
   bool backward_ = false;
+  bool causal_ = true;
   bool baseline_backward_ = false;
   OracleOptions oracle_;
   int64_t done_ = 0, total_ = 0;
@@ -503,6 +509,13 @@ Status Auditor::MeasureNonInterference(AuditResult& r) {
     p.seqlen_q = p.seqlen_k = std::max(a, b);
     add(fmt::format("packed documents {}, 0, {}", a, b), p);
   }
+  {
+    // Two dense sequences, no mask: the only thing the second may not see is the first. A
+    // scale shared across the batch (a per-tensor amax) moves it; every kernel claims this.
+    Problem p = MakeProblem(big, d, false);
+    p.batch = 2;
+    add(fmt::format("dense batch 2 S={}", big), p);
+  }
   std::stable_sort(cases.begin(), cases.end(),
                    [](const auto& x, const auto& y) { return x.size < y.size; });
   for (NonInterferenceCase& n : cases) {
@@ -558,21 +571,28 @@ Status Auditor::MeasureConsistency(AuditResult& r) {
     c.c = MakeCase(p, "gaussian", ++row_);
     cases.push_back(std::move(c));
   };
+  const std::string_view mask = causal_ ? " causal" : "";
   add(fmt::format("S={}", s), MakeProblem(s, d, false));
-  add(fmt::format("causal S={}", s), MakeProblem(s, d, true));
-  {
-    Problem p = MakeProblem(s, d, true);
-    p.heads_q = 4;
-    p.heads_kv = 2;
-    add(fmt::format("GQA 4:2 causal S={}", s), p);
+  if (causal_) {
+    add(fmt::format("causal S={}", s), MakeProblem(s, d, true));
+  } else {
+    Problem p = MakeProblem(s, d, false);
+    p.seqlen_q = s / 2;
+    add(fmt::format("Sq={} < Sk={}", p.seqlen_q, s), p);
   }
   {
-    Problem p = MakeProblem(s, d, true);
+    Problem p = MakeProblem(s, d, causal_);
+    p.heads_q = 4;
+    p.heads_kv = 2;
+    add(fmt::format("GQA 4:2{} S={}", mask, s), p);
+  }
+  {
+    Problem p = MakeProblem(s, d, causal_);
     const int32_t a = static_cast<int32_t>(s / 2 + 3), b = static_cast<int32_t>(s - 7);
     p.batch = 2;
     p.cu_seqlens_q = p.cu_seqlens_k = std::vector<int32_t>{0, a, a + b};
     p.seqlen_q = p.seqlen_k = std::max(a, b);
-    add(fmt::format("packed documents {}, {} causal", a, b), p);
+    add(fmt::format("packed documents {}, {}{}", a, b, mask), p);
   }
   for (ConsistencyCase& c : cases) {
     Step("consistency: " + c.label);
@@ -605,7 +625,7 @@ Status Auditor::MeasureBias(AuditResult& r) {
   std::map<std::string, double, std::less<>> elements;
   for (int i = 0; i < plan.bias_seeds; ++i) {
     Step(fmt::format("gradient bias: seed {}/{}", i + 1, plan.bias_seeds));
-    const Case c = MakeCase(MakeProblem(plan.bias_seqlen, plan.seqlen_head_dim, true),
+    const Case c = MakeCase(MakeProblem(plan.bias_seqlen, plan.seqlen_head_dim, causal_),
                             "gaussian", ++row_);
     auto a = Measure(fmt::format("bias seed {}", i), c, false);
     if (!a.ok()) return a.error();
@@ -695,8 +715,8 @@ Expected<AuditResult> Auditor::Run() {
   };
   const int64_t d0 = plan.seqlen_head_dim;
   if (Status s = sweep(
-          r.seqlen, "seqlen", "sequence length (causal, Sq = Sk)", plan.seqlens,
-          [&](int64_t s) { return MakeProblem(s, d0, true); },
+          r.seqlen, "seqlen", fmt::format("sequence length ({}, Sq = Sk)", MaskWord()),
+          plan.seqlens, [&](int64_t s) { return MakeProblem(s, d0, causal_); },
           [](int64_t s) { return fmt::format("S={}", s); });
       !s.ok()) {
     return s.error();
@@ -712,8 +732,9 @@ Expected<AuditResult> Auditor::Run() {
     if (claims(caps_, d) && claims(bcaps, d)) dims.push_back(d);
   }
   if (Status s = sweep(
-          r.head_dim, "head_dim", fmt::format("head dim (causal, S = {})", plan.head_dim_seqlen),
-          dims, [&](int64_t d) { return MakeProblem(plan.head_dim_seqlen, d, true); },
+          r.head_dim, "head_dim",
+          fmt::format("head dim ({}, S = {})", MaskWord(), plan.head_dim_seqlen), dims,
+          [&](int64_t d) { return MakeProblem(plan.head_dim_seqlen, d, causal_); },
           [](int64_t d) { return fmt::format("D={}", d); });
       !s.ok()) {
     return s.error();
@@ -761,7 +782,7 @@ Expected<AuditResult> Auditor::Run() {
 int64_t AuditSteps(const AuditPlan& plan, bool has_backward) {
   const int64_t nb = (plan.leak_seqlen + plan.leak_block - 1) / plan.leak_block;
   return static_cast<int64_t>(plan.seqlens.size() + plan.head_dims.size() +
-                              plan.distributions.size() + plan.ni_seqlens.size() + 3 + 4) +
+                              plan.distributions.size() + plan.ni_seqlens.size() + 4 + 4) +
          nb * (has_backward ? 2 : 1) + plan.bias_seeds;
 }
 

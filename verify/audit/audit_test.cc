@@ -140,7 +140,9 @@ TEST(Audit, PvBf16VariantLeaksNowhere) {
     if (c.verdicts.empty()) notes += c.label + ": " + c.note + "; ";
     EXPECT_FALSE(c.leaks) << c.label;
   }
-  EXPECT_EQ(judged, 5) << "every non-interference case (2 causal, Sq < Sk, window, documents) applies: " << notes;
+  EXPECT_EQ(judged, 6) << "every non-interference case (2 causal, Sq < Sk, window, documents, "
+                          "dense batch) applies: "
+                       << notes;
   // Its errors sit well above bf16's (MXFP8 Q.K^T) but its backward is consistent.
   for (const ConsistencyCase& c : r.consistency) EXPECT_FALSE(c.verdicts.empty()) << c.label;
 }
@@ -174,6 +176,52 @@ TEST(Audit, AKernelErrorIsNotJudgedAndNotALeak) {
   EXPECT_EQ(md.find("LEAKS"), std::string::npos) << "a kernel error summarised as a leak";
   EXPECT_EQ(md.find("| LEAK |"), std::string::npos) << "a kernel error shown as a leak";
 #endif
+}
+
+// A kernel without masks (cuDNN's FP8 SDPA on Hopper builds none) is audited unmasked: its
+// curves, consistency and bias cases run without the causal mask it lacks, and the dense
+// two-sequence case judges non-interference across the batch. Before, every curve was
+// "unsupported: causal" and the only non-interference case it could run was packed documents.
+TEST(Audit, AKernelWithoutMasksIsAuditedUnmasked) {
+#ifndef ATTEST_PYTHON
+  GTEST_SKIP() << "no Python for the exec worker";
+#else
+  const AuditResult r = Audit(std::string("exec:") + ATTEST_PYTHON +
+                              " tools/workers/numpy_worker.py --no-masks");
+  EXPECT_TRUE(r.passed());
+  EXPECT_FALSE(r.leaks());
+  EXPECT_NE(r.seqlen.x_label.find("non-causal"), std::string::npos) << r.seqlen.x_label;
+  for (const Sweep* sw : {&r.seqlen, &r.head_dim}) {
+    for (const AuditCase& a : sw->cases) {
+      EXPECT_FALSE(a.verdicts.empty()) << sw->name << " " << a.label << ": " << a.kernel.note;
+      EXPECT_FALSE(a.c.problem.causal) << a.label;
+    }
+  }
+  int judged = 0;
+  for (const NonInterferenceCase& c : r.non_interference.cases) {
+    if (c.verdicts.empty()) continue;
+    ++judged;
+    EXPECT_TRUE(c.label.find("dense batch 2") != std::string::npos ||
+                c.label.find("packed documents") != std::string::npos)
+        << c.label;
+  }
+  EXPECT_EQ(judged, 2) << "the dense batch and the packed (varlen) batch need no mask";
+  for (const ConsistencyCase& c : r.consistency) {
+    EXPECT_FALSE(c.verdicts.empty()) << c.label << ": " << c.note;
+  }
+#endif
+}
+
+// One amax over the whole V (per-tensor current scaling) spans both sequences of a batch:
+// the dense two-sequence case catches it, with no mask involved.
+TEST(Audit, APerTensorCurrentScaleLeaksAcrossTheBatch) {
+  const AuditResult r = Audit("mutant/v-tensor-current-scale");
+  EXPECT_TRUE(r.leaks());
+  bool dense = false;
+  for (const NonInterferenceCase& c : r.non_interference.cases) {
+    if (c.label.find("dense batch 2") != std::string::npos) dense = c.leaks;
+  }
+  EXPECT_TRUE(dense) << "the dense batch case did not see V's shared amax";
 }
 
 TEST(Audit, KernelAgainstItselfMatchesTheBaselineExactly) {
@@ -238,7 +286,7 @@ TEST(Audit, RenderingsCarryEveryChartAndTheLeak) {
   const std::string md = AuditToMarkdown(results);
   EXPECT_NE(md.find("LEAKS through shared block scales: smallest leaking case causal S=8"),
             std::string::npos);
-  EXPECT_NE(md.find("no leak: protected outputs bitwise unchanged in 5 cases"),
+  EXPECT_NE(md.find("no leak: protected outputs bitwise unchanged in 6 cases"),
             std::string::npos);
   // A '|' inside a cell (the consistency policies) is escaped.
   EXPECT_EQ(md.find("| |rowsum"), std::string::npos);

@@ -450,7 +450,8 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
       "<section id=\"bias\">\n<h2>Gradient bias</h2>\n<p class=\"note\">Per tensor and seed, "
       "the mean signed error over its rms (signed), and the mean of err * sign(oracle) over "
       "its rms (magnitude: below zero the kernel shrinks values toward zero). Points are means "
-      "over {} seeds (causal, S = {}), bars +-2 standard errors; a mean beyond {:.2f} standard "
+      "over {} seeds (causal where the kernel claims it, S = {}), bars +-2 standard errors; a "
+      "mean beyond {:.2f} standard "
       "errors (Student's t, two-sided p = 0.001) is called systematic. Unbiased rounding gives "
       "about 1/sqrt(elements) per seed.</p>\n",
       results[0].plan.bias_seeds, results[0].plan.bias_seqlen,
