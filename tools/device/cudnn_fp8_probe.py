@@ -8,7 +8,9 @@ wrongly moves o by O(1); the kernel's own FP8 rounding of P and dS moves it by a
 Prints one JSON line per problem (status ok / unsupported / error, relative errors) and
 writes them to --out.
 Usage: python3 tools/device/cudnn_fp8_probe.py [--out FILE] [--scaling static|current]
-                                               [--output bf16|e4m3]
+                                               [--output bf16|e4m3] [--grads bf16|e4m3]
+--grads e4m3: dq, dk, dv come out as E4M3 at the calibration's power-of-two scales (what
+Hopper's FP8 backward may build; the worker does not offer it).
 """
 
 import argparse
@@ -128,9 +130,11 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--scaling", default="static", choices=["static", "current"])
     ap.add_argument("--output", default="bf16", choices=["bf16", "e4m3"])
+    ap.add_argument("--grads", default="bf16", choices=["bf16", "e4m3"])
     args = ap.parse_args()
     ns = types.SimpleNamespace(device="cuda", dtype="bf16", fp8_scaling=args.scaling,
-                               fp8_output=args.output, measure_claims=False)
+                               fp8_output=args.output, fp8_grads=args.grads,
+                               measure_claims=False)
     runner = tb.Runner(tb.make(types.SimpleNamespace(backend="cudnn-fp8", **vars(ns))),
                        caps={"head_dims": [], "head_dims_v": []})
     import cudnn

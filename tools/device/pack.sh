@@ -3,6 +3,9 @@
 # it needs except glibc's into .device/ (git-ignored through .git/info/exclude), so that a GPU
 # host without Debian's development packages can run it (tools/device/gpu_gate.sh).
 # Usage: tools/device/pack.sh [BUILD_DIR]   (default: build/p1; configured Release)
+# PACK_EXTRA="bench/oracle_bench ...": more programs of the build (paths under BUILD_DIR), each
+# packed beside attest, its libraries that attest lacks in .device/extra-lib/ (off attest's
+# path, so that a Python worker attest starts never sees them), run by .device/run.sh NAME ARGS.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build/p1}"
@@ -27,6 +30,20 @@ ldd "$bin" | awk '/=> \//{print $1" "$3}' | while read -r name path; do
     *) cp -L "$path" ".device/lib/$name" ;;
   esac
 done
+for extra in ${PACK_EXTRA:-}; do
+  cmake --build "$build" --target "$(basename "$extra")" -j2 > /dev/null
+  cp "$build/$extra" .device/
+  strip --strip-unneeded ".device/$(basename "$extra")"
+  ldd "$build/$extra" | awk '/=> \//{print $1" "$3}' | while read -r name path; do
+    case "$name" in
+      libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libresolv.so.*|libutil.so.*)
+        cp -L "$path" ".device/glibc/$name" ;;
+      libstdc++.so.*|libgcc_s.so.*) cp -L "$path" ".device/compat/$name" ;;
+      *) [ -f ".device/lib/$name" ] || { mkdir -p .device/extra-lib
+                                         cp -L "$path" ".device/extra-lib/$name"; } ;;
+    esac
+  done
+done
 loader="$(ldd "$bin" | awk '/ld-linux/{print $1}')"
 cp -L "$loader" .device/glibc/
 cat > .device/attest.sh <<'WRAP'
@@ -48,6 +65,23 @@ else
 fi
 WRAP
 chmod +x .device/attest.sh
+# run.sh NAME ARGS: a packed program by the route attest.sh finds for attest.
+cat > .device/run.sh <<'WRAP'
+#!/usr/bin/env bash
+here="$(cd "$(dirname "$0")" && pwd)"
+prog="$here/$1"; shift
+export LD_LIBRARY_PATH="$here/extra-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+try() { "$@" list kernels > /dev/null 2>&1; }
+if try env LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$here/attest"; then
+  LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$prog" "$@"
+elif try env LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$here/attest"; then
+  LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$prog" "$@"
+else
+  exec "$here/glibc/ld-linux-x86-64.so.2" --library-path \
+    "$here/lib:$here/compat:$here/glibc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$prog" "$@"
+fi
+WRAP
+chmod +x .device/run.sh
 .device/attest.sh list kernels > /dev/null
 # The third route must work too (it is the one a host with an older glibc takes).
 .device/glibc/ld-linux-x86-64.so.2 --library-path .device/lib:.device/compat:.device/glibc \

@@ -13,7 +13,8 @@
 #      nvidia-cudnn-frontend; probe cuDNN's FP8 SDPA (tools/device/cudnn_fp8_probe.py), gate,
 #      audit (AUDITS, against AUDIT_BASELINE; AUDIT_QUICK=1 for --quick) and fuzz it with
 #      static and current scales (backends cudnn-fp8-static, cudnn-fp8-current; with an -e4m3
-#      suffix O comes out as E4M3, what Hopper builds; PROBE_OUTPUT=e4m3 probes that; PROBE=0
+#      suffix O comes out as E4M3, what Hopper builds; PROBE_OUTPUT=e4m3 probes that,
+#      PROBE_GRADS=e4m3 probes E4M3 dq, dk, dv (Hopper's FP8 backward); PROBE=0
 #      skips the probe).
 # Backends: the torch_worker.py names, plus fa4-deterministic and flex-triton-static
 # (flex-triton compiled static: --flex-dynamic false).
@@ -269,7 +270,7 @@ case "$stage" in
       || exit 2
     ( [ "${PROBE:-1}" = 0 ] || for m in static current; do
         LD_LIBRARY_PATH="$orig_ld" timeout 200 "$python" tools/device/cudnn_fp8_probe.py \
-          --scaling "$m" --output "${PROBE_OUTPUT:-bf16}" \
+          --scaling "$m" --output "${PROBE_OUTPUT:-bf16}" --grads "${PROBE_GRADS:-bf16}" \
           --out "$work/probe-cudnn-fp8-$m.json" > "$work/probe-cudnn-fp8-$m.log" 2>&1
       done ) &
     p1=$!

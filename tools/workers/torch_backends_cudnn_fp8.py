@@ -56,7 +56,9 @@ def calibration():
     """The static mode's amaxes, as a user calibrates them: one N(0, 1) batch (B 1, S 512,
     H 4, D 128; NumPy's PCG64, seed 2026, so every machine gets the same bits) for Q, K, V and
     dO, and the largest |dS| of its float64 attention backward (scale 1/sqrt(128), head 0)
-    for the dS scale. Returns {"q", "k", "v", "do": float32 amax, "ds_scale": power of two}."""
+    for the dS scale, and of its dq, dk, dv for E4M3 gradients' scales (cudnn_fp8_probe.py
+    --grads e4m3). Returns {"q", "k", "v", "do": float32 amax, "ds_scale", "dq_scale",
+    "dk_scale", "dv_scale": powers of two}."""
     rng = np.random.Generator(np.random.PCG64(2026))
     s, h, d = 512, 4, 128
     x = {n: rng.standard_normal((s, h, d)).astype(np.float32) for n in ("q", "k", "v", "do")}
@@ -69,8 +71,10 @@ def calibration():
     o = p @ v
     dp = do @ v.T
     ds = p * (dp - (do * o).sum(axis=1, keepdims=True))
-    amax_ds = float(np.abs(ds).max())
-    out["ds_scale"] = 2.0 ** math.floor(math.log2(E4M3_MAX / (amax_ds * 2 ** DS_MARGIN)))
+    grads = {"ds": ds, "dq": ds @ k * sc, "dk": ds.T @ q * sc, "dv": p.T @ do}
+    for n, t in grads.items():
+        amax = float(np.abs(t).max())
+        out[n + "_scale"] = 2.0 ** math.floor(math.log2(E4M3_MAX / (amax * 2 ** DS_MARGIN)))
     return out
 
 
@@ -156,6 +160,11 @@ class CudnnFp8(Backend):
         if output not in ("bf16", "e4m3"):
             raise ValueError(f"--fp8-output {output!r}: bf16 or e4m3")
         self.out8 = output == "e4m3"
+        # E4M3 dq, dk, dv at the calibration's power-of-two scales, handed back divided by
+        # them (exact): what Hopper's FP8 backward may build (bf16 gradients are Blackwell's).
+        # Only tools/device/cudnn_fp8_probe.py --grads e4m3 sets it; the recipe declared in
+        # recipe() has no scaled-gradient field, so the worker never offers it.
+        self.grad8 = getattr(args, "fp8_grads", "bf16") == "e4m3"
         self.name = f"cudnn-fp8-{self.mode}" + ("-e4m3-out" if self.out8 else "")
         # False: claim the fixed set below without building graphs (cudnn_fp8_probe.py, which
         # calls every problem itself).
@@ -342,7 +351,7 @@ class CudnnFp8(Backend):
         return graph
 
     def _bwd_graph(self, cudnn, g):
-        key = ("bwd",) + g.key()
+        key = ("bwd", self.grad8) + g.key()
         if key in self.graphs:
             return self.graphs[key]
         f32, fp8, bf16 = cudnn.data_type.FLOAT, cudnn.data_type.FP8_E4M3, \
@@ -390,12 +399,13 @@ class CudnnFp8(Backend):
             **{n: sc[n] for n in names}, attn_scale=g.scale, use_deterministic_algorithm=True,
             **kw)
         dq, dk, dv = outs[0], outs[1], outs[2]
+        gt = fp8 if self.grad8 else bf16
         dq.set_uid(150).set_output(True).set_dim((g.b, g.hq, sq_, g.d)).set_stride(
-            g.stride(g.hq, sq_, g.d)).set_data_type(bf16)
+            g.stride(g.hq, sq_, g.d)).set_data_type(gt)
         dk.set_uid(151).set_output(True).set_dim((g.b, g.hk, g.sk, g.d)).set_stride(
-            g.stride(g.hk, g.sk, g.d)).set_data_type(bf16)
+            g.stride(g.hk, g.sk, g.d)).set_data_type(gt)
         dv.set_uid(152).set_output(True).set_dim((g.b, g.hk, g.sk, g.dv)).set_stride(
-            g.stride(g.hk, g.sk, g.dv)).set_data_type(bf16)
+            g.stride(g.hk, g.sk, g.dv)).set_data_type(gt)
         if g.varlen:
             dq.set_ragged_offset(rag["q"])
             dk.set_ragged_offset(rag["k"])
@@ -483,22 +493,25 @@ class CudnnFp8(Backend):
         graph = self._bwd_graph(cudnn, g)
         d = self.device
         q8, k8, v8, do8 = (quant[n][0] for n in ("q", "k", "v", "do"))
+        gt = torch.float8_e4m3fn if self.grad8 else torch.bfloat16
+        gs = {n: self.cal[n + "_scale"] if self.grad8 else 1.0 for n in ("dq", "dk", "dv")}
         if g.varlen:
             q8, do8, o_in = self._pad(q8, g.tq), self._pad(do8, g.tq), self._pad(o, g.tq)
             k8, v8 = self._pad(k8, g.tk), self._pad(v8, g.tk)
             st = self._pad(stats, g.tq)
-            dq = torch.zeros((g.tq, g.hq, g.d), dtype=torch.bfloat16, device=d)
-            dk = torch.zeros((g.tk, g.hk, g.d), dtype=torch.bfloat16, device=d)
-            dv = torch.zeros((g.tk, g.hk, g.dv), dtype=torch.bfloat16, device=d)
+            dq = torch.zeros((g.tq, g.hq, g.d), dtype=gt, device=d)
+            dk = torch.zeros((g.tk, g.hk, g.d), dtype=gt, device=d)
+            dv = torch.zeros((g.tk, g.hk, g.dv), dtype=gt, device=d)
         else:
             o_in, st = o, stats
-            dq = torch.empty((g.b, g.sq, g.hq, g.d), dtype=torch.bfloat16, device=d)
-            dk = torch.empty((g.b, g.sk, g.hk, g.d), dtype=torch.bfloat16, device=d)
-            dv = torch.empty((g.b, g.sk, g.hk, g.dv), dtype=torch.bfloat16, device=d)
+            dq = torch.empty((g.b, g.sq, g.hq, g.d), dtype=gt, device=d)
+            dk = torch.empty((g.b, g.sk, g.hk, g.d), dtype=gt, device=d)
+            dv = torch.empty((g.b, g.sk, g.hk, g.dv), dtype=gt, device=d)
         ds_scale = self.cal["ds_scale"]
         vals = [scales["q"], scales["k"], scales["v"], scalar(1.0, d), scales["do"],
                 scalar(1.0 / S_SCALE, d), scalar(1.0 / ds_scale, d), scalar(S_SCALE, d),
-                scalar(1.0, d), scalar(1.0, d), scalar(1.0, d), scalar(ds_scale, d)]
+                scalar(gs["dq"], d), scalar(gs["dk"], d), scalar(gs["dv"], d),
+                scalar(ds_scale, d)]
         pack = {101: q8, 102: k8, 103: v8, 104: o_in, 105: do8, 106: st,
                 150: dq, 151: dk, 152: dv}
         pack.update({110 + i: x for i, x in enumerate(vals)})
@@ -512,6 +525,8 @@ class CudnnFp8(Backend):
         torch.cuda.synchronize(d)
         self.route = f"cudnn sdpa_fp8_backward ({self.mode} scales)" + (
             " THD" if g.varlen else "")
+        if self.grad8:  # E4M3 codes over a power-of-two scale: exact in float32
+            dq, dk, dv = (x.float() / gs[n] for n, x in (("dq", dq), ("dk", dk), ("dv", dv)))
         if g.varlen:
             return dq[:g.cu_q[-1]], dk[:g.cu_k[-1]], dv[:g.cu_k[-1]]
         return dq, dk, dv
