@@ -362,6 +362,14 @@ Status RoundMatrix(std::vector<double>& m, int64_t rows, int64_t cols, const Ope
 }
 
 double RoundOut(double x, Format f) { return f == Format::kF64 ? x : RoundTo(x, f); }
+// An output rounding at a power-of-two pre-scale (recipe.h OutputRounding): exact scaling,
+// saturating at the format's largest finite value.
+double RoundOut(double x, const OperandScheme& s) {
+  if (s.pre_scale == 1.0 && s.overflow == Overflow::kDefault) return RoundOut(x, s.element);
+  EncodeOptions options;
+  options.overflow = s.overflow;
+  return RoundTo(x * s.pre_scale, s.element, options) / s.pre_scale;
+}
 
 Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor& q_in,
                                 const Tensor& k_in, const Tensor& v_in, const Tensor* dout_in) {
@@ -403,8 +411,9 @@ Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor&
     do_raw = ToF64(*dout_in);
   }
   const Format in_f = FormatOf(p.dtype).value_or(Format::kF32);
-  const Format out_f = r.output.value_or(in_f);
-  const Format grad_f = r.gradients.value_or(in_f);
+  const OperandScheme out_f = OutputRoundingOf(r, in_f);
+  const OperandScheme grad_f[3] = {GradientRoundingOf(r, in_f, 0), GradientRoundingOf(r, in_f, 1),
+                                   GradientRoundingOf(r, in_f, 2)};
   const int64_t H = p.heads_q, Hk = p.heads_kv, D = p.head_dim, Dv = p.head_dim_v;
   const double scale = p.EffectiveScale();
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -560,9 +569,9 @@ Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor&
   out.o = Tensor::FromF64(p.OShape(), std::move(o));
   out.lse = Tensor::FromF64(p.LseShape(), std::move(lse));
   if (backward) {
-    for (double& x : dq) x = RoundOut(x, grad_f);
-    for (double& x : dk) x = RoundOut(x, grad_f);
-    for (double& x : dv) x = RoundOut(x, grad_f);
+    for (double& x : dq) x = RoundOut(x, grad_f[0]);
+    for (double& x : dk) x = RoundOut(x, grad_f[1]);
+    for (double& x : dv) x = RoundOut(x, grad_f[2]);
     out.dq = Tensor::FromF64(p.QShape(), std::move(dq));
     out.dk = Tensor::FromF64(p.KShape(), std::move(dk));
     out.dv = Tensor::FromF64(p.VShape(), std::move(dv));

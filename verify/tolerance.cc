@@ -162,13 +162,27 @@ Profile FamilyProfile(std::string_view name, std::string_view description,
 
 // A recipe row: the bf16 rule (see above) against the recipe's reference implementation, with
 // the ulps of the format the recipe delivers o and the gradients in.
+// `r`: a declared recipe, whose output and gradient formats and scales (recipe.h) the ULP floors
+// of o and of dq, dk, dv are counted in; nullptr: o and the gradients in `out`.
 Profile RecipeProfile(std::string_view name, std::string_view description,
-                      Format out = Format::kBF16) {
+                      Format out = Format::kBF16, const Recipe* r = nullptr) {
   Profile p{std::string(name), std::string(description),
             "bf16 ratios (docs/references.md H200: o <= 1.14x, dq <= 3.7x pt) against the recipe "
             "reference (cudnn-frontend mxfp8_ref.py's rule)",
             HighPrecision({.out = out, .o_ratio = 2, .grad_ratio = 4}), std::string(name), {},
             std::nullopt};
+  if (r != nullptr) {
+    const Format grad = r->gradients.value_or(out);
+    for (TensorPolicies& t : p.tensors) {
+      const int which = t.tensor == "dq" ? 0 : t.tensor == "dk" ? 1 : t.tensor == "dv" ? 2 : -1;
+      if (t.tensor != "o" && which < 0) continue;
+      for (Policy& policy : t.policies) {
+        policy.format = which < 0 ? out : grad;
+        policy.format_scale =
+            which < 0 ? r->output_scale : r->gradient_scales[static_cast<size_t>(which)];
+      }
+    }
+  }
   return p;
 }
 
@@ -188,7 +202,7 @@ const Profile* DeclaredRecipeProfile(std::string_view name) {
                         : FormatOf(r->input_dtypes.front()).value_or(Format::kBF16);
   rows->push_back(RecipeProfile(r->name, "declared recipe " + std::string(r->name) + ": " +
                                              std::string(r->description),
-                                r->output.value_or(in)));
+                                r->output.value_or(in), r));
   return &rows->back();
 }
 
@@ -326,6 +340,20 @@ std::string_view Name(FloorScale scale) {
   return "?";
 }
 
+namespace {
+// "e4m3fn " or, at a pre-scale, "e4m3fn x128 " (Policy::format_scale); "" without a format.
+std::string FormatWord(const Policy& p) {
+  if (!p.format) return "";
+  if (p.format_scale == 1.0) return std::string(Name(*p.format)) + " ";
+  return fmt::format("{} x{} ", Name(*p.format), Num(p.format_scale));
+}
+// One ULP of x in the policy's format at its pre-scale (Policy::format_scale).
+double PolicyQuantum(const Policy& p, double x, Format f) {
+  const double s = p.format ? p.format_scale : 1.0;
+  return s == 1.0 ? Quantum(x, f) : Quantum(x * s, f) / s;
+}
+}  // namespace
+
 std::string Policy::Describe() const {
   switch (kind) {
     case PolicyKind::kBaselineRatio:
@@ -335,28 +363,28 @@ std::string Policy::Describe() const {
                                     : fmt::format("{}x baseline", Num(ratio));
       if (floor_scale == FloorScale::kTerms) {
         return fmt::format("err <= {} + {} {}ulp(row) + {} f32 ulp(terms)", base,
-                           Num(floor_ulps), format ? std::string(Name(*format)) + " " : "",
+                           Num(floor_ulps), FormatWord(*this),
                            Num(term_ulps));
       }
       return fmt::format("err <= {} + {} {}ulp({})", base, Num(floor_ulps),
-                         format ? std::string(Name(*format)) + " " : "", Name(floor_scale));
+                         FormatWord(*this), Name(floor_scale));
     }
     case PolicyKind::kAbsRel:
       return fmt::format("err <= {}{} + {}|ref|", Num(atol),
                          atol_relative_to_max ? " max|ref|" : "", Num(rtol));
     case PolicyKind::kUlpBudget:
       return fmt::format("err <= {} {}ulp", Num(ulps),
-                         format ? std::string(Name(*format)) + " " : "");
+                         FormatWord(*this));
     case PolicyKind::kCosineFloor:
       return fmt::format("cos >= {}{}", min_cosine, per_row ? " per row" : "");
     case PolicyKind::kFormatBound:
       if (floor_scale == FloorScale::kTerms) {
         return fmt::format("err <= format bound + {} {}ulp(row) + {} f32 ulp(terms)",
-                           Num(floor_ulps), format ? std::string(Name(*format)) + " " : "",
+                           Num(floor_ulps), FormatWord(*this),
                            Num(term_ulps));
       }
       return fmt::format("err <= format bound + {} {}ulp({})", Num(floor_ulps),
-                         format ? std::string(Name(*format)) + " " : "", Name(floor_scale));
+                         FormatWord(*this), Name(floor_scale));
   }
   return "?";
 }
@@ -510,6 +538,7 @@ Expected<const Profile*> ProfileFor(const Capabilities& caps) {
 nlohmann::json PolicyToJson(const Policy& p) {
   nlohmann::json j = {{"kind", Name(p.kind)}, {"rule", p.Describe()}};
   if (p.format) j["format"] = Name(*p.format);
+  if (p.format && p.format_scale != 1.0) j["format_scale"] = p.format_scale;
   switch (p.kind) {
     case PolicyKind::kBaselineRatio:
       j["ratio"] = p.ratio;
@@ -636,11 +665,12 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
                 scale = row.ref_max_abs;
                 break;
               case FloorScale::kTerms:
-                return base_term + policy.floor_ulps * Quantum(row.ref_max_abs, f) +
+                return base_term + policy.floor_ulps * PolicyQuantum(policy, row.ref_max_abs, f) +
                        policy.term_ulps * Quantum(row.term_scale, Format::kF32) +
                        m.declared_allowance;
             }
-            return base_term + policy.floor_ulps * Quantum(scale, f) + m.declared_allowance;
+            return base_term + policy.floor_ulps * PolicyQuantum(policy, scale, f) +
+                   m.declared_allowance;
           },
           v);
       v.message = fmt::format("{}: error {} vs allowed {} ({}x baseline {} + floor) at {}",
@@ -676,7 +706,8 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
     }
     case PolicyKind::kUlpBudget: {
       const Format f = policy.format.value_or(m.format);
-      if (f == m.format) {
+      const double fs = policy.format ? policy.format_scale : 1.0;
+      if (f == m.format && fs == 1.0) {
         v.observed = m.max_ulp;
         v.worst = m.worst_ulp;
       } else {
@@ -687,7 +718,7 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
         v.observed = 0;
         for (int64_t e = 0; e < m.elements; ++e) {
           if (ClassifyPair(obs[e], ref[e], m.options) != PairKind::kFinite) continue;
-          const double u = UlpDistance(obs[e], ref[e], f);
+          const double u = UlpDistance(obs[e] * fs, ref[e] * fs, f);
           if (worst_flat < 0 || u > v.observed) {
             v.observed = u;
             worst_flat = e;
@@ -709,7 +740,7 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
           [&](int64_t e, int64_t r) {
             const RowMetrics& row = m.rows[static_cast<size_t>(r)];
             double allowed = (fb != nullptr ? fb[e] : 0.0) +
-                             policy.floor_ulps * Quantum(row.ref_max_abs, f) +
+                             policy.floor_ulps * PolicyQuantum(policy, row.ref_max_abs, f) +
                              m.declared_allowance;
             if (policy.floor_scale == FloorScale::kTerms) {
               allowed += policy.term_ulps * Quantum(row.term_scale, Format::kF32);

@@ -87,6 +87,10 @@ struct Policy {
   // kernel is supposed to deliver (bf16 o, fp32 lse), so that a producer storing a narrower
   // format than promised does not earn a looser floor. Unset: the metrics' output format.
   std::optional<Format> format;
+  // The power-of-two pre-scale `format` is written at (reference/recipes/recipe.h
+  // OutputRounding: x -> Decode(Encode(x * s)) / s): a ULP of x is Quantum(x * s, format) / s,
+  // so a scaled E4M3 gradient's floor is not E4M3's subnormal spacing. Only with `format` set.
+  double format_scale = 1.0;
 
   // "err <= 2x baseline + 2 bf16 ulp(row)", "err <= 0.04 max|ref| + 0.1|ref|",
   // "err <= 4 ulp", "cos >= 0.99 per row".

@@ -54,6 +54,36 @@ TEST(Evaluate, ExactBaselineStillAllowsAFewUlps) {
   EXPECT_DOUBLE_EQ(elem.margin, 0.1875 / elem.allowed);
 }
 
+// A floor counted in a scaled format (Policy::format_scale; recipe.h gradient_scales): small
+// gradients written as E4M3 of 128 x dq. The rows' max is 8 / 1024 = 2^-7, under E4M3's
+// smallest normal 2^-6: one unscaled ULP there is the subnormal step 2^-9, four times the
+// row's own size over 16; scaled, one ULP of 2^-7 x 128 = 1 is 2^-3, so 2^-10 after the scale.
+TEST(Evaluate, AScaledFormatCountsUlpsAtItsScale) {
+  std::vector<double> ref = kRef, obs = kRef;
+  for (double& x : ref) x /= 1024;
+  obs = ref;
+  obs[1] += 0x1p-10;  // one scaled ULP of the row: allowed (2 ULPs)
+  auto metrics = [&](const std::vector<double>& o) {
+    auto m = Compare("dq", Tensor::FromF64({2, 4}, o), Tensor::FromF64({2, 4}, ref),
+                     Format::kF32, RowsLayout());
+    EXPECT_TRUE(m.ok());
+    return std::move(m).value();
+  };
+  const TensorMetrics exact = metrics(ref);
+  Policy scaled = BaselineRatio(2, 2, FloorScale::kRow, Format::kE4M3FN);
+  scaled.format_scale = 128;
+  const Verdict pass = Evaluate(scaled, metrics(obs), &exact);
+  EXPECT_TRUE(pass.pass) << pass.message;
+  EXPECT_DOUBLE_EQ(pass.allowed, 2 * 0x1p-10);
+  EXPECT_NE(scaled.Describe().find("e4m3fn x128 ulp(row)"), std::string::npos)
+      << scaled.Describe();
+  obs[1] = ref[1] + 0x1p-8;  // a quarter of the row's max: the scaled floor catches it
+  EXPECT_FALSE(Evaluate(scaled, metrics(obs), &exact).pass);
+  const Policy unscaled = BaselineRatio(2, 2, FloorScale::kRow, Format::kE4M3FN);
+  const Verdict loose = Evaluate(unscaled, metrics(obs), &exact);
+  EXPECT_TRUE(loose.pass) << "unscaled, 2 subnormal steps 2^-8 allow it: " << loose.message;
+}
+
 TEST(Evaluate, BaselineRatioScalesWithTheBaselineError) {
   std::vector<double> base = kRef;
   base[6] += 0.5;  // baseline max error 0.5

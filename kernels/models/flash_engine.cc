@@ -340,8 +340,8 @@ float EngineHooks::RowMax(float previous, float candidate, float scale_log2) con
 int EngineHooks::KvSplits() const { return 1; }
 
 void EngineHooks::CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i,
-                                  int64_t dv, float scale_softmax, Format out_format, float* o,
-                                  float* lse) const {
+                                  int64_t dv, float scale_softmax,
+                                  const OperandScheme& out_round, float* o, float* lse) const {
   // flash_fwd_kernel.h combine_attn_seqk_parallel: lse = log Σ_s exp(lse_s) (the largest
   // subtracted first), o = Σ_s exp(lse_s − lse) · o_s.
   const SoftmaxRows* rows[] = {&a, &b};
@@ -365,7 +365,7 @@ void EngineHooks::CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, in
       if (part[s] == -engine_detail::kInf) continue;
       x += std::exp(part[s] - *lse) * (rows[s]->acc[i * dv + c] / rows[s]->row_sum[i]);
     }
-    o[c] = RoundElement(x, out_format);
+    o[c] = RoundElement(x, out_round);
   }
 }
 

@@ -84,11 +84,11 @@ class EngineHooks {
   // Forward split-KV (flash-decoding): a query tile's key tiles cut into this many ranges, each
   // with its own online softmax; 1 (FlashAttention-2) or 2.
   virtual int KvSplits() const;
-  // Row i of two splits' states combined into o (Dv values rounded to `out_format`) and its
+  // Row i of two splits' states combined into o (Dv values rounded by `out_round`) and its
   // lse: o = Σ_s exp(lse_s − lse) · acc_s / l_s, lse = log Σ_s exp(lse_s).
   virtual void CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i,
-                               int64_t dv, float scale_softmax, Format out_format, float* o,
-                               float* lse) const;
+                               int64_t dv, float scale_softmax, const OperandScheme& out_round,
+                               float* o, float* lse) const;
 
   // Forward: the lse of a row with a positive sum, lse = max · scale + log(sum) as one FMA
   // (softmax.h normalize_softmax_lse).

@@ -21,7 +21,8 @@ struct BackwardPlan {
   const Recipe* recipe;
   const EngineOptions* opt;
   ScoreParams sp;
-  Format grad_format;
+  Format grad_format;                   // the format MakeOutput stores dq, dk, dv in
+  std::array<OperandScheme, 3> grad_round;  // dq, dk, dv (recipe.h GradientRoundingOf)
   bool fused;
   std::optional<Format> dp_format;  // BackwardDpFormat(recipe, options)
   // Operands per GEMM, as the recipe represents them.
@@ -127,14 +128,14 @@ void FinishKeyTile(BackwardPlan& plan, const Sequence& seq, int64_t g, int64_t n
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   for (int64_t j = 0; j < nlen; ++j) {
     for (int64_t c = 0; c < d; ++c) {
-      const float x = RoundElement(dk_acc[j * d + c] * plan.sp.grad_scale, plan.grad_format);
+      const float x = RoundElement(dk_acc[j * d + c] * plan.sp.grad_scale, plan.grad_round[1]);
       if (gqa)
         dk_sum[j * d + c] += x;
       else
         plan.dk[((seq.k_begin + n0 + j) * p.heads_kv + g) * d + c] = x;
     }
     for (int64_t c = 0; c < dv; ++c) {
-      const float x = RoundElement(dv_acc[j * dv + c], plan.grad_format);
+      const float x = RoundElement(dv_acc[j * dv + c], plan.grad_round[2]);
       if (gqa)
         dv_sum[j * dv + c] += x;
       else
@@ -221,9 +222,10 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
       for (int64_t j = 0; j < nlen; ++j) {
         float* dkr = plan.dk.data() + ((seq.k_begin + n0 + j) * p.heads_kv + g) * d;
         float* dvr = plan.dv.data() + ((seq.k_begin + n0 + j) * p.heads_kv + g) * dv;
-        for (int64_t c = 0; c < d; ++c) dkr[c] = RoundElement(dk_sum[j * d + c], plan.grad_format);
+        for (int64_t c = 0; c < d; ++c)
+          dkr[c] = RoundElement(dk_sum[j * d + c], plan.grad_round[1]);
         for (int64_t c = 0; c < dv; ++c)
-          dvr[c] = RoundElement(dv_sum[j * dv + c], plan.grad_format);
+          dvr[c] = RoundElement(dv_sum[j * dv + c], plan.grad_round[2]);
       }
     }
   }
@@ -234,7 +236,7 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
       float* out = plan.dq.data() + ((seq.q_begin + i) * p.heads_q + h) * d;
       const float* acc = dq_acc.data() + (r * seq.q_len + i) * d;
       for (int64_t c = 0; c < d; ++c)
-        out[c] = RoundElement(acc[c] * plan.sp.grad_scale, plan.grad_format);
+        out[c] = RoundElement(acc[c] * plan.sp.grad_scale, plan.grad_round[0]);
     }
   }
   return Status::Ok();
@@ -279,7 +281,13 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
   plan.recipe = &recipe;
   plan.opt = &options;
   plan.sp = MakeScoreParams(p);
-  plan.grad_format = recipe.gradients.value_or(InputFormat(p));
+  for (int i = 0; i < 3; ++i) {
+    plan.grad_round[static_cast<size_t>(i)] = GradientRoundingOf(recipe, InputFormat(p), i);
+  }
+  // Scaled roundings' values are not the format's (E4M3 / 2^k): kept as fp32.
+  plan.grad_format = recipe.gradient_scales == std::array<double, 3>{1.0, 1.0, 1.0}
+                         ? recipe.gradients.value_or(InputFormat(p))
+                         : Format::kF32;
   plan.fused = options.backward == BackwardVariant::kFusedNoAtomics;
   plan.dp_format = BackwardDpFormat(recipe, options);
   const Operand raw_q{InputFloats(q, p.dtype), p.heads_q, p.head_dim};

@@ -20,8 +20,9 @@ struct ForwardPlan {
   const EngineOptions* opt;
   ScoreParams sp;
   Operand q, k, v;  // as the recipe represents them for Q·Kᵀ (q, k) and P·V (v)
-  Format out_format;
-  std::vector<float> o;    // [total_q, Hq, Dv], rounded to out_format
+  Format out_format;        // the format MakeOutput stores o in
+  OperandScheme out_round;  // o's rounding (recipe.h OutputRoundingOf)
+  std::vector<float> o;     // [total_q, Hq, Dv], rounded by out_round
   std::vector<float> lse;  // lse layout
 };
 
@@ -98,7 +99,7 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
     float* out = plan.o.data() + ((seq.q_begin + m0 + i) * p.heads_q + h) * dv;
     float& lse = plan.lse[static_cast<size_t>(LseIndex(p, b, h, m0 + i))];
     if (split) {
-      hooks.CombineKvSplits(st, st2, i, dv, plan.sp.scale_softmax, plan.out_format, out, &lse);
+      hooks.CombineKvSplits(st, st2, i, dv, plan.sp.scale_softmax, plan.out_round, out, &lse);
       continue;
     }
     const float sum = st.row_sum[i];
@@ -108,7 +109,7 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
     }
     const float inv = 1.0f / sum;
     for (int64_t c = 0; c < dv; ++c) {
-      out[c] = RoundElement(st.acc[i * dv + c] * inv, plan.out_format);
+      out[c] = RoundElement(st.acc[i * dv + c] * inv, plan.out_round);
     }
     lse = hooks.RowLse(st.row_max[i], sum, plan.sp.scale_softmax);
   }
@@ -143,7 +144,9 @@ KernelAnswer<ForwardResult> FlashForward(const Problem& p, const Recipe& recipe,
   plan.recipe = &recipe;
   plan.opt = &options;
   plan.sp = MakeScoreParams(p);
-  plan.out_format = recipe.output.value_or(InputFormat(p));
+  plan.out_round = OutputRoundingOf(recipe, InputFormat(p));
+  // A scaled rounding's values are not the format's (E4M3 / 2^k): kept as fp32.
+  plan.out_format = recipe.output_scale == 1.0 ? plan.out_round.element : Format::kF32;
   const Operand raw_q{InputFloats(q, p.dtype), p.heads_q, p.head_dim};
   const Operand raw_k{InputFloats(k, p.dtype), p.heads_kv, p.head_dim};
   const Operand raw_v{InputFloats(v, p.dtype), p.heads_kv, p.head_dim_v};

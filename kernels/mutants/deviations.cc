@@ -216,7 +216,7 @@ class SplitKvBadCombine : public EngineHooks {
  public:
   int KvSplits() const override { return 2; }
   void CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i, int64_t dv,
-                       float scale_softmax, Format out_format, float* o,
+                       float scale_softmax, const OperandScheme& out_round, float* o,
                        float* lse) const override {
     const float sum = a.row_sum[i], sum2 = b.row_sum[i];
     const bool empty1 = sum == 0 || sum != sum, empty2 = sum2 == 0 || sum2 != sum2;
@@ -234,7 +234,7 @@ class SplitKvBadCombine : public EngineHooks {
     for (int64_t c = 0; c < dv; ++c) {
       const float o1 = empty1 ? 0.0f : a.acc[i * dv + c] / sum;
       const float o2 = empty2 ? 0.0f : b.acc[i * dv + c] / sum2;
-      o[c] = RoundElement(w1 * o1 + w2 * o2, out_format);
+      o[c] = RoundElement(w1 * o1 + w2 * o2, out_round);
     }
   }
 };

@@ -10,6 +10,8 @@
 #include <limits>
 #include <string>
 
+#include <fmt/format.h>
+
 namespace attest {
 namespace {
 
@@ -315,7 +317,41 @@ Status ValidateRecipe(const Recipe& r) {
                  ": only fp32 accumulation is modelled (accumulate = " +
                  std::string(Name(r.accumulate)) + ")"};
   }
+  const auto pow2 = [](double s) {
+    int e = 0;
+    return std::isfinite(s) && s > 0 && std::frexp(s, &e) == 0.5;
+  };
+  if (!pow2(r.output_scale)) {
+    return Error{fmt::format("recipe {}: output_scale {} is not a positive power of two", r.name,
+                             r.output_scale)};
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (!pow2(r.gradient_scales[static_cast<size_t>(i)])) {
+      return Error{fmt::format("recipe {}: gradient_scales[{}] ({}) {} is not a positive power "
+                               "of two",
+                               r.name, i, i == 0 ? "dq" : i == 1 ? "dk" : "dv",
+                               r.gradient_scales[static_cast<size_t>(i)])};
+    }
+  }
   return Status::Ok();
+}
+
+OperandScheme OutputRounding(Format format, double scale) {
+  OperandScheme s;
+  s.kind = OperandKind::kElement;
+  s.element = format;
+  s.pre_scale = scale;
+  s.overflow = scale == 1.0 ? Overflow::kDefault : Overflow::kSaturate;
+  return s;
+}
+
+OperandScheme OutputRoundingOf(const Recipe& r, Format input) {
+  return OutputRounding(r.output.value_or(input), r.output_scale);
+}
+
+OperandScheme GradientRoundingOf(const Recipe& r, Format input, int which) {
+  return OutputRounding(r.gradients.value_or(input),
+                        r.gradient_scales[static_cast<size_t>(which)]);
 }
 
 namespace {

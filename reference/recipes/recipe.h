@@ -6,6 +6,7 @@
 // docs/kernels.md has the table.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -99,12 +100,28 @@ struct Recipe {
   std::optional<Format> output;      // o; nullopt: the problem's input dtype
   Format lse = Format::kF32;
   std::optional<Format> gradients;  // dq, dk, dv; nullopt: the input dtype
+  // Power-of-two scales of the output roundings: o is written as Encode(o * output_scale) and
+  // read back divided by it, dq, dk, dv likewise with gradient_scales[0..2] (cuDNN's FP8 SDPA
+  // writes O and dQ, dK, dV as E4M3 of scale_o * x, scale_dQ * x, ...: cudnn-frontend
+  // docs/operations/Attention.md, sdpa_fp8 / sdpa_fp8_backward). A scale other than 1
+  // saturates at the format's largest finite value (PTX cvt .satfinite); 1 is the format's
+  // plain rounding. OutputRounding() gives the scheme each output goes through.
+  double output_scale = 1.0;
+  std::array<double, 3> gradient_scales{1.0, 1.0, 1.0};  // dq, dk, dv
   std::vector<DType> input_dtypes;  // problem dtypes the recipe is defined for
   // Backward: dP = dO·Vᵀ rounded to this format before dP − D (a GEMM with a low-precision
   // output, e.g. an fp16-output WMMA); nullopt: dP stays in `accumulate` (FlashAttention).
   // A rounding point like the others: the consistency check's bounds include it.
   std::optional<Format> dp;
 };
+
+// How an output is rounded: an element scheme of `format` at power-of-two pre-scale `scale`
+// (kDefault overflow at scale 1, else kSaturate). RoundElement(x, OutputRounding(f, 1)) is
+// RoundElement(x, f).
+OperandScheme OutputRounding(Format format, double scale);
+// The roundings of o and of dq, dk, dv (index 0, 1, 2) under recipe r for inputs of `input`.
+OperandScheme OutputRoundingOf(const Recipe& r, Format input);
+OperandScheme GradientRoundingOf(const Recipe& r, Format input, int which);
 
 // Every named recipe, in a fixed order.
 std::span<const Recipe> AllRecipes();

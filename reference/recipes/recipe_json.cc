@@ -313,6 +313,11 @@ nlohmann::json RecipeToJson(const Recipe& r) {
   j["lse"] = std::string(Name(r.lse));
   j["gradients"] = FormatOrNull(r.gradients);
   j["dp"] = FormatOrNull(r.dp);
+  // Written only when set, so that every recipe without scaled outputs prints as before.
+  if (r.output_scale != 1.0) j["output_scale"] = r.output_scale;
+  if (r.gradient_scales != std::array<double, 3>{1.0, 1.0, 1.0}) {
+    j["gradient_scales"] = r.gradient_scales;
+  }
   return j;
 }
 
@@ -321,7 +326,8 @@ Expected<Recipe> RecipeFromJson(const nlohmann::json& j, std::string_view where_
   if (!j.is_object()) return Error{where + ": not an object"};
   Reader r{j, where};
   if (Status s = r.Allowed({"name", "description", "input_dtypes", "gemms", "delta", "delta_do",
-                            "accumulate", "output", "lse", "gradients", "dp"});
+                            "accumulate", "output", "lse", "gradients", "dp", "output_scale",
+                            "gradient_scales"});
       !s.ok()) {
     return s.error();
   }
@@ -408,6 +414,21 @@ Expected<Recipe> RecipeFromJson(const nlohmann::json& j, std::string_view where_
   auto dp = r.FormatField("dp", true);
   if (!dp.ok()) return dp.error();
   out.dp = *dp;
+  auto output_scale = r.Number("output_scale");
+  if (!output_scale.ok()) return output_scale.error();
+  if (*output_scale) out.output_scale = **output_scale;
+  if (j.contains("gradient_scales")) {
+    const nlohmann::json& g = j["gradient_scales"];
+    if (!g.is_array() || g.size() != 3) {
+      return Error{where + ".gradient_scales: an array of three numbers (dq, dk, dv)"};
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      if (!g[i].is_number()) {
+        return Error{fmt::format("{}.gradient_scales[{}]: not a number", where, i)};
+      }
+      out.gradient_scales[i] = g[i].get<double>();
+    }
+  }
   if (Status s = ValidateRecipe(out); !s.ok()) return Error{where + ": " + s.error().message};
   return out;
 }

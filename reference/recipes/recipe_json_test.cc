@@ -63,6 +63,35 @@ TEST(RecipeJson, DeltaDoRoundTripsAndDefaultsToTheInput) {
   EXPECT_EQ(old->delta_do, DeltaDo::kInput);
 }
 
+// Output and gradient scales (cuDNN's FP8 scale_o, scale_dQ/dK/dV) round-trip; they are
+// printed only when set, and a scale that is not a power of two is an error naming it.
+TEST(RecipeJson, OutputAndGradientScalesRoundTripAndMustBePowersOfTwo) {
+  nlohmann::json j = RecipeToJson(*FindRecipe("mxfp8-pvbf16"));
+  EXPECT_FALSE(j.contains("gradient_scales"));
+  EXPECT_FALSE(j.contains("output_scale"));
+  j["name"] = "test-json-scaled-outputs";
+  j["gradients"] = "e4m3fn";
+  j["gradient_scales"] = {128.0, 64.0, 0.5};
+  j["output_scale"] = 16.0;
+  auto r = RecipeFromJson(j, "recipe");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->output_scale, 16.0);
+  EXPECT_EQ(r->gradient_scales[1], 64.0);
+  EXPECT_EQ(RecipeToJson(*r), j);
+  j["gradient_scales"] = {128.0, 3.0, 1.0};
+  auto bad = RecipeFromJson(j, "recipe");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("gradient_scales[1] (dk)"), std::string::npos)
+      << bad.error().message;
+  j["gradient_scales"] = {128.0, 64.0};
+  EXPECT_FALSE(RecipeFromJson(j, "recipe").ok());
+  j["gradient_scales"] = {1.0, 1.0, 1.0};
+  j["output_scale"] = -4.0;
+  auto neg = RecipeFromJson(j, "recipe");
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.error().message.find("output_scale"), std::string::npos);
+}
+
 TEST(RecipeJson, ErrorsNameTheField) {
   const nlohmann::json base = RecipeToJson(*FindRecipe("mxfp8-cudnn"));
   struct Bad {

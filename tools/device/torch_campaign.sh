@@ -14,7 +14,8 @@
 #      audit (AUDITS, against AUDIT_BASELINE; AUDIT_QUICK=1 for --quick) and fuzz it with
 #      static and current scales (backends cudnn-fp8-static, cudnn-fp8-current; with an -e4m3
 #      suffix O comes out as E4M3, what Hopper builds; PROBE_OUTPUT=e4m3 probes that,
-#      PROBE_GRADS=e4m3 probes E4M3 dq, dk, dv (Hopper's FP8 backward); PROBE=0
+#      PROBE_GRADS=e4m3 probes E4M3 dq, dk, dv (Hopper's FP8 backward; backends
+#      cudnn-fp8-{static,current}-e4m3-bwd run it: E4M3 O and gradients); PROBE=0
 #      skips the probe).
 # Backends: the torch_worker.py names, plus fa4-deterministic and flex-triton-static
 # (flex-triton compiled static: --flex-dynamic false).
@@ -120,6 +121,10 @@ kernel_of() {  # backend dtype -> exec: spec
     cudnn-fp8-static|cudnn-fp8-current) extra=" --fp8-scaling ${backend##*-}"; backend=cudnn-fp8 ;;
     cudnn-fp8-static-e4m3|cudnn-fp8-current-e4m3)
       extra=${backend%-e4m3}; extra=" --fp8-scaling ${extra##*-} --fp8-output e4m3"
+      backend=cudnn-fp8 ;;
+    cudnn-fp8-static-e4m3-bwd|cudnn-fp8-current-e4m3-bwd)
+      extra=${backend%-e4m3-bwd}
+      extra=" --fp8-scaling ${extra##*-} --fp8-output e4m3 --fp8-grads e4m3"
       backend=cudnn-fp8 ;;
   esac
   echo "exec:LD_LIBRARY_PATH=$orig_ld PYTHONPATH=$PYTHONPATH $python tools/workers/torch_worker.py --backend $backend --dtype $dtype --device cuda$extra"

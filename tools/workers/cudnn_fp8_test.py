@@ -93,22 +93,35 @@ def main():
                f"static descale of {n} is fl32(1 / fl32(448 / amax))")
 
     # 3. The declared recipes, through attest.
-    for mode, holds, output in (("static", True, "bf16"), ("current", False, "bf16"),
-                                ("static", True, "e4m3"), ("current", False, "e4m3")):
+    for mode, holds, output, grads in (
+            ("static", True, "bf16", "bf16"), ("current", False, "bf16", "bf16"),
+            ("static", True, "e4m3", "bf16"), ("current", False, "e4m3", "bf16"),
+            ("static", True, "e4m3", "e4m3"), ("current", False, "e4m3", "e4m3")):
         out = subprocess.run([sys.executable, os.path.join(HERE, "torch_worker.py"), "--backend",
                               "cudnn-fp8", "--device", "cpu", "--fp8-scaling", mode,
-                              "--fp8-output", output, "--describe"],
+                              "--fp8-output", output, "--fp8-grads", grads, "--describe"],
                              check=True, capture_output=True, text=True).stdout
-        tail = "" if output == "bf16" else "-e4m3"
+        tail = ("" if output == "bf16" else "-e4m3") + ("-grads" if grads == "e4m3" else "")
         committed = os.path.join(ROOT, "docs", "gpu-results", "cudnn-fp8",
                                  f"describe-{mode}{tail}.json")
         with open(committed) as f:
             expect(f.read() == out, f"{committed} is what torch_worker.py --describe prints")
         recipe = json.loads(out)["capabilities"]["recipe"]
-        name = f"cudnn-fp8-{mode}" + ("-e4m3-out" if tail else "")
+        name = f"cudnn-fp8-{mode}" + ("-e4m3-out" if output == "e4m3" else "") + (
+            "-e4m3-grads" if grads == "e4m3" else "")
         expect(recipe["name"] == name, f"{mode}: the recipe is named {name}")
-        expect(recipe["output"] == ("e4m3fn" if tail else "bf16"),
+        expect(recipe["output"] == ("e4m3fn" if output == "e4m3" else "bf16"),
                f"{name}: the recipe's output is {recipe['output']}")
+        expect(recipe["gradients"] == ("e4m3fn" if grads == "e4m3" else "bf16"),
+               f"{name}: the recipe's gradients are {recipe['gradients']}")
+        if grads == "e4m3":
+            # The CPU model of the recipe judged by its own declaration: E4M3 gradients at
+            # their scales pass consistency (no false alarm from the scaled roundings).
+            r = subprocess.run([binary, "check", "--kernel", "recipe:" + committed, "--suite",
+                                "quick", "--check", "consistency"], capture_output=True,
+                               text=True)
+            expect(r.returncode == 0, f"{name}: the CPU model passes its own consistency: "
+                   + (r.stdout + r.stderr)[-600:])
         r = subprocess.run([binary, "check", "--kernel", "recipe:" + committed, "--suite",
                             "quick", "--check", "non-interference"], capture_output=True,
                            text=True)

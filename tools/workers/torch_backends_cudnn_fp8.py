@@ -160,12 +160,16 @@ class CudnnFp8(Backend):
         if output not in ("bf16", "e4m3"):
             raise ValueError(f"--fp8-output {output!r}: bf16 or e4m3")
         self.out8 = output == "e4m3"
-        # E4M3 dq, dk, dv at the calibration's power-of-two scales, handed back divided by
-        # them (exact): what Hopper's FP8 backward may build (bf16 gradients are Blackwell's).
-        # Only tools/device/cudnn_fp8_probe.py --grads e4m3 sets it; the recipe declared in
-        # recipe() has no scaled-gradient field, so the worker never offers it.
-        self.grad8 = getattr(args, "fp8_grads", "bf16") == "e4m3"
-        self.name = f"cudnn-fp8-{self.mode}" + ("-e4m3-out" if self.out8 else "")
+        # --fp8-grads e4m3: dq, dk, dv come out as E4M3 at the calibration's power-of-two
+        # scales (static in both modes: a gradient's amax is unknown before the call, so a
+        # user takes it from calibration or an earlier step), handed back divided by them
+        # (exact). What Hopper's FP8 backward builds (bf16 gradients are Blackwell's).
+        grads = getattr(args, "fp8_grads", "bf16") or "bf16"
+        if grads not in ("bf16", "e4m3"):
+            raise ValueError(f"--fp8-grads {grads!r}: bf16 or e4m3")
+        self.grad8 = grads == "e4m3"
+        self.name = (f"cudnn-fp8-{self.mode}" + ("-e4m3-out" if self.out8 else "")
+                     + ("-e4m3-grads" if self.grad8 else ""))
         # False: claim the fixed set below without building graphs (cudnn_fp8_probe.py, which
         # calls every problem itself).
         self.measure_claims = getattr(args, "measure_claims", True)
@@ -194,6 +198,8 @@ class CudnnFp8(Backend):
                "current scales (each tensor's own amax, which spans every position: leaks)")
         out = ("E4M3 O (scale_o 1), bf16 gradients" if self.out8 else
                "bf16 O and gradients")
+        if self.grad8:
+            out = out.replace("bf16 gradients", "E4M3 dQ, dK, dV at static power-of-two scales")
         return {
             "name": self.name,
             "description": (
@@ -211,9 +217,10 @@ class CudnnFp8(Backend):
             },
             "delta": "rounded_o", "delta_do": "dov_operand",
             "accumulate": "f32", "lse": "f32", "output": "e4m3fn" if self.out8 else "bf16",
-            "gradients": "bf16",
+            "gradients": "e4m3fn" if self.grad8 else "bf16",
             "dp": None,
-        }
+        } | ({"gradient_scales": [self.cal["dq_scale"], self.cal["dk_scale"],
+                                   self.cal["dv_scale"]]} if self.grad8 else {})
 
     # One small problem per feature the adapter can pass: (feature, problem). caps() claims a
     # head dim or feature where its forward graph builds, and the backward where the plain

@@ -90,6 +90,9 @@ def main():
                         "or from each call's own amax (current)")
     parser.add_argument("--fp8-output", default="bf16", choices=["bf16", "e4m3"],
                         help="cudnn-fp8: O as bf16 or as E4M3 (scale_o 1; what Hopper builds)")
+    parser.add_argument("--fp8-grads", default="bf16", choices=["bf16", "e4m3"],
+                        help="cudnn-fp8: dQ, dK, dV as bf16 or as E4M3 at static power-of-two "
+                        "scales (Hopper's FP8 backward, head dim 128)")
     parser.add_argument("--caps", default=None,
                         help="JSON object merged into the claimed capabilities")
     parser.add_argument("--describe", action="store_true",

@@ -121,8 +121,11 @@ RoundingModel RoundingOf(const Problem& p, const Recipe& r, std::optional<Format
   const Format grad = r.gradients.value_or(in);
   x.u_o = UnitRoundoff(out);
   x.u_g = UnitRoundoff(grad);
-  x.tiny_o = MinPositive(out);
-  x.tiny_g = MinPositive(grad);
+  // A scaled output's smallest step is the format's over the scale (recipe.h OutputRounding);
+  // the gradients' is the largest of the three (the loosest, so never a false alarm).
+  x.tiny_o = MinPositive(out) / r.output_scale;
+  x.tiny_g = MinPositive(grad) / *std::min_element(r.gradient_scales.begin(),
+                                                   r.gradient_scales.end());
   x.u_pv = OperandRoundoff(r.pv.a);
   x.u_pdo = OperandRoundoff(r.pdo.a);
   x.u_ds = std::max(OperandRoundoff(r.dsk.a), OperandRoundoff(r.dsq.a));

@@ -187,6 +187,39 @@ TEST(DeclaredRecipe, DeltaFromTheDovOperandIsJudgedByTheDeclaredDo) {
   EXPECT_GT(worst_bug[1], 10);
 }
 
+// E4M3 gradients at power-of-two scales (recipe.h gradient_scales; cuDNN's FP8 backward on
+// Hopper writes dQ, dK, dV so): a kernel rounding at the declared scales passes the quick
+// suite; one that declares them and rounds without (E4M3's subnormal spacing 2^-9 swallows
+// small gradients) fails on the gradients: consistency's constant-V probe on dq and dk
+// (margins 4.5 and 5.8). The ULP floors at the scale: tolerance_test
+// AScaledFormatCountsUlpsAtItsScale.
+TEST(DeclaredRecipe, ScaledE4m3GradientsAreJudgedAtTheirScale) {
+  nlohmann::json scaled = Mxfp8Recipe("test-e4m3-grads-scaled", "rceil");
+  scaled["gradients"] = "e4m3fn";
+  scaled["gradient_scales"] = {64.0, 64.0, 64.0};
+  nlohmann::json plain = scaled;
+  plain["name"] = "test-e4m3-grads-unscaled";
+  plain.erase("gradient_scales");
+  const Capabilities caps = Declare(scaled);
+  Declare(plain);
+  ASSERT_EQ(FindRecipe("test-e4m3-grads-scaled")->gradient_scales[1], 64.0);
+  const LowpModelSpec good_spec = SpecFor("test/e4m3-grads", "test-e4m3-grads-scaled");
+  const LowpModelSpec bug_spec = SpecFor("test/e4m3-grads-unscaled", "test-e4m3-grads-unscaled");
+  auto model = [](const LowpModelSpec& s) { return std::make_unique<LowpModel>(s); };
+  Declaring good("test/e4m3-grads", caps, model(good_spec), model(good_spec));
+  const RunResult g = RunSuiteOn(good, "quick");
+  EXPECT_TRUE(g.report.passed()) << ToConsole(g.report);
+  Declaring bug("test/e4m3-grads-unscaled", caps, model(good_spec), model(bug_spec));
+  const RunResult b = RunSuiteOn(bug, "quick");
+  EXPECT_FALSE(b.report.passed());
+  int grads = 0;
+  for (const Verdict& v : b.report.verdicts) {
+    grads += !v.pass && (v.tensor == "dq" || v.tensor == "dk" || v.tensor == "dv");
+  }
+  EXPECT_GT(grads, 0) << ToConsole(b.report);
+  std::printf("  unscaled E4M3 gradients: %d gradient verdicts failed\n", grads);
+}
+
 TEST(DeclaredRecipe, ItsToleranceRowIsTheRecipeRule) {
   const Capabilities caps = Declare(Mxfp8Recipe("test-mxfp8-floor-row", "floor"));
   auto profile = ProfileFor(caps);
