@@ -367,7 +367,8 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
   h += "</section>\n";
 
   h += "<section id=\"seqlen\">\n<h2>Error against sequence length</h2>\n<p class=\"note\">"
-       "Causal, batch 1, " +
+       "Causal (non-causal for a kernel that claims no causal mask: the axis label says "
+       "which), batch 1, " +
        std::to_string(results[0].plan.heads) + " heads, D = " +
        std::to_string(results[0].plan.seqlen_head_dim) +
        ", gaussian inputs; log scale. An open circle on the bottom edge is an exact result."

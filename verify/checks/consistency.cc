@@ -126,6 +126,9 @@ RoundingModel RoundingOf(const Problem& p, const Recipe& r, std::optional<Format
   x.tiny_o = MinPositive(out) / r.output_scale;
   x.tiny_g = MinPositive(grad) / *std::min_element(r.gradient_scales.begin(),
                                                    r.gradient_scales.end());
+  for (size_t i = 0; i < 3; ++i) {
+    if (r.gradient_scales[i] != 1.0) x.sat_g[i] = MaxFinite(grad) / r.gradient_scales[i];
+  }
   x.u_pv = OperandRoundoff(r.pv.a);
   x.u_pdo = OperandRoundoff(r.pdo.a);
   x.u_ds = std::max(OperandRoundoff(r.dsk.a), OperandRoundoff(r.dsq.a));

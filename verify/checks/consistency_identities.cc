@@ -274,10 +274,13 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
       // A sequence without keys has no dK, dV to sum (Sk = 0: every row is empty).
       for (int64_t d = 0; d < D && s.k_len > 0; ++d) {
         double sum = 0, abs_sum = 0;
+        bool saturated = false;
         for (int64_t j = 0; j < s.k_len; ++j) {
           sum += dk[g.K(s.k_begin + j, kvh, d)];
           abs_sum += std::fabs(dk[g.K(s.k_begin + j, kvh, d)]);
+          saturated = saturated || std::fabs(dk[g.K(s.k_begin + j, kvh, d)]) >= rd.sat_g[1];
         }
+        if (saturated) continue;
         const double allow =
             2 * (rd.u_g * abs_sum + bound_dk[static_cast<size_t>(d)]) + s.k_len * rd.tiny_g;
         w_dk.Update(std::fabs(sum - pred_dk[static_cast<size_t>(d)]), allow,
@@ -286,10 +289,13 @@ void Identities(const Problem& p, const Operands& x, const KernelRun& run, const
       }
       for (int64_t d = 0; d < Dv && s.k_len > 0; ++d) {
         double sum = 0, abs_sum = 0;
+        bool saturated = false;
         for (int64_t j = 0; j < s.k_len; ++j) {
           sum += dv[g.V(s.k_begin + j, kvh, d)];
           abs_sum += std::fabs(dv[g.V(s.k_begin + j, kvh, d)]);
+          saturated = saturated || std::fabs(dv[g.V(s.k_begin + j, kvh, d)]) >= rd.sat_g[2];
         }
+        if (saturated) continue;
         const double allow =
             2 * (rd.u_g * abs_sum + bound_dv[static_cast<size_t>(d)]) + s.k_len * rd.tiny_g;
         w_dv.Update(std::fabs(sum - pred_dv[static_cast<size_t>(d)]), allow,
@@ -461,7 +467,8 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
           }
           for (int64_t d = 0; d < D; ++d) {
             const double obs = dq[g.Q(t, h, d)];
-            const double pred = pred_dq[static_cast<size_t>(d)];
+            const double pred =
+                std::clamp(pred_dq[static_cast<size_t>(d)], -rd.sat_g[0], rd.sat_g[0]);
             const double allow =
                 2 * (bound_dq[static_cast<size_t>(d)] + rd.u_g * std::fabs(pred)) + rd.tiny_g;
             w_dq.Update(std::fabs(obs - pred), allow,
@@ -473,9 +480,10 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
         for (int64_t d = 0; d < D; ++d) {
           const size_t kk = static_cast<size_t>(j * D + d);
           const double obs = dk[g.K(s.k_begin + j, kvh, d)];
+          const double pred = std::clamp(pred_dk[kk], -rd.sat_g[1], rd.sat_g[1]);
           const double allow = 2 * (bound_dk[kk] + rd.u_g * std::fabs(pred_dk[kk])) + rd.tiny_g;
-          w_dk.Update(std::fabs(obs - pred_dk[kk]), allow,
-                      Loc(p, "dk", KeyIndex(p, s.k_begin + j, kvh, d), obs, pred_dk[kk]));
+          w_dk.Update(std::fabs(obs - pred), allow,
+                      Loc(p, "dk", KeyIndex(p, s.k_begin + j, kvh, d), obs, pred));
         }
       }
     }

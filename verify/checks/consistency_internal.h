@@ -4,6 +4,8 @@
 // consistency_recipe_gradient.cc (the oracle backward at the recipe's quantised operands).
 #pragma once
 
+#include <array>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,6 +64,13 @@ struct RoundingModel {
   // and half the format's smallest positive value (a subnormal dP errs absolutely).
   double u_dp = 0, tiny_dp = 0;
   double tiny_o = 0, tiny_g = 0;
+  // Where dq, dk, dv saturate (recipe.h gradient_scales: MaxFinite(gradients) / scale; +inf
+  // for unscaled roundings): the probe compares a saturated gradient with its prediction
+  // clamped there, and a sum identity skips a column holding one (the sum of saturated values
+  // is not the saturated sum).
+  std::array<double, 3> sat_g{std::numeric_limits<double>::infinity(),
+                              std::numeric_limits<double>::infinity(),
+                              std::numeric_limits<double>::infinity()};
   bool delta_rounded = true;
 };
 

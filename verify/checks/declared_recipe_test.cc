@@ -218,6 +218,27 @@ TEST(DeclaredRecipe, ScaledE4m3GradientsAreJudgedAtTheirScale) {
   }
   EXPECT_GT(grads, 0) << ToConsole(b.report);
   std::printf("  unscaled E4M3 gradients: %d gradient verdicts failed\n", grads);
+
+  // A scale too large for the data (a static gradient scale from a calibration whose
+  // gradients were smaller): dq, dk, dv saturate at 448 / 4096. A kernel doing exactly that
+  // is what its recipe says; the GQA/MHA relation, whose sums saturation breaks, skips the
+  // saturated elements instead of calling the kernel wrong (an H100 run of cuDNN's FP8
+  // backward at a calibrated scale 128 failed it with dk -3.5 = -448/128 against -11.25).
+  nlohmann::json hot = scaled;
+  hot["name"] = "test-e4m3-grads-saturating";
+  hot["gradient_scales"] = {4096.0, 4096.0, 4096.0};
+  const Capabilities hot_caps = Declare(hot);
+  const LowpModelSpec hot_spec = SpecFor("test/e4m3-grads-saturating",
+                                         "test-e4m3-grads-saturating");
+  Declaring saturating("test/e4m3-grads-saturating", hot_caps, model(hot_spec),
+                       model(hot_spec));
+  const RunResult h = RunSuiteOn(saturating, "quick");
+  int saturated = 0;
+  for (const Verdict& v : h.report.verdicts) {
+    EXPECT_TRUE(v.pass) << v.check << " " << v.tensor << ": " << v.message;
+    saturated += v.message.find("saturated element") != std::string::npos;
+  }
+  EXPECT_GT(saturated, 0) << "no relation met a saturated element: the scale is too small";
 }
 
 TEST(DeclaredRecipe, ItsToleranceRowIsTheRecipeRule) {

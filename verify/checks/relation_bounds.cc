@@ -115,6 +115,17 @@ Format UlpFormat(const Profile* profile, std::string_view tensor, const Tensor& 
   return FormatOf(got.dtype()).value_or(Format::kF64);
 }
 
+double UlpFormatScale(const Profile* profile, std::string_view tensor) {
+  if (profile != nullptr) {
+    if (const std::vector<Policy>* policies = profile->For(tensor)) {
+      for (const Policy& policy : *policies) {
+        if (policy.format) return policy.format_scale;
+      }
+    }
+  }
+  return 1.0;
+}
+
 
 DpRoundingAllowance DpRoundingBound(const Problem& p, const CaseInputs& in, const Tensor& o,
                                     const Tensor& lse, Format dp_format) {

@@ -18,6 +18,10 @@ namespace attest {
 
 // The format a relation's ULPs are counted in (see relation_bounds.cc).
 Format UlpFormat(const Profile* profile, std::string_view tensor, const Tensor& got);
+// The power-of-two pre-scale of that format (Policy::format_scale; 1 when none is declared):
+// a declared recipe's E4M3 gradients written at scale 128 have ULPs 128 times finer, and
+// saturate at MaxFinite(format) / scale.
+double UlpFormatScale(const Profile* profile, std::string_view tensor);
 
 // Per-element allowance (f64; dq's and dk's shapes) for comparing the backward of two runs
 // that round dP = dO·Vᵀ at different points (Kernel::BackwardDpFormat differs between the GQA
