@@ -127,7 +127,9 @@ Verdict Agree(std::string_view check, std::string_view tensor, const Problem& p,
         ulps == 0 ? 0.0 : ulps * Quantum(row_scale * fscale, f) / fscale;
     for (int64_t e2 = r0; e2 < r0 + row; ++e2) {
       const double a = se[static_cast<size_t>(e2)], b = sg[static_cast<size_t>(e2)];
-      if (std::fabs(a) >= saturated || std::fabs(b) >= saturated) {
+      // (`scale`, where given, is the largest summand: GQA's dk from saturated MHA terms.)
+      if (std::fabs(a) >= saturated || std::fabs(b) >= saturated ||
+          std::fabs(ss[static_cast<size_t>(e2)]) >= saturated) {
         ++skipped_saturated;
         continue;
       }
