@@ -189,9 +189,9 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   const bool mma = (flags & ATTEST_ORACLE_CUDA_MMA) != 0;
   for (const auto& c : candidates) {
     if (mma && (c[0] % 8 != 0 || c[1] % 8 != 0)) continue;  // MmaProduct's 8 x 8 blocks
-    const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1]),
-                                        DqShared(dd, dvw, c[0], c[1]),
-                                        DkDvShared(dd, dvw, c[0], c[1])});
+    const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1], mma),
+                                        DqShared(dd, dvw, c[0], c[1], mma, 1),
+                                        DkDvShared(dd, dvw, c[0], c[1], mma)});
     if (need <= limit) {
       tq = c[0];
       tk = c[1];
@@ -201,9 +201,11 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   Require(tq > 0, "head_dim " + std::to_string(dd) + " / head_dim_v " + std::to_string(dvw) +
                       ": too large for the device's shared memory (" + std::to_string(optin) +
                       " bytes per block)");
-  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, tq, tk));
-  const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk));
-  const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk));
+  // DqKernel: a second K buffer (the next K tile requested a whole tile ahead) where it fits.
+  const int k_buffers = 8 * DqShared(dd, dvw, tq, tk, mma, 2) <= limit ? 2 : 1;
+  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, tq, tk, mma));
+  const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, mma, k_buffers));
+  const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, mma));
   Check(cudaFuncSetAttribute(ForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(fwd_bytes)),
         "cudaFuncSetAttribute(ForwardKernel)");
@@ -252,6 +254,7 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   p.tq = tq;
   p.tk = tk;
   p.mma = mma ? 1 : 0;
+  p.k_buffers = k_buffers;
 
   // Inputs and outputs on the device.
   const double *dq_in = q, *dk_in = k, *dv_in = v, *ddo_in = dout;

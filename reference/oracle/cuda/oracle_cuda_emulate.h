@@ -56,6 +56,31 @@ inline unsigned Lane() { return thread_index.x % 32; }
 inline unsigned WarpBase() { return thread_index.x / 32 * 32; }
 inline std::barrier<>& WarpBarrier() { return *warp_barriers[thread_index.x / 32]; }
 
+// cp.async (oracle_cuda_device.cuh's CopyAsync, CopyCommit, CopyWait) per thread: a copy is
+// queued and done when a CopyWait lets fewer groups than its own stay pending, so a kernel that
+// reads a tile before waiting for it reads what was there before (NaN, or the previous tile),
+// as the GPU may.
+struct PendingCopy {
+  double* dst;
+  const double* src;
+};
+inline thread_local std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
+inline thread_local std::vector<PendingCopy> copy_open;                // not yet committed
+
+inline void CopyAsync(double* dst, const double* src) { copy_open.push_back({dst, src}); }
+inline void CopyCommit() {
+  copy_groups.push_back(std::move(copy_open));
+  copy_open.clear();
+}
+inline void CopyWait(int pending) {
+  // cp.async.wait_group n: all but the newest n committed groups are complete (copies not yet
+  // committed belong to no group and are not waited for).
+  while (static_cast<int>(copy_groups.size()) > pending) {
+    for (const PendingCopy& c : copy_groups.front()) *c.dst = *c.src;
+    copy_groups.erase(copy_groups.begin());
+  }
+}
+
 template <class... P, class... A>
 void Launch(void (*kernel)(P...), dim3 grid, unsigned block, size_t shared, A... args) {
   if (block == 0 || block % 32 != 0) std::abort();  // the kernels assume whole warps
@@ -84,12 +109,14 @@ void Launch(void (*kernel)(P...), dim3 grid, unsigned block, size_t shared, A...
         }
         block_barrier->arrive_and_wait();
         kernel(args...);
+        if (!copy_groups.empty() || !copy_open.empty()) std::abort();  // a copy never waited for
         block_barrier->arrive_and_wait();
       }
     });
   }
   for (auto& th : threads) th.join();
 }
+
 
 }  // namespace attest_emu
 
