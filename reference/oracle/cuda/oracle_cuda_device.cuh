@@ -134,27 +134,36 @@ __host__ __device__ int64_t Stride(int64_t width, int mma) {
   return mma ? width + (12 - width % 8) % 8 : width + 1;
 }
 
-// Warp reductions (all lanes get the result).
-__device__ double WarpMax(double x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
+// Warp reductions (all lanes get the result), of N independent values side by side (one value
+// per row of the online softmax: their shuffles overlap).
+template <int N>
+__device__ void WarpMax(double (&x)[N]) {
+  for (int o = 16; o > 0; o >>= 1) {
+    ATTEST_UNROLL
+    for (int u = 0; u < N; ++u) x[u] = fmax(x[u], __shfl_xor_sync(0xffffffffu, x[u], o));
+  }
 }
 // Compensated sum over the warp: a TwoSum tree carrying each addition's exact error (Sum2's
 // bound in tree order; Ogita, Rump, Oishi, "Accurate sum and dot product", SIAM J. Sci.
 // Comput. 26(6), 2005). TwoSum is symmetric, so every lane ends with the same (sum, comp).
-__device__ void WarpSum2(double* sum, double* comp) {
-  double s = *sum, c = *comp;
+template <int N>
+__device__ void WarpSum2(double (&sum)[N], double (&comp)[N]) {
   for (int o = 16; o > 0; o >>= 1) {
-    const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const double c2 = __shfl_xor_sync(0xffffffffu, c, o);
-    const double t = s + s2;
-    const double bp = t - s;
-    const double e = (s - (t - bp)) + (s2 - bp);
-    s = t;
-    c = (c + c2) + e;
+    double s2[N], c2[N];
+    ATTEST_UNROLL
+    for (int u = 0; u < N; ++u) {
+      s2[u] = __shfl_xor_sync(0xffffffffu, sum[u], o);
+      c2[u] = __shfl_xor_sync(0xffffffffu, comp[u], o);
+    }
+    ATTEST_UNROLL
+    for (int u = 0; u < N; ++u) {
+      const double t = sum[u] + s2[u];
+      const double bp = t - sum[u];
+      const double e = (sum[u] - (t - bp)) + (s2[u] - bp);
+      sum[u] = t;
+      comp[u] = (comp[u] + c2[u]) + e;
+    }
   }
-  *sum = s;
-  *comp = c;
 }
 // TwoSumAdd of oracle_double.cc.
 __device__ void TwoSumAdd(double& sum, double& comp, double x) {

@@ -48,6 +48,62 @@ __device__ void LoadKeys(const Dev& p, const Seq& s, int64_t g, const double* x,
   CopyCommit();
 }
 
+// The online softmax of the score tile ss (rows of tq, keys of tk <= 32), in place: ss becomes
+// P = exp(s - m_new); m, l (+ comp: Sum2's compensation), f (the rescaling of O), keys and tiles
+// per row. One warp per row, lane c holding key c; each warp takes kRows of its rows at once,
+// step by step, so that their shuffles and exp overlap (each row's operations and their order
+// are those of one row at a time).
+__device__ void OnlineSoftmax(int tq, int tk, int64_t st, double* ss, double* m, double* l,
+                              double* comp, double* f, int64_t* keys, int64_t* tiles) {
+  constexpr int kRows = 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = static_cast<int>(blockDim.x / 32);
+  for (int r0 = warp; r0 < tq; r0 += kRows * warps) {
+    double x[kRows], mx[kRows], sum[kRows], c[kRows], m_old[kRows], m_new[kRows], fr[kRows];
+    int count[kRows];
+    ATTEST_UNROLL
+    for (int u = 0; u < kRows; ++u) {
+      const int r = r0 + u * warps;
+      x[u] = r < tq && lane < tk ? ss[r * st + lane] : -INFINITY;
+      count[u] = __popc(__ballot_sync(0xffffffffu, x[u] > -INFINITY));
+      mx[u] = x[u];
+      m_old[u] = r < tq ? m[r] : -INFINITY;
+    }
+    WarpMax(mx);
+    ATTEST_UNROLL
+    for (int u = 0; u < kRows; ++u) {
+      m_new[u] = fmax(m_old[u], mx[u]);
+      fr[u] = 1;
+      if (count[u] > 0 && mx[u] > m_old[u] && m_old[u] != -INFINITY) fr[u] = exp(m_old[u] - mx[u]);
+      sum[u] = count[u] > 0 && x[u] > -INFINITY ? exp(x[u] - m_new[u]) : 0.0;
+      x[u] = sum[u];  // P of this lane's key
+      c[u] = 0;
+    }
+    WarpSum2(sum, c);
+    __syncwarp();
+    ATTEST_UNROLL
+    for (int u = 0; u < kRows; ++u) {
+      const int r = r0 + u * warps;
+      if (r >= tq) continue;
+      if (lane == 0) {
+        if (count[u] > 0) {
+          double lr = l[r] * fr[u], cr = comp[r] * fr[u] + c[u];
+          TwoSumAdd(lr, cr, sum[u]);
+          l[r] = lr;
+          comp[r] = cr;
+          m[r] = m_new[u];
+          f[r] = fr[u];
+          keys[r] += count[u];
+          tiles[r] += 1;
+        } else {
+          f[r] = 1;
+        }
+      }
+      if (lane < tk) ss[r * st + lane] = x[u];
+    }
+  }
+}
+
 // Key tiles stream through one K and one V buffer: the next tile's K rows are requested as soon
 // as the scores are computed (while the softmax and P V run), its V rows as soon as P V is done
 // (while the next scores run).
@@ -110,36 +166,7 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
     Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, cn, ss, nullptr, mag);
     if (jn < end) LoadKeys(p, s, g, k, p.d, jn, sk_tile, cn);  // K is free: the next one
     // Online softmax, one warp per row; lane c holds key c of the tile.
-    for (int r = warp; r < tq; r += warps) {
-      const double x = lane < tk ? ss[r * st + lane] : -INFINITY;
-      const bool vis = x > -INFINITY;
-      const int count = __popc(__ballot_sync(0xffffffffu, vis));
-      double pr = 0;
-      if (count > 0) {
-        const double mx = WarpMax(x);
-        const double m_old = m[r];
-        const double m_new = fmax(m_old, mx);
-        double fr = 1;
-        if (mx > m_old && m_old != -INFINITY) fr = exp(m_old - mx);
-        pr = vis ? exp(x - m_new) : 0.0;
-        double sum = pr, c = 0;
-        WarpSum2(&sum, &c);
-        __syncwarp();
-        if (lane == 0) {
-          double lr = l[r] * fr, cr = comp[r] * fr + c;
-          TwoSumAdd(lr, cr, sum);
-          l[r] = lr;
-          comp[r] = cr;
-          m[r] = m_new;
-          f[r] = fr;
-          keys[r] += count;
-          tiles[r] += 1;
-        }
-      } else if (lane == 0) {
-        f[r] = 1;
-      }
-      if (lane < tk) ss[r * st + lane] = pr;
-    }
+    OnlineSoftmax(tq, tk, st, ss, m, l, comp, f, keys, tiles);
     if (jn < end) {
       CopyWait<1>();  // this tile's V (the next K may still be on the way)
     } else {
@@ -479,14 +506,18 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
     __syncthreads();
     Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, cn, ss,
            p.softcap > 0 ? ds : nullptr, mag);
-    for (int c = threadIdx.x; c < tk; c += blockDim.x) {
-      for (int r = 0; r < tq; ++r) seen[c] += ss[r * st + c] > -INFINITY ? 1 : 0;
+    for (int c = threadIdx.x; c < tk; c += blockDim.x) {  // in a register: no aliasing stalls
+      int64_t n = seen[c];
+      for (int r = 0; r < tq; ++r) n += ss[r * st + c] > -INFINITY ? 1 : 0;
+      seen[c] = n;
     }
     CopyWait<0>();  // this tile's dO, lse and delta
     __syncthreads();
     BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
-    for (int c = threadIdx.x; c < tk; c += blockDim.x) {
-      for (int r = 0; r < tq; ++r) mass[c] += ss[r * st + c];
+    for (int c = threadIdx.x; c < tk; c += blockDim.x) {  // the same order, in a register
+      double x = mass[c];
+      for (int r = 0; r < tq; ++r) x += ss[r * st + c];
+      mass[c] = x;
     }
     // dK += dS^T Q, dV += P^T dO (each the tile's product summed apart, then added).
     if (p.mma) {
