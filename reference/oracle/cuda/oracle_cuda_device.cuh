@@ -187,71 +187,113 @@ __device__ void Mma884(double& c0, double& c1, double a, double b) {
 #endif
 }
 
-// The tile product C = A B (m x n, m a multiple of 8; k = kdim) on the tensor cores, with
-// A(i, k) = a[i * a_i + k * a_k] and B(k, j) = b[k * b_k + j * b_j] in shared memory; hands every
-// element to out(i, j, value) once (columns j >= n are padding, never handed out). Each warp
-// takes groups of MR x NR blocks of 8 x 8 in turn: per k step it loads MR fragments of A and NR
-// of B and issues MR * NR independent mma (reuse of the fragments, and MR * NR chains in flight
-// instead of one). Every block's chain is the same as with one block at a time: k steps in
-// ascending order, each one Mma884. Every thread of the block must call it; the caller
-// synchronises after.
-template <int MR, int NR, class Out>
-__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
-                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+// Operands of a tile product C = A B with k = kdim: A(i, k) = a[i * a_i + k * a_k] and
+// B(k, j) = b[k * b_k + j * b_j] in shared memory.
+struct MmaOperands {
+  const double* a;
+  int64_t a_i, a_k;
+  const double* b;
+  int64_t b_k, b_j, kdim;
+};
+
+// NP tile products of the same shape, m x n (m a multiple of 8), on the tensor cores: hands
+// every element to out(i, j, v), v[x] the element of product x, once (columns j >= n are
+// padding, never handed out). Each warp takes groups of MR x NR blocks of 8 x 8 in turn: per k
+// step it loads MR fragments of A and NR of B per product and issues MR * NR independent mma
+// per product (reuse of the fragments, and NP * MR * NR chains in flight instead of one). Every
+// block's chain is the same as with one block and one product at a time: k steps in ascending
+// order, each one Mma884. Every thread of the block must call it; the caller synchronises
+// after.
+template <int MR, int NR, int NP, class Out>
+__device__ void MmaProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Out&& out) {
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int warps = static_cast<int>(blockDim.x / 32);
   const int row_blocks = m / 8, col_blocks = static_cast<int>((n + 7) / 8);
   const int row_groups = (row_blocks + MR - 1) / MR, col_groups = (col_blocks + NR - 1) / NR;
-  const int kfull = static_cast<int>(kdim / 4 * 4);
+  int kfull[NP], ksteps = 0;
+  ATTEST_UNROLL
+  for (int q = 0; q < NP; ++q) {
+    kfull[q] = static_cast<int>(ops[q].kdim / 4 * 4);
+    ksteps = max(ksteps, kfull[q]);
+  }
   for (int grp = threadIdx.x / 32; grp < row_groups * col_groups; grp += warps) {
     const int bi = grp / col_groups * MR, bj = grp % col_groups * NR;
     const int mr = min(MR, row_blocks - bi), nr = min(NR, col_blocks - bj);  // warp-uniform
-    const double* pa[MR];
-    const double* pb[NR];
+    const double* pa[NP][MR];
+    const double* pb[NP][NR];
     bool bok[NR];
-ATTEST_UNROLL
-    for (int x = 0; x < MR; ++x) pa[x] = a + (8 * (bi + x) + g) * a_i + t * a_k;
-ATTEST_UNROLL
-    for (int y = 0; y < NR; ++y) {
-      const int64_t j = 8 * (bj + y) + g;
-      bok[y] = j < n;
-      pb[y] = b + t * b_k + (bok[y] ? j : 0) * b_j;
-    }
-    double c[MR][NR][2];
-ATTEST_UNROLL
-    for (int x = 0; x < MR; ++x) {
-ATTEST_UNROLL
-      for (int y = 0; y < NR; ++y) c[x][y][0] = c[x][y][1] = 0;
-    }
-    auto step = [&](int64_t k_off, bool k_ok) {
-      double av[MR], bv[NR];
-ATTEST_UNROLL
-      for (int x = 0; x < MR; ++x) av[x] = x < mr && k_ok ? pa[x][k_off * a_k] : 0.0;
-ATTEST_UNROLL
-      for (int y = 0; y < NR; ++y) bv[y] = y < nr && k_ok && bok[y] ? pb[y][k_off * b_k] : 0.0;
-ATTEST_UNROLL
+    ATTEST_UNROLL
+    for (int y = 0; y < NR; ++y) bok[y] = 8 * (bj + y) + g < n;
+    double c[NP][MR][NR][2];
+    ATTEST_UNROLL
+    for (int q = 0; q < NP; ++q) {
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) pa[q][x] = ops[q].a + (8 * (bi + x) + g) * ops[q].a_i +
+                                               t * ops[q].a_k;
+      ATTEST_UNROLL
+      for (int y = 0; y < NR; ++y) {
+        const int64_t j = bok[y] ? 8 * (bj + y) + g : 0;
+        pb[q][y] = ops[q].b + t * ops[q].b_k + j * ops[q].b_j;
+      }
+      ATTEST_UNROLL
       for (int x = 0; x < MR; ++x) {
-ATTEST_UNROLL
+        ATTEST_UNROLL
+        for (int y = 0; y < NR; ++y) c[q][x][y][0] = c[q][x][y][1] = 0;
+      }
+    }
+    auto step = [&](int q, int64_t k0, bool k_ok) {
+      double av[MR], bv[NR];
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) av[x] = x < mr && k_ok ? pa[q][x][k0 * ops[q].a_k] : 0.0;
+      ATTEST_UNROLL
+      for (int y = 0; y < NR; ++y) {
+        bv[y] = y < nr && k_ok && bok[y] ? pb[q][y][k0 * ops[q].b_k] : 0.0;
+      }
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) {
+        ATTEST_UNROLL
         for (int y = 0; y < NR; ++y) {
-          if (x < mr && y < nr) Mma884(c[x][y][0], c[x][y][1], av[x], bv[y]);
+          if (x < mr && y < nr) Mma884(c[q][x][y][0], c[q][x][y][1], av[x], bv[y]);
         }
       }
     };
-ATTEST_UNROLL_BY_2
-    for (int k0 = 0; k0 < kfull; k0 += 4) step(k0, true);
-    if (kfull < kdim) step(kfull, kfull + t < kdim);
-ATTEST_UNROLL
+    ATTEST_UNROLL_BY_2
+    for (int k0 = 0; k0 < ksteps; k0 += 4) {
+      ATTEST_UNROLL
+      for (int q = 0; q < NP; ++q) {
+        if (k0 < kfull[q]) step(q, k0, true);
+      }
+    }
+    ATTEST_UNROLL
+    for (int q = 0; q < NP; ++q) {
+      if (kfull[q] < ops[q].kdim) step(q, kfull[q], kfull[q] + t < ops[q].kdim);
+    }
+    ATTEST_UNROLL
     for (int x = 0; x < MR; ++x) {
-ATTEST_UNROLL
+      ATTEST_UNROLL
       for (int y = 0; y < NR; ++y) {
         if (x < mr && y < nr) {
           const int64_t i = 8 * (bi + x) + g, j = 8 * (bj + y) + 2 * t;
-          if (j < n) out(i, j, c[x][y][0]);
-          if (j + 1 < n) out(i, j + 1, c[x][y][1]);
+          double v0[NP], v1[NP];
+          ATTEST_UNROLL
+          for (int q = 0; q < NP; ++q) {
+            v0[q] = c[q][x][y][0];
+            v1[q] = c[q][x][y][1];
+          }
+          if (j < n) out(i, j, v0);
+          if (j + 1 < n) out(i, j + 1, v1);
         }
       }
     }
   }
+}
+
+// One tile product C = A B (m x n; k = kdim), as MmaProducts: out(i, j, value).
+template <int MR, int NR, class Out>
+__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
+                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+  const MmaOperands ops[1] = {{a, a_i, a_k, b, b_k, b_j, kdim}};
+  MmaProducts<MR, NR>(m, n, ops, [&](int64_t i, int64_t j, const double* v) { out(i, j, v[0]); });
 }
 
 // Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty); into
@@ -368,13 +410,38 @@ __device__ void LoadRows(const double* x, int64_t heads, int64_t head, int64_t r
   }
 }
 
+// Whether every row of the tile (query rows i0.., keys j0..; lo, hi and range of
+// TileRowBounds(i0)) sees the whole tile: no documents, no block-sparse map, every key inside
+// every row's band and bounds. Then Visible holds for every entry, and the callers skip it.
+__device__ bool WholeTile(const Dev& p, const Seq& s, int64_t i0, int64_t j0,
+                          const int64_t* range) {
+  return p.doc_q == nullptr && p.blocks == nullptr && j0 + p.tk <= s.k_len && range[2] <= j0 &&
+         range[3] >= j0 + p.tk && (p.left < 0 || j0 >= i0 + p.tq - 1 + s.off - p.left) &&
+         (p.right < 0 || j0 + p.tk - 1 <= i0 + s.off + p.right);
+}
+
+// The transformed score of a visible entry (query row i, key j; dot = q.k): TransformScore of
+// reference/problem/mask.h; t = tanh(scale q.k / cap) with softcap. Records the score magnitude
+// statistic (nq, nk: the q and k norms) into `mag`.
+__device__ double ScoreOf(const Dev& p, const Seq& s, int64_t i, int64_t j, double slope,
+                          double dot, double nq, double nk, double& t, double& mag) {
+  double sc = p.scale * dot;
+  if (p.softcap > 0) {
+    t = tanh(sc / p.softcap);
+    sc = p.softcap * t;
+  }
+  const int64_t diag = i + s.off;
+  const int64_t dist = diag > j ? diag - j : j - diag;
+  if (slope != 0) sc -= slope * static_cast<double>(dist);
+  mag = fmax(mag, fabs(p.scale) * nq * nk + fabs(slope) * static_cast<double>(dist));
+  return sc;
+}
+
 // Transformed, masked scores of the tile (query rows i0.., keys j0.. of sequence s, query head
 // h): s_rc = TransformScore(scale q.k) where Visible, -inf elsewhere (reference/problem/mask.h);
 // th_rc = tanh(scale q.k / cap) with softcap (th may be null). rn and cn: the tile's q and k
 // norms (for the score magnitude statistic of every visible entry, into the thread's `mag`).
-// lo, hi and range: TileRowBounds(i0). A tile that every row sees whole (no documents, no
-// block-sparse map, every key inside every row's band and bounds) skips the per-entry test,
-// which would pass for each entry. Ends with __syncthreads().
+// lo, hi and range: TileRowBounds(i0). Ends with __syncthreads().
 __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_t j0,
                        const int64_t* lo, const int64_t* hi, const int64_t* range,
                        const double* sq_tile, const double* sk_tile, const double* rn,
@@ -386,14 +453,10 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
                      [&](int64_t r, int64_t c, double x) { ss[r * st + c] = x; });
     __syncthreads();
   }
-  const bool whole = p.doc_q == nullptr && p.blocks == nullptr && j0 + p.tk <= s.k_len &&
-                     range[2] <= j0 && range[3] >= j0 + p.tk &&
-                     (p.left < 0 || j0 >= i0 + p.tq - 1 + s.off - p.left) &&
-                     (p.right < 0 || j0 + p.tk - 1 <= i0 + s.off + p.right);
+  const bool whole = WholeTile(p, s, i0, j0, range);
   const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
   for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
     const int64_t i = i0 + r;
-    const double nq = rn[r];
     for (int c = lane; c < p.tk; c += 32) {
       const int64_t j = j0 + c;
       double sc = -INFINITY, t = 0;
@@ -406,20 +469,49 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
           const double* kr = sk_tile + c * sd;
           for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
         }
-        sc = p.scale * dot;
-        if (p.softcap > 0) {
-          t = tanh(sc / p.softcap);
-          sc = p.softcap * t;
-        }
-        const int64_t diag = i + s.off;
-        const int64_t dist = diag > j ? diag - j : j - diag;
-        if (slope != 0) sc -= slope * static_cast<double>(dist);
-        mag = fmax(mag, fabs(p.scale) * nq * cn[c] + fabs(slope) * static_cast<double>(dist));
+        sc = ScoreOf(p, s, i, j, slope, dot, rn[r], cn[c], t, mag);
       }
       ss[r * st + c] = sc;
       if (th != nullptr) th[r * st + c] = t;
     }
   }
+  __syncthreads();
+}
+
+// The backward's scores and gradients of the tile on the mma path, in one pass: S = Q K^T and
+// dP = dO V^T as two products side by side (MmaProducts), and in their epilogue, per entry by
+// the lane that holds it, what Scores and then BackwardTile compute: s (ScoreOf) where
+// Visible, P = exp(s - lse) and dS = P (dP - delta) [(1 - t^2) with softcap] where s > -inf,
+// else P = dS = 0, into ss and ds; the count of such entries per key into seen (if not null;
+// integer atomics in shared memory: exact in any order). Ends with __syncthreads().
+__device__ void ScoresBackwardMma(const Dev& p, const Seq& s, int64_t h, int64_t i0,
+                                  int64_t j0, const int64_t* lo, const int64_t* hi,
+                                  const int64_t* range, const double* sq_tile,
+                                  const double* sk_tile, const double* sdo_tile,
+                                  const double* sv_tile, const double* rn, const double* cn,
+                                  const double* row_lse, const double* row_delta, double* ss,
+                                  double* ds, int64_t* seen, double& mag) {
+  const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
+  const int64_t sd = Stride(p.d, p.mma), sdv = Stride(p.dv, p.mma), st = Stride(p.tk, p.mma);
+  const bool whole = WholeTile(p, s, i0, j0, range);
+  const MmaOperands ops[2] = {{sq_tile, sd, 1, sk_tile, 1, sd, p.d},
+                              {sdo_tile, sdv, 1, sv_tile, 1, sdv, p.dv}};
+  MmaProducts<1, 2>(p.tq, p.tk, ops, [&](int64_t r, int64_t c, const double* v) {
+    const int64_t i = i0 + r, j = j0 + c;
+    double pr = 0, dsv = 0;
+    if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
+      double t = 0;
+      const double sc = ScoreOf(p, s, i, j, slope, v[0], rn[r], cn[c], t, mag);
+      if (sc > -INFINITY) {
+        if (seen != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(seen + c), 1ull);
+        pr = exp(sc - row_lse[r]);
+        dsv = pr * (v[1] - row_delta[r]);
+        if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - t * t;
+      }
+    }
+    ss[r * st + c] = pr;
+    ds[r * st + c] = dsv;
+  });
   __syncthreads();
 }
 

@@ -247,41 +247,33 @@ __global__ void DeltaKernel(Dev p, const double* dout, const double* o, double* 
   delta[LseIndex(p, b, h, s, i)] = sum + comp;
 }
 
-// P = exp(s - lse) where visible (ss in place), dS = P (dP - delta) [(1 - th^2)] into ds
-// (which holds th on entry with softcap), dP = dO V^T: with mma, each entry in the epilogue of
-// the dP product by the lane that holds it. Ends with __syncthreads().
+// The fma path's P and dS of the tile, after Scores: P = exp(s - lse) where s > -inf (ss in
+// place), dS = P (dP - delta) [(1 - th^2)] into ds (which holds th on entry with softcap),
+// dP = dO V^T by fma chains. (The mma path computes the same in ScoresBackwardMma.) Ends with
+// __syncthreads().
 __device__ void BackwardTile(const Dev& p, const double* sdo_tile, const double* sv_tile,
                              const double* row_lse, const double* row_delta, double* ss,
                              double* ds) {
   const int64_t sdv = Stride(p.dv, p.mma), st = Stride(p.tk, p.mma);
-  auto entry = [&](int64_t r, int64_t c, double dp) {
-    const double x = ss[r * st + c];
-    double pr = 0, dsv = 0;
-    if (x > -INFINITY) {
-      pr = exp(x - row_lse[r]);
-      dsv = pr * (dp - row_delta[r]);
-      if (p.softcap > 0 && pr != 0.0) {
-        const double t = ds[r * st + c];
-        dsv *= 1.0 - t * t;
-      }
-    }
-    ss[r * st + c] = pr;
-    ds[r * st + c] = dsv;
-  };
-  if (p.mma) {
-    MmaProduct<1, 2>(p.tq, p.tk, p.dv, sdo_tile, sdv, 1, sv_tile, 1, sdv, entry);
-  } else {
-    const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
-    for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
-      for (int c = lane; c < p.tk; c += 32) {
+  const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
+  for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
+    for (int c = lane; c < p.tk; c += 32) {
+      const double x = ss[r * st + c];
+      double pr = 0, dsv = 0;
+      if (x > -INFINITY) {
+        pr = exp(x - row_lse[r]);
+        const double* dor = sdo_tile + r * sdv;
+        const double* vr = sv_tile + c * sdv;
         double dp = 0;
-        if (ss[r * st + c] > -INFINITY) {
-          const double* dor = sdo_tile + r * sdv;
-          const double* vr = sv_tile + c * sdv;
-          for (int64_t d = 0; d < p.dv; ++d) dp = fma(dor[d], vr[d], dp);
+        for (int64_t d = 0; d < p.dv; ++d) dp = fma(dor[d], vr[d], dp);
+        dsv = pr * (dp - row_delta[r]);
+        if (p.softcap > 0 && pr != 0.0) {
+          const double t = ds[r * st + c];
+          dsv *= 1.0 - t * t;
         }
-        entry(r, c, dp);
       }
+      ss[r * st + c] = pr;
+      ds[r * st + c] = dsv;
     }
   }
   __syncthreads();
@@ -359,20 +351,30 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
       } else {
         CopyCommit();  // an empty group: the same count of groups in every case
       }
-      CopyWait<2>();  // Q, dO and this tile's K (its V and the next K may be on the way)
+      // Q, dO and this tile's K (the next K may be on the way; with fma, this tile's V too).
+      if (p.mma) {
+        CopyWait<1>();
+      } else {
+        CopyWait<2>();
+      }
     } else {
       CopyWait<0>();  // Q, dO, this tile's K (requested last) and its V
     }
     __syncthreads();
-    Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, sk_tile + tk * sd, ss,
-           p.softcap > 0 ? ds : nullptr, mag);
-    if (two) {
-      CopyWait<1>();  // this tile's V
+    if (p.mma) {
+      ScoresBackwardMma(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, sdo_tile, sv_tile, rn,
+                        sk_tile + tk * sd, row_lse, row_delta, ss, ds, nullptr, mag);
     } else {
-      CopyWait<0>();
+      Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, sk_tile + tk * sd, ss,
+             p.softcap > 0 ? ds : nullptr, mag);
+      if (two) {
+        CopyWait<1>();  // this tile's V
+      } else {
+        CopyWait<0>();
+      }
+      __syncthreads();
+      BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
     }
-    __syncthreads();
-    BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
     if (jn < end) {
       LoadKeys(p, s, g, v, dv, jn, sv_tile, nullptr);  // V is free: the next one
     } else {
@@ -502,64 +504,84 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
     int64_t hn = h, in = i0;
     const bool next = NextQueryTile(p, s, g, j0, nk, &hn, &in);  // the same in every thread
     TileRowBounds(p, s, i0, lo, hi, range);
-    CopyWait<1>();  // K, V and this tile's Q (its dO may still be on the way)
-    __syncthreads();
-    Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, cn, ss,
-           p.softcap > 0 ? ds : nullptr, mag);
-    for (int c = threadIdx.x; c < tk; c += blockDim.x) {  // in a register: no aliasing stalls
-      int64_t n = seen[c];
-      for (int r = 0; r < tq; ++r) n += ss[r * st + c] > -INFINITY ? 1 : 0;
-      seen[c] = n;
+    if (p.mma) {
+      CopyWait<0>();  // K, V and this tile's Q and dO
+      __syncthreads();
+      ScoresBackwardMma(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, sdo_tile, sv_tile, rn,
+                        cn, row_lse, row_delta, ss, ds, seen, mag);
+    } else {
+      CopyWait<1>();  // K, V and this tile's Q (its dO may still be on the way)
+      __syncthreads();
+      Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, cn, ss,
+             p.softcap > 0 ? ds : nullptr, mag);
+      for (int c = threadIdx.x; c < tk; c += blockDim.x) {  // in a register: no aliasing stalls
+        int64_t n = seen[c];
+        for (int r = 0; r < tq; ++r) n += ss[r * st + c] > -INFINITY ? 1 : 0;
+        seen[c] = n;
+      }
+      CopyWait<0>();  // this tile's dO, lse and delta
+      __syncthreads();
+      BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
     }
-    CopyWait<0>();  // this tile's dO, lse and delta
-    __syncthreads();
-    BackwardTile(p, sdo_tile, sv_tile, row_lse, row_delta, ss, ds);
     for (int c = threadIdx.x; c < tk; c += blockDim.x) {  // the same order, in a register
       double x = mass[c];
       for (int r = 0; r < tq; ++r) x += ss[r * st + c];
       mass[c] = x;
     }
-    // dK += dS^T Q, dV += P^T dO (each the tile's product summed apart, then added).
-    if (p.mma) {
-      MmaProduct<2, 4>(tk, dd, tq, ds, 1, st, sq_tile, sd, 1,
-                       [&](int64_t c, int64_t d, double part) { acc_k[c * sd + d] += part; });
-    } else {
-      for (int c = warp; c < tk; c += warps) {
-        for (int64_t d = lane; d < dd; d += 32) {
-          double part = 0;
-          for (int r = 0; r < tq; ++r) part = fma(ds[r * st + c], sq_tile[r * sd + d], part);
-          acc_k[c * sd + d] += part;
+    // dK += dS^T Q, dV += P^T dO (each the tile's product summed apart, then added); the next
+    // tile's Q rows requested as soon as dK is done, its dO rows as soon as dV is.
+    const int64_t nq_next = next ? min(static_cast<int64_t>(tq), s.q_len - in) : 0;
+    auto product_k = [&] {
+      if (p.mma) {
+        MmaProduct<2, 4>(tk, dd, tq, ds, 1, st, sq_tile, sd, 1,
+                         [&](int64_t c, int64_t d, double part) { acc_k[c * sd + d] += part; });
+      } else {
+        for (int c = warp; c < tk; c += warps) {
+          for (int64_t d = lane; d < dd; d += 32) {
+            double part = 0;
+            for (int r = 0; r < tq; ++r) part = fma(ds[r * st + c], sq_tile[r * sd + d], part);
+            acc_k[c * sd + d] += part;
+          }
         }
       }
-    }
-    __syncthreads();
-    if (next) {  // Q is free: the next one
-      const int64_t nq = min(static_cast<int64_t>(tq), s.q_len - in);
-      LoadTile(q, p.hq, hn, dd, sd, s.q_begin + in, nq, tq, sq_tile);
-      LoadRows(p.qn, p.hq, hn, s.q_begin + in, nq, tq, 0.0, rn);
-    }
-    CopyCommit();
-    if (p.mma) {
-      MmaProduct<2, 4>(tk, dv, tq, ss, 1, st, sdo_tile, sdv, 1,
-                       [&](int64_t c, int64_t d, double part) { acc_v[c * sdv + d] += part; });
-    } else {
-      for (int c = warp; c < tk; c += warps) {
-        for (int64_t d = lane; d < dv; d += 32) {
-          double part = 0;
-          for (int r = 0; r < tq; ++r) part = fma(ss[r * st + c], sdo_tile[r * sdv + d], part);
-          acc_v[c * sdv + d] += part;
+      __syncthreads();
+      if (next) {
+        LoadTile(q, p.hq, hn, dd, sd, s.q_begin + in, nq_next, tq, sq_tile);
+        LoadRows(p.qn, p.hq, hn, s.q_begin + in, nq_next, tq, 0.0, rn);
+      }
+      CopyCommit();
+    };
+    auto product_v = [&] {
+      if (p.mma) {
+        MmaProduct<2, 4>(tk, dv, tq, ss, 1, st, sdo_tile, sdv, 1,
+                         [&](int64_t c, int64_t d, double part) { acc_v[c * sdv + d] += part; });
+      } else {
+        for (int c = warp; c < tk; c += warps) {
+          for (int64_t d = lane; d < dv; d += 32) {
+            double part = 0;
+            for (int r = 0; r < tq; ++r) {
+              part = fma(ss[r * st + c], sdo_tile[r * sdv + d], part);
+            }
+            acc_v[c * sdv + d] += part;
+          }
         }
       }
+      __syncthreads();
+      if (next) {
+        LoadTile(dout, p.hq, hn, dv, sdv, s.q_begin + in, nq_next, tq, sdo_tile);
+        const int64_t at = LseIndex(p, b, hn, s, in);
+        LoadRows(lse, 1, 0, at, nq_next, tq, -INFINITY, row_lse);
+        LoadRows(delta, 1, 0, at, nq_next, tq, 0.0, row_delta);
+      }
+      CopyCommit();
+    };
+    if (p.mma) {  // dO first: both are waited for together, and Q is the shorter wait
+      product_v();
+      product_k();
+    } else {  // Q first: the fma path waits for Q before dO
+      product_k();
+      product_v();
     }
-    __syncthreads();
-    if (next) {  // dO is free: the next one
-      const int64_t nq = min(static_cast<int64_t>(tq), s.q_len - in);
-      LoadTile(dout, p.hq, hn, dv, sdv, s.q_begin + in, nq, tq, sdo_tile);
-      const int64_t at = LseIndex(p, b, hn, s, in);
-      LoadRows(lse, 1, 0, at, nq, tq, -INFINITY, row_lse);
-      LoadRows(delta, 1, 0, at, nq, tq, 0.0, row_delta);
-    }
-    CopyCommit();
     more = next;
     h = hn;
     i0 = in;
