@@ -203,7 +203,10 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
                       " bytes per block)");
   // DqKernel: a second K buffer (the next K tile requested a whole tile ahead) where it fits.
   const int k_buffers = 8 * DqShared(dd, dvw, tq, tk, mma, 2) <= limit ? 2 : 1;
-  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, tq, tk, mma));
+  // ForwardKernel: query tiles of 2 tq rows where they fit (its chains run over keys: tk and the
+  // key tiles per row, whatever tq is; half the K and V traffic per row).
+  const int fwd_tq = 8 * ForwardShared(dd, dvw, 2 * tq, tk, mma) <= limit ? 2 * tq : tq;
+  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, fwd_tq, tk, mma));
   const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, mma, k_buffers));
   const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, mma));
   Check(cudaFuncSetAttribute(ForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -322,11 +325,14 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     CheckLaunch("NormsKernel(dout)");
   }
   const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
-  if (q_tiles > 0) {
+  const int64_t fwd_q_tiles = (max_q + fwd_tq - 1) / fwd_tq;
+  if (fwd_q_tiles > 0) {
     Require(q_tiles <= 0x7fffffff, "seqlen_q too large");
-    const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(hq),
+    const dim3 grid(static_cast<unsigned>(fwd_q_tiles), static_cast<unsigned>(hq),
                     static_cast<unsigned>(batch));
-    ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, p, dq_in, dk_in, dv_in, d_o, d_lse,
+    Dev pf = p;
+    pf.tq = fwd_tq;
+    ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse,
                   dstats);
     CheckLaunch("ForwardKernel");
   }

@@ -39,7 +39,7 @@ struct Dev {
   // Norms of (row, head) for the score magnitude statistic.
   const double* qn;
   const double* kn;
-  int tq, tk;     // tile sizes (<= 32 each; multiples of 8 with mma)
+  int tq, tk;     // tile sizes (tq <= 64, tk <= 32; multiples of 8 with mma)
   int mma;        // products on the FP64 tensor cores (MmaProduct) instead of fma chains
   int k_buffers;  // DqKernel: 2 when its shared memory holds two K tiles (prefetch), else 1
 };
@@ -296,35 +296,38 @@ __device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int6
   MmaProducts<MR, NR>(m, n, ops, [&](int64_t i, int64_t j, const double* v) { out(i, j, v[0]); });
 }
 
-// Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty); into
-// range: [0], [1] the union of the rows' bounds, [2] the largest lo and [3] the smallest hi over
-// all tq rows (Scores' test for a tile every row sees whole). Begins and ends with
-// __syncthreads().
+// Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty), by
+// warp 0; into range (every thread's own copy: each warp computes the rows' bounds and reduces
+// them by shuffles): [0], [1] the union of the rows' bounds, [2] the largest lo and [3] the
+// smallest hi over all tq rows (WholeTile's test). Begins and ends with __syncthreads().
 __device__ void TileRowBounds(const Dev& p, const Seq& s, int64_t i0, int64_t* lo, int64_t* hi,
                               int64_t* range) {
-  __syncthreads();  // lo, hi and range may still be read for the previous tile
-  for (int r = threadIdx.x; r < p.tq; r += blockDim.x) {
-    int64_t a = 0, z = 0;
-    if (i0 + r < s.q_len) KeyBounds(p, s, i0 + r, &a, &z);
-    lo[r] = a;
-    hi[r] = z;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t a = s.k_len, z = 0, lo_max = 0, hi_min = s.k_len;
-    for (int r = 0; r < p.tq; ++r) {
-      if (lo[r] < hi[r]) {
-        a = min(a, lo[r]);
-        z = max(z, hi[r]);
-      }
-      lo_max = max(lo_max, lo[r]);
-      hi_min = min(hi_min, hi[r]);
+  __syncthreads();  // lo and hi may still be read for the previous tile
+  long long a = s.k_len, z = 0, lo_max = 0, hi_min = s.k_len;
+  for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
+    int64_t x = 0, y = 0;
+    if (i0 + r < s.q_len) KeyBounds(p, s, i0 + r, &x, &y);
+    if (threadIdx.x < 32) {
+      lo[r] = x;
+      hi[r] = y;
     }
-    range[0] = a;
-    range[1] = z;
-    range[2] = lo_max;
-    range[3] = hi_min;
+    if (x < y) {
+      a = min(a, static_cast<long long>(x));
+      z = max(z, static_cast<long long>(y));
+    }
+    lo_max = max(lo_max, static_cast<long long>(x));
+    hi_min = min(hi_min, static_cast<long long>(y));
   }
+  for (int o = 16; o > 0; o >>= 1) {
+    a = min(a, __shfl_xor_sync(0xffffffffu, a, o));
+    z = max(z, __shfl_xor_sync(0xffffffffu, z, o));
+    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
+    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, o));
+  }
+  range[0] = a;
+  range[1] = z;
+  range[2] = lo_max;
+  range[3] = hi_min;
   __syncthreads();
 }
 
@@ -448,9 +451,13 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
                        const double* cn, double* ss, double* th, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
   const int64_t sd = Stride(p.d, p.mma), st = Stride(p.tk, p.mma);
-  if (p.mma) {  // Q K^T into ss first
-    MmaProduct<1, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd,
-                     [&](int64_t r, int64_t c, double x) { ss[r * st + c] = x; });
+  if (p.mma) {  // Q K^T into ss first (2 x 2 blocks per warp where there are enough rows)
+    auto out = [&](int64_t r, int64_t c, double x) { ss[r * st + c] = x; };
+    if (p.tq >= 64) {
+      MmaProduct<2, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
+    } else {
+      MmaProduct<1, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
+    }
     __syncthreads();
   }
   const bool whole = WholeTile(p, s, i0, j0, range);

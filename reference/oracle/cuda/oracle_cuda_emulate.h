@@ -4,10 +4,11 @@
 // libattest_oracle_cuda_emulated.so with the same C interface (oracle_cuda.h).
 //
 // A launch runs the grid's blocks one after another on one set of std::threads (one per thread
-// of a block), so
-// __syncthreads is a std::barrier over the block and the warp primitives (__shfl_xor_sync,
-// __ballot_sync, __syncwarp) exchange values through a per-warp std::barrier. A kernel whose
-// threads reach a different number of barriers deadlocks here (it is undefined on a GPU).
+// of a block), so __syncthreads is a std::barrier over the block and the warp primitives
+// (__shfl_xor_sync of double and long long, __ballot_sync, __syncwarp) exchange values through
+// a per-warp std::barrier; cp.async copies wait in a per-thread queue (CopyAsync below). A
+// kernel whose threads reach a different number of barriers deadlocks here (it is undefined on
+// a GPU).
 // "Device" memory is host memory filled with 0xff bytes (NaN doubles) on allocation, and shared
 // memory is NaN at the start of each block, so that a read before a write shows in the outputs.
 // Not emulated: timing (events measure nothing), cuBLAS, streams, and any memory model weaker
@@ -48,6 +49,7 @@ inline Index block_dim;
 inline std::unique_ptr<std::barrier<>> block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 inline std::vector<double> warp_doubles;
+inline std::vector<long long> warp_ints;
 inline std::vector<unsigned> warp_flags;
 inline std::vector<double> dynamic_shared;
 inline std::mutex atomic_mutex;
@@ -87,6 +89,7 @@ void Launch(void (*kernel)(P...), dim3 grid, unsigned block, size_t shared, A...
   dynamic_shared.assign(shared / sizeof(double) + 1, std::numeric_limits<double>::quiet_NaN());
   block_dim = {block, 1, 1};
   warp_doubles.assign(block, 0.0);
+  warp_ints.assign(block, 0);
   warp_flags.assign(block, 0);
   block_barrier = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(block));
   warp_barriers.clear();
@@ -137,6 +140,14 @@ inline double __shfl_xor_sync(unsigned, double v, int lane_mask) {
   warp_doubles[thread_index.x] = v;
   WarpBarrier().arrive_and_wait();
   const double r = warp_doubles[WarpBase() + (Lane() ^ static_cast<unsigned>(lane_mask))];
+  WarpBarrier().arrive_and_wait();
+  return r;
+}
+inline long long __shfl_xor_sync(unsigned, long long v, int lane_mask) {
+  using namespace attest_emu;
+  warp_ints[thread_index.x] = v;
+  WarpBarrier().arrive_and_wait();
+  const long long r = warp_ints[WarpBase() + (Lane() ^ static_cast<unsigned>(lane_mask))];
   WarpBarrier().arrive_and_wait();
   return r;
 }

@@ -132,7 +132,7 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
   int64_t* hi = lo + tq;
   int64_t* keys = hi + tq;
   int64_t* tiles = keys + tq;
-  __shared__ int64_t range[4];
+  int64_t range[4];  // TileRowBounds
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = static_cast<int>(blockDim.x / 32);
 
@@ -314,7 +314,7 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
   double* rn = row_delta + tq;
   int64_t* lo = reinterpret_cast<int64_t*>(rn + tq);
   int64_t* hi = lo + tq;
-  __shared__ int64_t range[4];
+  int64_t range[4];  // TileRowBounds
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = static_cast<int>(blockDim.x / 32);
 
@@ -479,7 +479,7 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
   double* ds = ss + tq * st;
   int64_t* lo = reinterpret_cast<int64_t*>(ds + tq * st);
   int64_t* hi = lo + tq;
-  __shared__ int64_t range[4];
+  int64_t range[4];  // TileRowBounds
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = static_cast<int>(blockDim.x / 32);
 
