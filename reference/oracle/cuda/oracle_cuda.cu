@@ -3,29 +3,42 @@
 //
 // Kernels (all float64, --fmad=false: every fused multiply-add is an explicit fma()):
 // - NormsKernel: per (row, head) 2-norms and max |x| of q, k, v, dO (OracleStats inputs).
-// - ForwardKernel, one block per (batch, query head, query tile of tq rows): for every key
-//   tile of tk keys that some row of the tile may see (the rule of TileWalk::ForEachKeyTile,
-//   reference/problem/tile_walk.h), in ascending order: S = scale Q K^T (fma chains of D),
-//   the score transform and the mask (reference/problem/mask.h, reproduced below), the online
-//   softmax (running max m, rescaling of O and the denominator l by exp(m_old - m_new)),
-//   P = exp(s - m), l += rowsum(P) compensated (a TwoSum tree over the warp, then TwoSum into
-//   l, as Sum2), O = f O + P V (the tile's product summed apart, then added: a chain of tk +
-//   tiles per element, as the CPU's). o = O / l, lse = m + log l; empty rows o = 0, lse = -inf.
+// - ForwardKernel, one block per (batch, query head, query tile of tq rows; 2 tq where shared
+//   memory allows: the forward's chains run over keys, so its query tile changes none): for
+//   every key tile of tk keys that some row of the tile may see (the rule of
+//   TileWalk::ForEachKeyTile, reference/problem/tile_walk.h), in ascending order: S = scale Q K^T
+//   (fma chains of D), the score transform and the mask (reference/problem/mask.h, reproduced
+//   below), the online softmax (running max m, rescaling of O and the denominator l by
+//   exp(m_old - m_new)), P = exp(s - m), l += rowsum(P) compensated (a TwoSum tree over the
+//   warp, then TwoSum into l, as Sum2; each warp takes four rows side by side), O = f O + P V
+//   (the tile's product summed apart, then added: a chain of tk + tiles per element, as the
+//   CPU's). o = O / l, lse = m + log l; empty rows o = 0, lse = -inf. Key tiles stream through
+//   one K and one V buffer with cp.async: the next K is requested once the scores are done, the
+//   next V once P V is done, so each load overlaps the other half of the tile's work.
 // - DeltaKernel: delta = dO . o by Dot2 (compensated, exact products by fma), as the CPU.
 // - DqKernel, one block per (batch, query head, query tile): the forward's scores again (same
-//   code), P = exp(s - lse), dP = dO V^T, dS = P (dP - delta) [(1 - tanh^2) with softcap],
-//   dQ += dS K per key tile; dq = scale dQ.
+//   expressions), P = exp(s - lse), dP = dO V^T, dS = P (dP - delta) [(1 - tanh^2) with
+//   softcap], dQ += dS K per key tile; dq = scale dQ. K tiles double-buffered where shared
+//   memory allows (the next one requested a whole tile ahead), V requested once dP is done.
 // - DkDvKernel, one block per (batch, kv head, key tile): for every query head of the group
-//   and every query tile that may see the tile, in ascending order: the same S, P, dS;
-//   dV += P^T dO, dK += dS^T Q; dk = scale dK. No atomics on outputs: every output element
-//   has one owner block, so results are deterministic (run to run bitwise equal).
+//   and every query tile that may see the tile (found by a warp vote, no barrier), in ascending
+//   order: the same S, P, dS; dV += P^T dO, dK += dS^T Q; dk = scale dK. Q and dO tiles stream
+//   through one buffer each, the next requested as soon as the product that reads it is done.
+//   No atomics on outputs: every output element has one owner block, so results are
+//   deterministic (run to run bitwise equal); the per-key count of visible entries (an integer)
+//   is summed by shared-memory atomics on the mma path, exact in any order.
 // Memory: O(tile) shared memory per block plus the inputs, outputs and per-row norms; never
-// O(Sq Sk).
+// O(Sq Sk). Shared-memory row strides avoid bank conflicts: odd on the fma path, 4 (mod 8) on
+// the mma path (Stride in oracle_cuda_device.cuh).
 // Products: fma chains over shared-memory tiles (each thread a few outputs), or with
-// ATTEST_ORACLE_CUDA_MMA the FP64 tensor cores (MmaProduct: mma.sync m8n8k4 f64 per 8 x 8
-// block). Both sum each tile's product apart and then add it, so the chains are the same.
+// ATTEST_ORACLE_CUDA_MMA the FP64 tensor cores (MmaProducts: mma.sync m8n8k4 f64; each warp
+// takes groups of up to 2 x 4 blocks of 8 x 8, reusing the A and B fragments across the group
+// and keeping one independent chain per block in flight; the backward computes S = Q K^T and
+// dP = dO V^T side by side and P, dS in their epilogue). Every block's chain is the same as one
+// block at a time (k steps ascending), so either path sums each tile's product apart and then
+// adds it, and the chains are the same.
 // Compiled with -DATTEST_ORACLE_CUDA_EMULATE by a C++ compiler (oracle_cuda_emulated.cc), the
-// kernels run on CPU threads (oracle_cuda_emulate.h) for tests without a GPU.
+// kernels run on CPU threads (oracle_cuda_emulate.h, cp.async included) for tests without a GPU.
 //
 // Error bound. The GPU evaluates the same expressions as the CPU oracle with at most the same
 // per-operation error: additions, multiplications, divisions and sqrt are IEEE round-to-nearest
