@@ -451,35 +451,38 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
                        const double* cn, double* ss, double* th, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
   const int64_t sd = Stride(p.d, p.mma), st = Stride(p.tk, p.mma);
-  if (p.mma) {  // Q K^T into ss first (2 x 2 blocks per warp where there are enough rows)
-    auto out = [&](int64_t r, int64_t c, double x) { ss[r * st + c] = x; };
+  const bool whole = WholeTile(p, s, i0, j0, range);
+  auto visible = [&](int64_t r, int64_t c) {
+    const int64_t j = j0 + c;
+    return whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j));
+  };
+  // Entry (r, c) from its dot product q.k (by one thread).
+  auto entry = [&](int64_t r, int64_t c, double dot, bool vis) {
+    double sc = -INFINITY, t = 0;
+    if (vis) sc = ScoreOf(p, s, i0 + r, j0 + c, slope, dot, rn[r], cn[c], t, mag);
+    ss[r * st + c] = sc;
+    if (th != nullptr) th[r * st + c] = t;
+  };
+  if (p.mma) {  // Q K^T, each entry in the product's epilogue (2 x 2 blocks per warp if tq >= 64)
+    auto out = [&](int64_t r, int64_t c, double dot) { entry(r, c, dot, visible(r, c)); };
     if (p.tq >= 64) {
       MmaProduct<2, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
     } else {
       MmaProduct<1, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
     }
-    __syncthreads();
-  }
-  const bool whole = WholeTile(p, s, i0, j0, range);
-  const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
-  for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
-    const int64_t i = i0 + r;
-    for (int c = lane; c < p.tk; c += 32) {
-      const int64_t j = j0 + c;
-      double sc = -INFINITY, t = 0;
-      if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
+  } else {
+    const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
+    for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
+      for (int c = lane; c < p.tk; c += 32) {
+        const bool vis = visible(r, c);
         double dot = 0;
-        if (p.mma) {
-          dot = ss[r * st + c];
-        } else {
+        if (vis) {
           const double* qr = sq_tile + r * sd;
           const double* kr = sk_tile + c * sd;
           for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
         }
-        sc = ScoreOf(p, s, i, j, slope, dot, rn[r], cn[c], t, mag);
+        entry(r, c, dot, vis);
       }
-      ss[r * st + c] = sc;
-      if (th != nullptr) th[r * st + c] = t;
     }
   }
   __syncthreads();
