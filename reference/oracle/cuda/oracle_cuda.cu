@@ -197,31 +197,43 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   Check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
         "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   const int64_t limit = optin - 1024;  // room for the kernels' static shared variables
-  int tq = 0, tk = 0;
   const int candidates[][2] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
   const bool mma = (flags & ATTEST_ORACLE_CUDA_MMA) != 0;
-  for (const auto& c : candidates) {
-    if (mma && (c[0] % 8 != 0 || c[1] % 8 != 0)) continue;  // MmaProduct's 8 x 8 blocks
-    const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1], mma),
-                                        DqShared(dd, dvw, c[0], c[1], mma, 1),
-                                        DkDvShared(dd, dvw, c[0], c[1], mma)});
-    if (need <= limit) {
-      tq = c[0];
-      tk = c[1];
-      break;
+  // The first (largest) candidate that fits all three kernels, with the mma path's fragment
+  // strides (frag = 1) or the plain odd ones (Stride); -1 if none.
+  auto pick = [&](int frag) {
+    for (int n = 0; n < static_cast<int>(std::size(candidates)); ++n) {
+      const int* c = candidates[n];
+      if (mma && (c[0] % 8 != 0 || c[1] % 8 != 0)) continue;  // MmaProducts' 8 x 8 blocks
+      const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1], frag),
+                                          DqShared(dd, dvw, c[0], c[1], frag, 1),
+                                          DkDvShared(dd, dvw, c[0], c[1], frag)});
+      if (need <= limit) return n;
+    }
+    return -1;
+  };
+  // The fragment strides only where they cost no tile size (a smaller tile would lengthen the
+  // chains, so weaken the bound): they change speed, never what is computed.
+  int frag = 0, pick_n = pick(0);
+  if (mma) {
+    const int with_frag = pick(1);
+    if (with_frag >= 0 && (pick_n < 0 || with_frag <= pick_n)) {
+      frag = 1;
+      pick_n = with_frag;
     }
   }
-  Require(tq > 0, "head_dim " + std::to_string(dd) + " / head_dim_v " + std::to_string(dvw) +
-                      ": too large for the device's shared memory (" + std::to_string(optin) +
-                      " bytes per block)");
+  Require(pick_n >= 0, "head_dim " + std::to_string(dd) + " / head_dim_v " +
+                           std::to_string(dvw) + ": too large for the device's shared memory (" +
+                           std::to_string(optin) + " bytes per block)");
+  const int tq = candidates[pick_n][0], tk = candidates[pick_n][1];
   // DqKernel: a second K buffer (the next K tile requested a whole tile ahead) where it fits.
-  const int k_buffers = 8 * DqShared(dd, dvw, tq, tk, mma, 2) <= limit ? 2 : 1;
+  const int k_buffers = 8 * DqShared(dd, dvw, tq, tk, frag, 2) <= limit ? 2 : 1;
   // ForwardKernel: query tiles of 2 tq rows where they fit (its chains run over keys: tk and the
   // key tiles per row, whatever tq is; half the K and V traffic per row).
-  const int fwd_tq = 8 * ForwardShared(dd, dvw, 2 * tq, tk, mma) <= limit ? 2 * tq : tq;
-  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, fwd_tq, tk, mma));
-  const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, mma, k_buffers));
-  const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, mma));
+  const int fwd_tq = 8 * ForwardShared(dd, dvw, 2 * tq, tk, frag) <= limit ? 2 * tq : tq;
+  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, fwd_tq, tk, frag));
+  const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, frag, k_buffers));
+  const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, frag));
   Check(cudaFuncSetAttribute(ForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(fwd_bytes)),
         "cudaFuncSetAttribute(ForwardKernel)");
@@ -270,6 +282,7 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   p.tq = tq;
   p.tk = tk;
   p.mma = mma ? 1 : 0;
+  p.frag = frag;
   p.k_buffers = k_buffers;
 
   // Inputs and outputs on the device.

@@ -40,7 +40,8 @@ struct Dev {
   const double* qn;
   const double* kn;
   int tq, tk;     // tile sizes (tq <= 64, tk <= 32; multiples of 8 with mma)
-  int mma;        // products on the FP64 tensor cores (MmaProduct) instead of fma chains
+  int mma;        // products on the FP64 tensor cores (MmaProducts) instead of fma chains
+  int frag;       // Stride's mma fragment strides (where they cost no tile size), else odd ones
   int k_buffers;  // DqKernel: 2 when its shared memory holds two K tiles (prefetch), else 1
 };
 
@@ -129,9 +130,10 @@ __device__ int64_t LseIndex(const Dev& p, int64_t b, int64_t h, const Seq& s, in
 // an odd stride puts 16 consecutive rows in 16 different bank pairs. The mma path reads
 // fragments: lane (g, t) reads element (g, t) of an 8 x 4 block (MmaProduct), at g * stride + t
 // or t * stride + g; with stride = 4 (mod 8), each half-warp's 16 lanes hit 16 different bank
-// pairs (4g + t or 4t + g, mod 16, over g < 4 or g >= 4 and t < 4).
-__host__ __device__ int64_t Stride(int64_t width, int mma) {
-  return mma ? width + (12 - width % 8) % 8 : width + 1;
+// pairs (4g + t or 4t + g, mod 16, over g < 4 or g >= 4 and t < 4). frag (Dev::frag): the
+// latter; the host takes them with mma unless their padding would force a smaller tile.
+__host__ __device__ int64_t Stride(int64_t width, int frag) {
+  return frag ? width + (12 - width % 8) % 8 : width + 1;
 }
 
 // Warp reductions (all lanes get the result), of N independent values side by side (one value
@@ -450,7 +452,7 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
                        const double* sq_tile, const double* sk_tile, const double* rn,
                        const double* cn, double* ss, double* th, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
-  const int64_t sd = Stride(p.d, p.mma), st = Stride(p.tk, p.mma);
+  const int64_t sd = Stride(p.d, p.frag), st = Stride(p.tk, p.frag);
   const bool whole = WholeTile(p, s, i0, j0, range);
   auto visible = [&](int64_t r, int64_t c) {
     const int64_t j = j0 + c;
@@ -502,7 +504,7 @@ __device__ void ScoresBackwardMma(const Dev& p, const Seq& s, int64_t h, int64_t
                                   const double* row_lse, const double* row_delta, double* ss,
                                   double* ds, int64_t* seen, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
-  const int64_t sd = Stride(p.d, p.mma), sdv = Stride(p.dv, p.mma), st = Stride(p.tk, p.mma);
+  const int64_t sd = Stride(p.d, p.frag), sdv = Stride(p.dv, p.frag), st = Stride(p.tk, p.frag);
   const bool whole = WholeTile(p, s, i0, j0, range);
   const MmaOperands ops[2] = {{sq_tile, sd, 1, sk_tile, 1, sd, p.d},
                               {sdo_tile, sdv, 1, sv_tile, 1, sdv, p.dv}};

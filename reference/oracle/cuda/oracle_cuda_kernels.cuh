@@ -24,9 +24,9 @@ __global__ void NormsKernel(const double* x, int64_t rows_heads, int64_t width, 
 
 // Shared memory of ForwardKernel, in doubles: the Q tile, one K and one V tile (and the K
 // tile's norms), the score tile, the accumulator, per-row state.
-__host__ __device__ int64_t ForwardShared(int64_t d, int64_t dv, int tq, int tk, int mma) {
-  return tq * Stride(d, mma) + tk * Stride(d, mma) + tk * Stride(dv, mma) + tk +
-         tq * Stride(tk, mma) + tq * Stride(dv, mma) + 9 * tq;
+__host__ __device__ int64_t ForwardShared(int64_t d, int64_t dv, int tq, int tk, int frag) {
+  return tq * Stride(d, frag) + tk * Stride(d, frag) + tk * Stride(dv, frag) + tk +
+         tq * Stride(tk, frag) + tq * Stride(dv, frag) + 9 * tq;
 }
 
 // The next key tile from j (a multiple of tk) that some row of the query tile may see, in
@@ -43,7 +43,7 @@ __device__ int64_t NextKeyTile(const Dev& p, const Seq& s, const int64_t* lo, co
 __device__ void LoadKeys(const Dev& p, const Seq& s, int64_t g, const double* x, int64_t width,
                          int64_t j0, double* tile, double* norms) {
   const int64_t nk = min(static_cast<int64_t>(p.tk), s.k_len - j0);
-  LoadTile(x, p.hkv, g, width, Stride(width, p.mma), s.k_begin + j0, nk, p.tk, tile);
+  LoadTile(x, p.hkv, g, width, Stride(width, p.frag), s.k_begin + j0, nk, p.tk, tile);
   if (norms != nullptr) LoadRows(p.kn, p.hkv, g, s.k_begin + j0, nk, p.tk, 0.0, norms);
   CopyCommit();
 }
@@ -115,8 +115,8 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
   if (i0 >= s.q_len) return;
   const int64_t g = h / (p.hq / p.hkv);
   const int tq = p.tq, tk = p.tk;
-  const int64_t dv = p.dv, sd = Stride(p.d, p.mma), sdv = Stride(dv, p.mma);
-  const int64_t st = Stride(tk, p.mma);
+  const int64_t dv = p.dv, sd = Stride(p.d, p.frag), sdv = Stride(dv, p.frag);
+  const int64_t st = Stride(tk, p.frag);
   double* sq_tile = smem;
   double* sk_tile = sq_tile + tq * sd;
   double* sv_tile = sk_tile + tk * sd;
@@ -254,7 +254,7 @@ __global__ void DeltaKernel(Dev p, const double* dout, const double* o, double* 
 __device__ void BackwardTile(const Dev& p, const double* sdo_tile, const double* sv_tile,
                              const double* row_lse, const double* row_delta, double* ss,
                              double* ds) {
-  const int64_t sdv = Stride(p.dv, p.mma), st = Stride(p.tk, p.mma);
+  const int64_t sdv = Stride(p.dv, p.frag), st = Stride(p.tk, p.frag);
   const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
   for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
     for (int c = lane; c < p.tk; c += 32) {
@@ -281,10 +281,10 @@ __device__ void BackwardTile(const Dev& p, const double* sdo_tile, const double*
 
 // Shared memory of DqKernel, in doubles: the Q and dO tiles, k_buffers K tiles (and norms), one
 // V tile, P and dS, the accumulator, per-row data.
-__host__ __device__ int64_t DqShared(int64_t d, int64_t dv, int tq, int tk, int mma,
+__host__ __device__ int64_t DqShared(int64_t d, int64_t dv, int tq, int tk, int frag,
                                      int k_buffers) {
-  return tq * Stride(d, mma) + tq * Stride(dv, mma) + k_buffers * (tk * Stride(d, mma) + tk) +
-         tk * Stride(dv, mma) + 2 * tq * Stride(tk, mma) + tq * Stride(d, mma) + 5 * tq;
+  return tq * Stride(d, frag) + tq * Stride(dv, frag) + k_buffers * (tk * Stride(d, frag) + tk) +
+         tk * Stride(dv, frag) + 2 * tq * Stride(tk, frag) + tq * Stride(d, frag) + 5 * tq;
 }
 
 // Key tiles stream as in ForwardKernel; with two K buffers the next K tile is requested at the
@@ -298,8 +298,8 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
   if (i0 >= s.q_len) return;
   const int64_t g = h / (p.hq / p.hkv);
   const int tq = p.tq, tk = p.tk;
-  const int64_t dd = p.d, dv = p.dv, sd = Stride(dd, p.mma), sdv = Stride(dv, p.mma);
-  const int64_t st = Stride(tk, p.mma);
+  const int64_t dd = p.d, dv = p.dv, sd = Stride(dd, p.frag), sdv = Stride(dv, p.frag);
+  const int64_t st = Stride(tk, p.frag);
   const bool two = p.k_buffers == 2;
   double* sq_tile = smem;
   double* sdo_tile = sq_tile + tq * sd;
@@ -410,9 +410,9 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
 
 // Shared memory of DkDvKernel, in doubles: the K and V tiles, their accumulators, per-key data,
 // one Q and one dO tile with per-row data, P and dS.
-__host__ __device__ int64_t DkDvShared(int64_t d, int64_t dv, int tq, int tk, int mma) {
-  return 2 * tk * Stride(d, mma) + 2 * tk * Stride(dv, mma) + 3 * tk + tq * Stride(d, mma) +
-         tq * Stride(dv, mma) + 5 * tq + 2 * tq * Stride(tk, mma);
+__host__ __device__ int64_t DkDvShared(int64_t d, int64_t dv, int tq, int tk, int frag) {
+  return 2 * tk * Stride(d, frag) + 2 * tk * Stride(dv, frag) + 3 * tk + tq * Stride(d, frag) +
+         tq * Stride(dv, frag) + 5 * tq + 2 * tq * Stride(tk, frag);
 }
 
 // The (query head, query tile) pair after (h, i0) in the walk's order (heads of the group in
@@ -440,10 +440,10 @@ __device__ void LoadQueries(const Dev& p, const Seq& s, int64_t b, int64_t h, in
                             const double* delta, double* sq_tile, double* rn, double* sdo_tile,
                             double* rows) {
   const int64_t nq = min(static_cast<int64_t>(p.tq), s.q_len - i0);
-  LoadTile(q, p.hq, h, p.d, Stride(p.d, p.mma), s.q_begin + i0, nq, p.tq, sq_tile);
+  LoadTile(q, p.hq, h, p.d, Stride(p.d, p.frag), s.q_begin + i0, nq, p.tq, sq_tile);
   LoadRows(p.qn, p.hq, h, s.q_begin + i0, nq, p.tq, 0.0, rn);
   CopyCommit();
-  LoadTile(dout, p.hq, h, p.dv, Stride(p.dv, p.mma), s.q_begin + i0, nq, p.tq, sdo_tile);
+  LoadTile(dout, p.hq, h, p.dv, Stride(p.dv, p.frag), s.q_begin + i0, nq, p.tq, sdo_tile);
   const int64_t at = LseIndex(p, b, h, s, i0);  // rows of one (batch, head) are contiguous
   LoadRows(lse, 1, 0, at, nq, p.tq, -INFINITY, rows);
   LoadRows(delta, 1, 0, at, nq, p.tq, 0.0, rows + p.tq);
@@ -462,7 +462,7 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
   if (j0 >= s.k_len) return;
   const int tq = p.tq, tk = p.tk;
   const int64_t dd = p.d, dv = p.dv, ratio = p.hq / p.hkv;
-  const int64_t sd = Stride(dd, p.mma), sdv = Stride(dv, p.mma), st = Stride(tk, p.mma);
+  const int64_t sd = Stride(dd, p.frag), sdv = Stride(dv, p.frag), st = Stride(tk, p.frag);
   double* sk_tile = smem;
   double* sv_tile = sk_tile + tk * sd;
   double* acc_k = sv_tile + tk * sdv;
