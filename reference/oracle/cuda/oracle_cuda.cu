@@ -29,7 +29,7 @@
 //   is summed by shared-memory atomics on the mma path, exact in any order.
 // Memory: O(tile) shared memory per block plus the inputs, outputs and per-row norms; never
 // O(Sq Sk). Shared-memory row strides avoid bank conflicts: odd on the fma path, 4 (mod 8) on
-// the mma path (Stride in oracle_cuda_device.cuh).
+// the mma path where that padding costs no tile size (Stride in oracle_cuda_device.cuh).
 // Products: fma chains over shared-memory tiles (each thread a few outputs), or with
 // ATTEST_ORACLE_CUDA_MMA the FP64 tensor cores (MmaProducts: mma.sync m8n8k4 f64; each warp
 // takes groups of up to 2 x 4 blocks of 8 x 8, reusing the A and B fragments across the group
