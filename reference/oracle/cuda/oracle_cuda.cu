@@ -3,29 +3,42 @@
 //
 // Kernels (all float64, --fmad=false: every fused multiply-add is an explicit fma()):
 // - NormsKernel: per (row, head) 2-norms and max |x| of q, k, v, dO (OracleStats inputs).
-// - ForwardKernel, one block per (batch, query head, query tile of tq rows): for every key
-//   tile of tk keys that some row of the tile may see (the rule of TileWalk::ForEachKeyTile,
-//   reference/problem/tile_walk.h), in ascending order: S = scale Q K^T (fma chains of D),
-//   the score transform and the mask (reference/problem/mask.h, reproduced below), the online
-//   softmax (running max m, rescaling of O and the denominator l by exp(m_old - m_new)),
-//   P = exp(s - m), l += rowsum(P) compensated (a TwoSum tree over the warp, then TwoSum into
-//   l, as Sum2), O = f O + P V (the tile's product summed apart, then added: a chain of tk +
-//   tiles per element, as the CPU's). o = O / l, lse = m + log l; empty rows o = 0, lse = -inf.
+// - ForwardKernel, one block per (batch, query head, query tile of tq rows; 2 tq where shared
+//   memory allows: the forward's chains run over keys, so its query tile changes none): for
+//   every key tile of tk keys that some row of the tile may see (the rule of
+//   TileWalk::ForEachKeyTile, reference/problem/tile_walk.h), in ascending order: S = scale Q K^T
+//   (fma chains of D), the score transform and the mask (reference/problem/mask.h, reproduced
+//   below), the online softmax (running max m, rescaling of O and the denominator l by
+//   exp(m_old - m_new)), P = exp(s - m), l += rowsum(P) compensated (a TwoSum tree over the
+//   warp, then TwoSum into l, as Sum2; each warp takes four rows side by side), O = f O + P V
+//   (the tile's product summed apart, then added: a chain of tk + tiles per element, as the
+//   CPU's). o = O / l, lse = m + log l; empty rows o = 0, lse = -inf. Key tiles stream through
+//   one K and one V buffer with cp.async: the next K is requested once the scores are done, the
+//   next V once P V is done, so each load overlaps the other half of the tile's work.
 // - DeltaKernel: delta = dO . o by Dot2 (compensated, exact products by fma), as the CPU.
 // - DqKernel, one block per (batch, query head, query tile): the forward's scores again (same
-//   code), P = exp(s - lse), dP = dO V^T, dS = P (dP - delta) [(1 - tanh^2) with softcap],
-//   dQ += dS K per key tile; dq = scale dQ.
+//   expressions), P = exp(s - lse), dP = dO V^T, dS = P (dP - delta) [(1 - tanh^2) with
+//   softcap], dQ += dS K per key tile; dq = scale dQ. K tiles double-buffered where shared
+//   memory allows (the next one requested a whole tile ahead), V requested once dP is done.
 // - DkDvKernel, one block per (batch, kv head, key tile): for every query head of the group
-//   and every query tile that may see the tile, in ascending order: the same S, P, dS;
-//   dV += P^T dO, dK += dS^T Q; dk = scale dK. No atomics on outputs: every output element
-//   has one owner block, so results are deterministic (run to run bitwise equal).
+//   and every query tile that may see the tile (found by a warp vote, no barrier), in ascending
+//   order: the same S, P, dS; dV += P^T dO, dK += dS^T Q; dk = scale dK. Q and dO tiles stream
+//   through one buffer each, the next requested as soon as the product that reads it is done.
+//   No atomics on outputs: every output element has one owner block, so results are
+//   deterministic (run to run bitwise equal); the per-key count of visible entries (an integer)
+//   is summed by shared-memory atomics on the mma path, exact in any order.
 // Memory: O(tile) shared memory per block plus the inputs, outputs and per-row norms; never
-// O(Sq Sk).
+// O(Sq Sk). Shared-memory row strides avoid bank conflicts: odd on the fma path, 4 (mod 8) on
+// the mma path where that padding costs no tile size (Stride in oracle_cuda_device.cuh).
 // Products: fma chains over shared-memory tiles (each thread a few outputs), or with
-// ATTEST_ORACLE_CUDA_MMA the FP64 tensor cores (MmaProduct: mma.sync m8n8k4 f64 per 8 x 8
-// block). Both sum each tile's product apart and then add it, so the chains are the same.
+// ATTEST_ORACLE_CUDA_MMA the FP64 tensor cores (MmaProducts: mma.sync m8n8k4 f64; each warp
+// takes groups of up to 2 x 4 blocks of 8 x 8, reusing the A and B fragments across the group
+// and keeping one independent chain per block in flight; the backward computes S = Q K^T and
+// dP = dO V^T side by side and P, dS in their epilogue). Every block's chain is the same as one
+// block at a time (k steps ascending), so either path sums each tile's product apart and then
+// adds it, and the chains are the same.
 // Compiled with -DATTEST_ORACLE_CUDA_EMULATE by a C++ compiler (oracle_cuda_emulated.cc), the
-// kernels run on CPU threads (oracle_cuda_emulate.h) for tests without a GPU.
+// kernels run on CPU threads (oracle_cuda_emulate.h, cp.async included) for tests without a GPU.
 //
 // Error bound. The GPU evaluates the same expressions as the CPU oracle with at most the same
 // per-operation error: additions, multiplications, divisions and sqrt are IEEE round-to-nearest
@@ -184,26 +197,43 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   Check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
         "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   const int64_t limit = optin - 1024;  // room for the kernels' static shared variables
-  int tq = 0, tk = 0;
   const int candidates[][2] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
   const bool mma = (flags & ATTEST_ORACLE_CUDA_MMA) != 0;
-  for (const auto& c : candidates) {
-    if (mma && (c[0] % 8 != 0 || c[1] % 8 != 0)) continue;  // MmaProduct's 8 x 8 blocks
-    const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1]),
-                                        DqShared(dd, dvw, c[0], c[1]),
-                                        DkDvShared(dd, dvw, c[0], c[1])});
-    if (need <= limit) {
-      tq = c[0];
-      tk = c[1];
-      break;
+  // The first (largest) candidate that fits all three kernels, with the mma path's fragment
+  // strides (frag = 1) or the plain odd ones (Stride); -1 if none.
+  auto pick = [&](int frag) {
+    for (int n = 0; n < static_cast<int>(std::size(candidates)); ++n) {
+      const int* c = candidates[n];
+      if (mma && (c[0] % 8 != 0 || c[1] % 8 != 0)) continue;  // MmaProducts' 8 x 8 blocks
+      const int64_t need = 8 * std::max({ForwardShared(dd, dvw, c[0], c[1], frag),
+                                          DqShared(dd, dvw, c[0], c[1], frag, 1),
+                                          DkDvShared(dd, dvw, c[0], c[1], frag)});
+      if (need <= limit) return n;
+    }
+    return -1;
+  };
+  // The fragment strides only where they cost no tile size (a smaller tile would lengthen the
+  // chains, so weaken the bound): they change speed, never what is computed.
+  int frag = 0, pick_n = pick(0);
+  if (mma) {
+    const int with_frag = pick(1);
+    if (with_frag >= 0 && (pick_n < 0 || with_frag <= pick_n)) {
+      frag = 1;
+      pick_n = with_frag;
     }
   }
-  Require(tq > 0, "head_dim " + std::to_string(dd) + " / head_dim_v " + std::to_string(dvw) +
-                      ": too large for the device's shared memory (" + std::to_string(optin) +
-                      " bytes per block)");
-  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, tq, tk));
-  const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk));
-  const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk));
+  Require(pick_n >= 0, "head_dim " + std::to_string(dd) + " / head_dim_v " +
+                           std::to_string(dvw) + ": too large for the device's shared memory (" +
+                           std::to_string(optin) + " bytes per block)");
+  const int tq = candidates[pick_n][0], tk = candidates[pick_n][1];
+  // DqKernel: a second K buffer (the next K tile requested a whole tile ahead) where it fits.
+  const int k_buffers = 8 * DqShared(dd, dvw, tq, tk, frag, 2) <= limit ? 2 : 1;
+  // ForwardKernel: query tiles of 2 tq rows where they fit (its chains run over keys: tk and the
+  // key tiles per row, whatever tq is; half the K and V traffic per row).
+  const int fwd_tq = 8 * ForwardShared(dd, dvw, 2 * tq, tk, frag) <= limit ? 2 * tq : tq;
+  const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, fwd_tq, tk, frag));
+  const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, frag, k_buffers));
+  const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, frag));
   Check(cudaFuncSetAttribute(ForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(fwd_bytes)),
         "cudaFuncSetAttribute(ForwardKernel)");
@@ -252,6 +282,8 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   p.tq = tq;
   p.tk = tk;
   p.mma = mma ? 1 : 0;
+  p.frag = frag;
+  p.k_buffers = k_buffers;
 
   // Inputs and outputs on the device.
   const double *dq_in = q, *dk_in = k, *dv_in = v, *ddo_in = dout;
@@ -319,11 +351,14 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     CheckLaunch("NormsKernel(dout)");
   }
   const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
-  if (q_tiles > 0) {
+  const int64_t fwd_q_tiles = (max_q + fwd_tq - 1) / fwd_tq;
+  if (fwd_q_tiles > 0) {
     Require(q_tiles <= 0x7fffffff, "seqlen_q too large");
-    const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(hq),
+    const dim3 grid(static_cast<unsigned>(fwd_q_tiles), static_cast<unsigned>(hq),
                     static_cast<unsigned>(batch));
-    ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, p, dq_in, dk_in, dv_in, d_o, d_lse,
+    Dev pf = p;
+    pf.tq = fwd_tq;
+    ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse,
                   dstats);
     CheckLaunch("ForwardKernel");
   }

@@ -44,7 +44,8 @@ using oracle_test::Base;
 using oracle_test::NamedProblem;
 
 // FeatureProblems() are one tile each; these cross tile boundaries (the GPU's tiles are 32 x 32
-// or smaller) with each feature, and shrink the tiles (D = 256).
+// or smaller, the forward's up to 64 query rows) with each feature, and shrink the tiles
+// (D = 256).
 std::vector<NamedProblem> CheckProblems() {
   std::vector<NamedProblem> out = oracle_test::FeatureProblems();
   {

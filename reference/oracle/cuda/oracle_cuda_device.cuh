@@ -9,6 +9,14 @@ namespace {
 
 
 #ifdef ATTEST_ORACLE_CUDA_EMULATE
+#define ATTEST_UNROLL
+#define ATTEST_UNROLL_BY_2
+#else
+#define ATTEST_UNROLL _Pragma("unroll")
+#define ATTEST_UNROLL_BY_2 _Pragma("unroll 2")
+#endif
+
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
 constexpr int kThreads = 64;  // fewer CPU threads per block; the kernels read blockDim
 #else
 constexpr int kThreads = 256;  // 8 warps
@@ -31,8 +39,10 @@ struct Dev {
   // Norms of (row, head) for the score magnitude statistic.
   const double* qn;
   const double* kn;
-  int tq, tk;  // tile sizes (<= 32 each; multiples of 8 with mma)
-  int mma;     // products on the FP64 tensor cores (MmaProduct) instead of fma chains
+  int tq, tk;     // tile sizes (tq <= 64, tk <= 32; multiples of 8 with mma)
+  int mma;        // products on the FP64 tensor cores (MmaProducts) instead of fma chains
+  int frag;       // Stride's mma fragment strides (where they cost no tile size), else odd ones
+  int k_buffers;  // DqKernel: 2 when its shared memory holds two K tiles (prefetch), else 1
 };
 
 struct Seq {
@@ -113,30 +123,49 @@ __device__ int64_t LseIndex(const Dev& p, int64_t b, int64_t h, const Seq& s, in
   return (b * p.hq + h) * p.sq + i;
 }
 
-// The shared-memory row stride of a tile of `width` doubles (odd: fewer bank conflicts).
-__host__ __device__ int64_t Stride(int64_t width) { return width + 1; }
+// The shared-memory row stride of a tile of `width` doubles. Shared memory has 32 banks of 4
+// bytes, so a double at index x sits in bank pair x mod 16, and a warp's 8-byte loads are served
+// half a warp at a time (CUDA C++ Programming Guide, "Shared Memory" of compute capability 5.x
+// and later). The fma path's loops read a column of a tile across the lanes (row stride apart):
+// an odd stride puts 16 consecutive rows in 16 different bank pairs. The mma path reads
+// fragments: lane (g, t) reads element (g, t) of an 8 x 4 block (MmaProduct), at g * stride + t
+// or t * stride + g; with stride = 4 (mod 8), each half-warp's 16 lanes hit 16 different bank
+// pairs (4g + t or 4t + g, mod 16, over g < 4 or g >= 4 and t < 4). frag (Dev::frag): the
+// latter; the host takes them with mma unless their padding would force a smaller tile.
+__host__ __device__ int64_t Stride(int64_t width, int frag) {
+  return frag ? width + (12 - width % 8) % 8 : width + 1;
+}
 
-// Warp reductions (all lanes get the result).
-__device__ double WarpMax(double x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
+// Warp reductions (all lanes get the result), of N independent values side by side (one value
+// per row of the online softmax: their shuffles overlap).
+template <int N>
+__device__ void WarpMax(double (&x)[N]) {
+  for (int o = 16; o > 0; o >>= 1) {
+    ATTEST_UNROLL
+    for (int u = 0; u < N; ++u) x[u] = fmax(x[u], __shfl_xor_sync(0xffffffffu, x[u], o));
+  }
 }
 // Compensated sum over the warp: a TwoSum tree carrying each addition's exact error (Sum2's
 // bound in tree order; Ogita, Rump, Oishi, "Accurate sum and dot product", SIAM J. Sci.
 // Comput. 26(6), 2005). TwoSum is symmetric, so every lane ends with the same (sum, comp).
-__device__ void WarpSum2(double* sum, double* comp) {
-  double s = *sum, c = *comp;
+template <int N>
+__device__ void WarpSum2(double (&sum)[N], double (&comp)[N]) {
   for (int o = 16; o > 0; o >>= 1) {
-    const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const double c2 = __shfl_xor_sync(0xffffffffu, c, o);
-    const double t = s + s2;
-    const double bp = t - s;
-    const double e = (s - (t - bp)) + (s2 - bp);
-    s = t;
-    c = (c + c2) + e;
+    double s2[N], c2[N];
+    ATTEST_UNROLL
+    for (int u = 0; u < N; ++u) {
+      s2[u] = __shfl_xor_sync(0xffffffffu, sum[u], o);
+      c2[u] = __shfl_xor_sync(0xffffffffu, comp[u], o);
+    }
+    ATTEST_UNROLL
+    for (int u = 0; u < N; ++u) {
+      const double t = sum[u] + s2[u];
+      const double bp = t - sum[u];
+      const double e = (sum[u] - (t - bp)) + (s2[u] - bp);
+      sum[u] = t;
+      comp[u] = (comp[u] + c2[u]) + e;
+    }
   }
-  *sum = s;
-  *comp = c;
 }
 // TwoSumAdd of oracle_double.cc.
 __device__ void TwoSumAdd(double& sum, double& comp, double x) {
@@ -160,55 +189,147 @@ __device__ void Mma884(double& c0, double& c1, double a, double b) {
 #endif
 }
 
-// The tile product C = A B (m x n, m a multiple of 8; k = kdim) on the tensor cores, with
-// A(i, k) = a[i * a_i + k * a_k] and B(k, j) = b[k * b_k + j * b_j] in shared memory; each warp
-// takes 8 x 8 blocks of C in turn and hands every element to out(i, j, value) once (columns
-// j >= n are padding, never handed out). Every thread of the block must call it; the caller
-// synchronises after.
-template <class Out>
-__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
-                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+// Operands of a tile product C = A B with k = kdim: A(i, k) = a[i * a_i + k * a_k] and
+// B(k, j) = b[k * b_k + j * b_j] in shared memory.
+struct MmaOperands {
+  const double* a;
+  int64_t a_i, a_k;
+  const double* b;
+  int64_t b_k, b_j, kdim;
+};
+
+// NP tile products of the same shape, m x n (m a multiple of 8), on the tensor cores: hands
+// every element to out(i, j, v), v[x] the element of product x, once (columns j >= n are
+// padding, never handed out). Each warp takes groups of MR x NR blocks of 8 x 8 in turn: per k
+// step it loads MR fragments of A and NR of B per product and issues MR * NR independent mma
+// per product (reuse of the fragments, and NP * MR * NR chains in flight instead of one). Every
+// block's chain is the same as with one block and one product at a time: k steps in ascending
+// order, each one Mma884. Every thread of the block must call it; the caller synchronises
+// after.
+template <int MR, int NR, int NP, class Out>
+__device__ void MmaProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Out&& out) {
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int warps = static_cast<int>(blockDim.x / 32);
-  const int64_t col_blocks = (n + 7) / 8, blocks = (m / 8) * col_blocks;
-  for (int64_t blk = threadIdx.x / 32; blk < blocks; blk += warps) {
-    const int64_t i0 = blk / col_blocks * 8, j0 = blk % col_blocks * 8;
-    double c0 = 0, c1 = 0;
-    for (int64_t k0 = 0; k0 < kdim; k0 += 4) {
-      const int64_t k = k0 + t;
-      const double av = k < kdim ? a[(i0 + g) * a_i + k * a_k] : 0.0;
-      const double bv = k < kdim && j0 + g < n ? b[k * b_k + (j0 + g) * b_j] : 0.0;
-      Mma884(c0, c1, av, bv);
+  const int row_blocks = m / 8, col_blocks = static_cast<int>((n + 7) / 8);
+  const int row_groups = (row_blocks + MR - 1) / MR, col_groups = (col_blocks + NR - 1) / NR;
+  int kfull[NP], ksteps = 0;
+  ATTEST_UNROLL
+  for (int q = 0; q < NP; ++q) {
+    kfull[q] = static_cast<int>(ops[q].kdim / 4 * 4);
+    ksteps = max(ksteps, kfull[q]);
+  }
+  for (int grp = threadIdx.x / 32; grp < row_groups * col_groups; grp += warps) {
+    const int bi = grp / col_groups * MR, bj = grp % col_groups * NR;
+    const int mr = min(MR, row_blocks - bi), nr = min(NR, col_blocks - bj);  // warp-uniform
+    const double* pa[NP][MR];
+    const double* pb[NP][NR];
+    bool bok[NR];
+    ATTEST_UNROLL
+    for (int y = 0; y < NR; ++y) bok[y] = 8 * (bj + y) + g < n;
+    double c[NP][MR][NR][2];
+    ATTEST_UNROLL
+    for (int q = 0; q < NP; ++q) {
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) pa[q][x] = ops[q].a + (8 * (bi + x) + g) * ops[q].a_i +
+                                               t * ops[q].a_k;
+      ATTEST_UNROLL
+      for (int y = 0; y < NR; ++y) {
+        const int64_t j = bok[y] ? 8 * (bj + y) + g : 0;
+        pb[q][y] = ops[q].b + t * ops[q].b_k + j * ops[q].b_j;
+      }
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) {
+        ATTEST_UNROLL
+        for (int y = 0; y < NR; ++y) c[q][x][y][0] = c[q][x][y][1] = 0;
+      }
     }
-    const int64_t j = j0 + 2 * t;
-    if (j < n) out(i0 + g, j, c0);
-    if (j + 1 < n) out(i0 + g, j + 1, c1);
+    auto step = [&](int q, int64_t k0, bool k_ok) {
+      double av[MR], bv[NR];
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) av[x] = x < mr && k_ok ? pa[q][x][k0 * ops[q].a_k] : 0.0;
+      ATTEST_UNROLL
+      for (int y = 0; y < NR; ++y) {
+        bv[y] = y < nr && k_ok && bok[y] ? pb[q][y][k0 * ops[q].b_k] : 0.0;
+      }
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) {
+        ATTEST_UNROLL
+        for (int y = 0; y < NR; ++y) {
+          if (x < mr && y < nr) Mma884(c[q][x][y][0], c[q][x][y][1], av[x], bv[y]);
+        }
+      }
+    };
+    ATTEST_UNROLL_BY_2
+    for (int k0 = 0; k0 < ksteps; k0 += 4) {
+      ATTEST_UNROLL
+      for (int q = 0; q < NP; ++q) {
+        if (k0 < kfull[q]) step(q, k0, true);
+      }
+    }
+    ATTEST_UNROLL
+    for (int q = 0; q < NP; ++q) {
+      if (kfull[q] < ops[q].kdim) step(q, kfull[q], kfull[q] + t < ops[q].kdim);
+    }
+    ATTEST_UNROLL
+    for (int x = 0; x < MR; ++x) {
+      ATTEST_UNROLL
+      for (int y = 0; y < NR; ++y) {
+        if (x < mr && y < nr) {
+          const int64_t i = 8 * (bi + x) + g, j = 8 * (bj + y) + 2 * t;
+          double v0[NP], v1[NP];
+          ATTEST_UNROLL
+          for (int q = 0; q < NP; ++q) {
+            v0[q] = c[q][x][y][0];
+            v1[q] = c[q][x][y][1];
+          }
+          if (j < n) out(i, j, v0);
+          if (j + 1 < n) out(i, j + 1, v1);
+        }
+      }
+    }
   }
 }
 
-// Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty), then
-// the union of the bounds into range[0..1]. Begins and ends with __syncthreads().
+// One tile product C = A B (m x n; k = kdim), as MmaProducts: out(i, j, value).
+template <int MR, int NR, class Out>
+__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
+                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+  const MmaOperands ops[1] = {{a, a_i, a_k, b, b_k, b_j, kdim}};
+  MmaProducts<MR, NR>(m, n, ops, [&](int64_t i, int64_t j, const double* v) { out(i, j, v[0]); });
+}
+
+// Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty), by
+// warp 0; into range (every thread's own copy: each warp computes the rows' bounds and reduces
+// them by shuffles): [0], [1] the union of the rows' bounds, [2] the largest lo and [3] the
+// smallest hi over all tq rows (WholeTile's test). Begins and ends with __syncthreads().
 __device__ void TileRowBounds(const Dev& p, const Seq& s, int64_t i0, int64_t* lo, int64_t* hi,
                               int64_t* range) {
-  __syncthreads();  // lo, hi and range may still be read for the previous tile
-  for (int r = threadIdx.x; r < p.tq; r += blockDim.x) {
-    int64_t a = 0, z = 0;
-    if (i0 + r < s.q_len) KeyBounds(p, s, i0 + r, &a, &z);
-    lo[r] = a;
-    hi[r] = z;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t a = s.k_len, z = 0;
-    for (int r = 0; r < p.tq; ++r) {
-      if (lo[r] < hi[r]) {
-        a = min(a, lo[r]);
-        z = max(z, hi[r]);
-      }
+  __syncthreads();  // lo and hi may still be read for the previous tile
+  long long a = s.k_len, z = 0, lo_max = 0, hi_min = s.k_len;
+  for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
+    int64_t x = 0, y = 0;
+    if (i0 + r < s.q_len) KeyBounds(p, s, i0 + r, &x, &y);
+    if (threadIdx.x < 32) {
+      lo[r] = x;
+      hi[r] = y;
     }
-    range[0] = a;
-    range[1] = z;
+    if (x < y) {
+      a = min(a, static_cast<long long>(x));
+      z = max(z, static_cast<long long>(y));
+    }
+    lo_max = max(lo_max, static_cast<long long>(x));
+    hi_min = min(hi_min, static_cast<long long>(y));
   }
+  for (int o = 16; o > 0; o >>= 1) {
+    a = min(a, __shfl_xor_sync(0xffffffffu, a, o));
+    z = max(z, __shfl_xor_sync(0xffffffffu, z, o));
+    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
+    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, o));
+  }
+  range[0] = a;
+  range[1] = z;
+  range[2] = lo_max;
+  range[3] = hi_min;
   __syncthreads();
 }
 
@@ -221,59 +342,188 @@ __device__ bool MaySee(const Dev& p, const int64_t* lo, const int64_t* hi, int64
   return false;
 }
 
-// Loads rows [row0, row0 + n) of head `head` of a [rows, heads, width] tensor into a tile of
-// `rows_tile` rows (stride Stride(width)); rows past n are zero.
-__device__ void LoadTile(const double* x, int64_t heads, int64_t head, int64_t width,
-                         int64_t row0, int64_t n, int rows_tile, double* tile) {
-  const int64_t count = rows_tile * width;
-  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
-    const int64_t r = e / width, d = e % width;
-    tile[r * Stride(width) + d] = r < n ? x[((row0 + r) * heads + head) * width + d] : 0.0;
+// The same answer as MaySee after TileRowBounds(i0), without shared memory or barriers: each
+// lane takes rows of the query tile, and the warp votes (every lane of every warp gets it).
+__device__ bool QueryTileMaySee(const Dev& p, const Seq& s, int64_t i0, int64_t j0,
+                                int64_t nk) {
+  bool any = false;
+  for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
+    if (i0 + r < s.q_len) {
+      int64_t a = 0, z = 0;
+      KeyBounds(p, s, i0 + r, &a, &z);
+      any = any || (a < z && a < j0 + nk && z > j0);
+    }
   }
+  return __ballot_sync(0xffffffffu, any) != 0;
+}
+
+// One double from global to shared memory without waiting (cp.async, PTX ISA "Data Movement
+// and Conversion Instructions: cp.async", sm_80 and later): copies issued by a thread since its
+// last CopyCommit form a group; CopyWait<n>() waits until at most n of the thread's groups are
+// pending; a __syncthreads() after it makes every thread's copies visible to the block.
+__device__ void CopyAsync(double* dst, const double* src) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::CopyAsync(dst, src);
+#else
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(to), "l"(src) : "memory");
+#endif
+}
+__device__ void CopyCommit() {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::CopyCommit();
+#else
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ void CopyWait() {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::CopyWait(N);
+#else
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Rows [row0, row0 + n) of head `head` of a [rows, heads, width] tensor into a tile of
+// `rows_tile` rows (row stride `stride`); rows past n are zero. A warp per row, a lane per
+// column (coalesced; no division). Asynchronous (CopyAsync) for the rows read: the caller
+// commits and waits.
+__device__ void LoadTile(const double* x, int64_t heads, int64_t head, int64_t width,
+                         int64_t stride, int64_t row0, int64_t n, int rows_tile, double* tile) {
+  const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
+  for (int r = threadIdx.x / 32; r < rows_tile; r += warps) {
+    double* dst = tile + r * stride;
+    if (r < n) {
+      const double* src = x + ((row0 + r) * heads + head) * width;
+      for (int64_t d = lane; d < width; d += 32) CopyAsync(dst + d, src + d);
+    } else {
+      for (int64_t d = lane; d < width; d += 32) dst[d] = 0.0;
+    }
+  }
+}
+// `count` entries of a per-(row, head) array: out[r] = x[(row0 + r) * heads + head] for r < n,
+// `fill` past n (asynchronous as LoadTile).
+__device__ void LoadRows(const double* x, int64_t heads, int64_t head, int64_t row0, int64_t n,
+                         int count, double fill, double* out) {
+  for (int r = threadIdx.x; r < count; r += blockDim.x) {
+    if (r < n) {
+      CopyAsync(out + r, x + (row0 + r) * heads + head);
+    } else {
+      out[r] = fill;
+    }
+  }
+}
+
+// Whether every row of the tile (query rows i0.., keys j0..; lo, hi and range of
+// TileRowBounds(i0)) sees the whole tile: no documents, no block-sparse map, every key inside
+// every row's band and bounds. Then Visible holds for every entry, and the callers skip it.
+__device__ bool WholeTile(const Dev& p, const Seq& s, int64_t i0, int64_t j0,
+                          const int64_t* range) {
+  return p.doc_q == nullptr && p.blocks == nullptr && j0 + p.tk <= s.k_len && range[2] <= j0 &&
+         range[3] >= j0 + p.tk && (p.left < 0 || j0 >= i0 + p.tq - 1 + s.off - p.left) &&
+         (p.right < 0 || j0 + p.tk - 1 <= i0 + s.off + p.right);
+}
+
+// The transformed score of a visible entry (query row i, key j; dot = q.k): TransformScore of
+// reference/problem/mask.h; t = tanh(scale q.k / cap) with softcap. Records the score magnitude
+// statistic (nq, nk: the q and k norms) into `mag`.
+__device__ double ScoreOf(const Dev& p, const Seq& s, int64_t i, int64_t j, double slope,
+                          double dot, double nq, double nk, double& t, double& mag) {
+  double sc = p.scale * dot;
+  if (p.softcap > 0) {
+    t = tanh(sc / p.softcap);
+    sc = p.softcap * t;
+  }
+  const int64_t diag = i + s.off;
+  const int64_t dist = diag > j ? diag - j : j - diag;
+  if (slope != 0) sc -= slope * static_cast<double>(dist);
+  mag = fmax(mag, fabs(p.scale) * nq * nk + fabs(slope) * static_cast<double>(dist));
+  return sc;
 }
 
 // Transformed, masked scores of the tile (query rows i0.., keys j0.. of sequence s, query head
 // h): s_rc = TransformScore(scale q.k) where Visible, -inf elsewhere (reference/problem/mask.h);
-// th_rc = tanh(scale q.k / cap) with softcap (th may be null). Records the score magnitude
-// statistic of every visible entry into the thread's `mag`. Ends with __syncthreads().
+// th_rc = tanh(scale q.k / cap) with softcap (th may be null). rn and cn: the tile's q and k
+// norms (for the score magnitude statistic of every visible entry, into the thread's `mag`).
+// lo, hi and range: TileRowBounds(i0). Ends with __syncthreads().
 __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_t j0,
-                       const int64_t* lo, const int64_t* hi, const double* sq_tile,
-                       const double* sk_tile, double* ss, double* th, double& mag) {
+                       const int64_t* lo, const int64_t* hi, const int64_t* range,
+                       const double* sq_tile, const double* sk_tile, const double* rn,
+                       const double* cn, double* ss, double* th, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
-  const int64_t g = h / (p.hq / p.hkv);
-  if (p.mma) {  // Q K^T into ss first
-    MmaProduct(p.tq, p.tk, p.d, sq_tile, Stride(p.d), 1, sk_tile, 1, Stride(p.d),
-               [&](int64_t r, int64_t c, double x) { ss[r * Stride(p.tk) + c] = x; });
-    __syncthreads();
-  }
-  for (int e = threadIdx.x; e < p.tq * p.tk; e += blockDim.x) {
-    const int r = e / p.tk, c = e % p.tk;
-    const int64_t i = i0 + r, j = j0 + c;
+  const int64_t sd = Stride(p.d, p.frag), st = Stride(p.tk, p.frag);
+  const bool whole = WholeTile(p, s, i0, j0, range);
+  auto visible = [&](int64_t r, int64_t c) {
+    const int64_t j = j0 + c;
+    return whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j));
+  };
+  // Entry (r, c) from its dot product q.k (by one thread).
+  auto entry = [&](int64_t r, int64_t c, double dot, bool vis) {
     double sc = -INFINITY, t = 0;
-    if (j >= lo[r] && j < hi[r] && Visible(p, s, i, j)) {
-      double dot = 0;
-      if (p.mma) {
-        dot = ss[r * Stride(p.tk) + c];
-      } else {
-        const double* qr = sq_tile + r * Stride(p.d);
-        const double* kr = sk_tile + c * Stride(p.d);
-        for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
-      }
-      sc = p.scale * dot;
-      if (p.softcap > 0) {
-        t = tanh(sc / p.softcap);
-        sc = p.softcap * t;
-      }
-      const int64_t diag = i + s.off;
-      const int64_t dist = diag > j ? diag - j : j - diag;
-      if (slope != 0) sc -= slope * static_cast<double>(dist);
-      const double nq = p.qn[(s.q_begin + i) * p.hq + h];
-      const double nk = p.kn[(s.k_begin + j) * p.hkv + g];
-      mag = fmax(mag, fabs(p.scale) * nq * nk + fabs(slope) * static_cast<double>(dist));
+    if (vis) sc = ScoreOf(p, s, i0 + r, j0 + c, slope, dot, rn[r], cn[c], t, mag);
+    ss[r * st + c] = sc;
+    if (th != nullptr) th[r * st + c] = t;
+  };
+  if (p.mma) {  // Q K^T, each entry in the product's epilogue (2 x 2 blocks per warp if tq >= 64)
+    auto out = [&](int64_t r, int64_t c, double dot) { entry(r, c, dot, visible(r, c)); };
+    if (p.tq >= 64) {
+      MmaProduct<2, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
+    } else {
+      MmaProduct<1, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
     }
-    ss[r * Stride(p.tk) + c] = sc;
-    if (th != nullptr) th[r * Stride(p.tk) + c] = t;
+  } else {
+    const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
+    for (int r = threadIdx.x / 32; r < p.tq; r += warps) {
+      for (int c = lane; c < p.tk; c += 32) {
+        const bool vis = visible(r, c);
+        double dot = 0;
+        if (vis) {
+          const double* qr = sq_tile + r * sd;
+          const double* kr = sk_tile + c * sd;
+          for (int64_t d = 0; d < p.d; ++d) dot = fma(qr[d], kr[d], dot);
+        }
+        entry(r, c, dot, vis);
+      }
+    }
   }
+  __syncthreads();
+}
+
+// The backward's scores and gradients of the tile on the mma path, in one pass: S = Q K^T and
+// dP = dO V^T as two products side by side (MmaProducts), and in their epilogue, per entry by
+// the lane that holds it, what Scores and then BackwardTile compute: s (ScoreOf) where
+// Visible, P = exp(s - lse) and dS = P (dP - delta) [(1 - t^2) with softcap] where s > -inf,
+// else P = dS = 0, into ss and ds; the count of such entries per key into seen (if not null;
+// integer atomics in shared memory: exact in any order). Ends with __syncthreads().
+__device__ void ScoresBackwardMma(const Dev& p, const Seq& s, int64_t h, int64_t i0,
+                                  int64_t j0, const int64_t* lo, const int64_t* hi,
+                                  const int64_t* range, const double* sq_tile,
+                                  const double* sk_tile, const double* sdo_tile,
+                                  const double* sv_tile, const double* rn, const double* cn,
+                                  const double* row_lse, const double* row_delta, double* ss,
+                                  double* ds, int64_t* seen, double& mag) {
+  const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
+  const int64_t sd = Stride(p.d, p.frag), sdv = Stride(p.dv, p.frag), st = Stride(p.tk, p.frag);
+  const bool whole = WholeTile(p, s, i0, j0, range);
+  const MmaOperands ops[2] = {{sq_tile, sd, 1, sk_tile, 1, sd, p.d},
+                              {sdo_tile, sdv, 1, sv_tile, 1, sdv, p.dv}};
+  MmaProducts<1, 2>(p.tq, p.tk, ops, [&](int64_t r, int64_t c, const double* v) {
+    const int64_t i = i0 + r, j = j0 + c;
+    double pr = 0, dsv = 0;
+    if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
+      double t = 0;
+      const double sc = ScoreOf(p, s, i, j, slope, v[0], rn[r], cn[c], t, mag);
+      if (sc > -INFINITY) {
+        if (seen != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(seen + c), 1ull);
+        pr = exp(sc - row_lse[r]);
+        dsv = pr * (v[1] - row_delta[r]);
+        if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - t * t;
+      }
+    }
+    ss[r * st + c] = pr;
+    ds[r * st + c] = dsv;
+  });
   __syncthreads();
 }
 

@@ -4,10 +4,11 @@
 // libattest_oracle_cuda_emulated.so with the same C interface (oracle_cuda.h).
 //
 // A launch runs the grid's blocks one after another on one set of std::threads (one per thread
-// of a block), so
-// __syncthreads is a std::barrier over the block and the warp primitives (__shfl_xor_sync,
-// __ballot_sync, __syncwarp) exchange values through a per-warp std::barrier. A kernel whose
-// threads reach a different number of barriers deadlocks here (it is undefined on a GPU).
+// of a block), so __syncthreads is a std::barrier over the block and the warp primitives
+// (__shfl_xor_sync of double and long long, __ballot_sync, __syncwarp) exchange values through
+// a per-warp std::barrier; cp.async copies wait in a per-thread queue (CopyAsync below). A
+// kernel whose threads reach a different number of barriers deadlocks here (it is undefined on
+// a GPU).
 // "Device" memory is host memory filled with 0xff bytes (NaN doubles) on allocation, and shared
 // memory is NaN at the start of each block, so that a read before a write shows in the outputs.
 // Not emulated: timing (events measure nothing), cuBLAS, streams, and any memory model weaker
@@ -48,6 +49,7 @@ inline Index block_dim;
 inline std::unique_ptr<std::barrier<>> block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 inline std::vector<double> warp_doubles;
+inline std::vector<long long> warp_ints;
 inline std::vector<unsigned> warp_flags;
 inline std::vector<double> dynamic_shared;
 inline std::mutex atomic_mutex;
@@ -56,12 +58,38 @@ inline unsigned Lane() { return thread_index.x % 32; }
 inline unsigned WarpBase() { return thread_index.x / 32 * 32; }
 inline std::barrier<>& WarpBarrier() { return *warp_barriers[thread_index.x / 32]; }
 
+// cp.async (oracle_cuda_device.cuh's CopyAsync, CopyCommit, CopyWait) per thread: a copy is
+// queued and done when a CopyWait lets fewer groups than its own stay pending, so a kernel that
+// reads a tile before waiting for it reads what was there before (NaN, or the previous tile),
+// as the GPU may.
+struct PendingCopy {
+  double* dst;
+  const double* src;
+};
+inline thread_local std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
+inline thread_local std::vector<PendingCopy> copy_open;                // not yet committed
+
+inline void CopyAsync(double* dst, const double* src) { copy_open.push_back({dst, src}); }
+inline void CopyCommit() {
+  copy_groups.push_back(std::move(copy_open));
+  copy_open.clear();
+}
+inline void CopyWait(int pending) {
+  // cp.async.wait_group n: all but the newest n committed groups are complete (copies not yet
+  // committed belong to no group and are not waited for).
+  while (static_cast<int>(copy_groups.size()) > pending) {
+    for (const PendingCopy& c : copy_groups.front()) *c.dst = *c.src;
+    copy_groups.erase(copy_groups.begin());
+  }
+}
+
 template <class... P, class... A>
 void Launch(void (*kernel)(P...), dim3 grid, unsigned block, size_t shared, A... args) {
   if (block == 0 || block % 32 != 0) std::abort();  // the kernels assume whole warps
   dynamic_shared.assign(shared / sizeof(double) + 1, std::numeric_limits<double>::quiet_NaN());
   block_dim = {block, 1, 1};
   warp_doubles.assign(block, 0.0);
+  warp_ints.assign(block, 0);
   warp_flags.assign(block, 0);
   block_barrier = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(block));
   warp_barriers.clear();
@@ -84,12 +112,14 @@ void Launch(void (*kernel)(P...), dim3 grid, unsigned block, size_t shared, A...
         }
         block_barrier->arrive_and_wait();
         kernel(args...);
+        if (!copy_groups.empty() || !copy_open.empty()) std::abort();  // a copy never waited for
         block_barrier->arrive_and_wait();
       }
     });
   }
   for (auto& th : threads) th.join();
 }
+
 
 }  // namespace attest_emu
 
@@ -110,6 +140,14 @@ inline double __shfl_xor_sync(unsigned, double v, int lane_mask) {
   warp_doubles[thread_index.x] = v;
   WarpBarrier().arrive_and_wait();
   const double r = warp_doubles[WarpBase() + (Lane() ^ static_cast<unsigned>(lane_mask))];
+  WarpBarrier().arrive_and_wait();
+  return r;
+}
+inline long long __shfl_xor_sync(unsigned, long long v, int lane_mask) {
+  using namespace attest_emu;
+  warp_ints[thread_index.x] = v;
+  WarpBarrier().arrive_and_wait();
+  const long long r = warp_ints[WarpBase() + (Lane() ^ static_cast<unsigned>(lane_mask))];
   WarpBarrier().arrive_and_wait();
   return r;
 }
