@@ -20,11 +20,13 @@ for extra in "" ":$dev/compat"; do
     break
   fi
 done
-[ -n "${LD_LIBRARY_PATH:-}" ] || { echo "oracle_e2e.sh: the packed attest does not run" >&2; exit 2; }
+[ -n "${LD_LIBRARY_PATH:-}" ] ||
+  { echo "oracle_e2e.sh: the packed attest does not run" >&2; exit 2; }
 { lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | sed -E 's/(Flags:).*/\1 (avx512 flags below)/'
   grep -o -w -E 'avx512[a-z_0-9]*|avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
   echo "cores this process may use: $(nproc)"
   "${PYTHON:-python3}" -c 'import numpy; print("numpy", numpy.__version__)'; } | tee "$out/cpu.txt"
-"${PYTHON:-python3}" bench/oracle_bench.py --e2e --bench "$dev/oracle_bench" --attest "$dev/attest" \
+"${PYTHON:-python3}" bench/oracle_bench.py --e2e --bench "$dev/oracle_bench" \
+  --attest "$dev/attest" \
   "$@" --out "$out/oracle-e2e.md"
 rm -rf "$dir"

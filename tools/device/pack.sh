@@ -74,7 +74,8 @@ export LD_LIBRARY_PATH="$here/extra-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 try() { "$@" list kernels > /dev/null 2>&1; }
 if try env LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$here/attest"; then
   LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$prog" "$@"
-elif try env LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$here/attest"; then
+elif try env LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$here/attest"; then
   LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$prog" "$@"
 else
   exec "$here/glibc/ld-linux-x86-64.so.2" --library-path \
