@@ -531,20 +531,25 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
     // dK += dS^T Q, dV += P^T dO (each the tile's product summed apart, then added); the next
     // tile's Q rows requested as soon as dK is done, its dO rows as soon as dV is.
     const int64_t nq_next = next ? min(static_cast<int64_t>(tq), s.q_len - in) : 0;
-    auto product_k = [&] {
+    // acc += A^T B over the tile's tq rows: A (ds or ss) [tq, tk] at row stride st, B [tq, w]
+    // at row stride sb, acc [tk, w] at row stride sb.
+    auto product = [&](const double* a, const double* bt, int64_t sb, int64_t w, double* acc) {
       if (p.mma) {
-        MmaProduct<2, 4>(tk, dd, tq, ds, 1, st, sq_tile, sd, 1,
-                         [&](int64_t c, int64_t d, double part) { acc_k[c * sd + d] += part; });
+        MmaProduct<2, 4>(tk, w, tq, a, 1, st, bt, sb, 1,
+                         [&](int64_t c, int64_t d, double part) { acc[c * sb + d] += part; });
       } else {
         for (int c = warp; c < tk; c += warps) {
-          for (int64_t d = lane; d < dd; d += 32) {
+          for (int64_t d = lane; d < w; d += 32) {
             double part = 0;
-            for (int r = 0; r < tq; ++r) part = fma(ds[r * st + c], sq_tile[r * sd + d], part);
-            acc_k[c * sd + d] += part;
+            for (int r = 0; r < tq; ++r) part = fma(a[r * st + c], bt[r * sb + d], part);
+            acc[c * sb + d] += part;
           }
         }
       }
       __syncthreads();
+    };
+    auto product_k = [&] {
+      product(ds, sq_tile, sd, dd, acc_k);
       if (next) {
         LoadTile(q, p.hq, hn, dd, sd, s.q_begin + in, nq_next, tq, sq_tile);
         LoadRows(p.qn, p.hq, hn, s.q_begin + in, nq_next, tq, 0.0, rn);
@@ -552,21 +557,7 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
       CopyCommit();
     };
     auto product_v = [&] {
-      if (p.mma) {
-        MmaProduct<2, 4>(tk, dv, tq, ss, 1, st, sdo_tile, sdv, 1,
-                         [&](int64_t c, int64_t d, double part) { acc_v[c * sdv + d] += part; });
-      } else {
-        for (int c = warp; c < tk; c += warps) {
-          for (int64_t d = lane; d < dv; d += 32) {
-            double part = 0;
-            for (int r = 0; r < tq; ++r) {
-              part = fma(ss[r * st + c], sdo_tile[r * sdv + d], part);
-            }
-            acc_v[c * sdv + d] += part;
-          }
-        }
-      }
-      __syncthreads();
+      product(ss, sdo_tile, sdv, dv, acc_v);
       if (next) {
         LoadTile(dout, p.hq, hn, dv, sdv, s.q_begin + in, nq_next, tq, sdo_tile);
         const int64_t at = LseIndex(p, b, hn, s, in);
