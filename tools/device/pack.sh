@@ -5,7 +5,8 @@
 # Usage: tools/device/pack.sh [BUILD_DIR]   (default: build/p1; configured Release)
 # PACK_EXTRA="bench/oracle_bench ...": more programs of the build (paths under BUILD_DIR), each
 # packed beside attest, its libraries that attest lacks in .device/extra-lib/ (off attest's
-# path, so that a Python worker attest starts never sees them), run by .device/run.sh NAME ARGS.
+# path, so that a Python worker attest starts never sees them; tools/device/oracle_e2e.sh puts
+# it on the path of the programs it runs).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build/p1}"
@@ -65,24 +66,6 @@ else
 fi
 WRAP
 chmod +x .device/attest.sh
-# run.sh NAME ARGS: a packed program by the route attest.sh finds for attest.
-cat > .device/run.sh <<'WRAP'
-#!/usr/bin/env bash
-here="$(cd "$(dirname "$0")" && pwd)"
-prog="$here/$1"; shift
-export LD_LIBRARY_PATH="$here/extra-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-try() { "$@" list kernels > /dev/null 2>&1; }
-if try env LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$here/attest"; then
-  LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$prog" "$@"
-elif try env LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$here/attest"; then
-  LD_LIBRARY_PATH="$here/lib:$here/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$prog" "$@"
-else
-  exec "$here/glibc/ld-linux-x86-64.so.2" --library-path \
-    "$here/lib:$here/compat:$here/glibc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$prog" "$@"
-fi
-WRAP
-chmod +x .device/run.sh
 .device/attest.sh list kernels > /dev/null
 # The third route must work too (it is the one a host with an older glibc takes).
 .device/glibc/ld-linux-x86-64.so.2 --library-path .device/lib:.device/compat:.device/glibc \
