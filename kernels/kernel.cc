@@ -115,6 +115,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   if (!caps.recipe.empty()) j["recipe"] = caps.recipe;
   if (caps.empty_row_lse != "-inf") j["empty_row_lse"] = caps.empty_row_lse;
   if (caps.softcap_tanh_abs_error != 0) j["softcap_tanh_abs_error"] = caps.softcap_tanh_abs_error;
+  if (caps.device != "host") j["device"] = caps.device;
   for (const auto& f : kRestrictions) {
     if (caps.*(f.member)) j[f.key] = true;
   }
@@ -200,6 +201,15 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                    "largest absolute error of the kernel's tanh)"};
     }
     caps.softcap_tanh_abs_error = e.get<double>();
+  }
+  if (j.contains("device")) {
+    const auto& d = j["device"];
+    if (!d.is_string() || (d.get<std::string>() != "host" && d.get<std::string>() != "cuda" &&
+                           d.get<std::string>() != "hip")) {
+      return Error{"capabilities.device: must be \"host\", \"cuda\" or \"hip\" (where the "
+                   "kernel's tensors live)"};
+    }
+    caps.device = d.get<std::string>();
   }
   if (j.contains("lse")) {  // a missing key means true: every kernel returned lse before
     if (!j["lse"].is_boolean()) return Error{"capabilities.lse: not a boolean"};

@@ -71,6 +71,12 @@ struct Capabilities {
   // q_len == k_len (FlashAttention's `causal` and `window_size` are bottom-right).
   bool same_head_dim_v = false;
   bool causal_bottom_right_only = false;
+  // Where the kernel's tensors live while it runs: "host" (the default, not written), "cuda"
+  // or "hip". A plugin's comes from its descriptor's device_type; an exec worker declares it
+  // (JSON key "device"). It never changes what is judged: `attest check --oracle-device auto`
+  // runs the float64 oracle on the GPU for a "cuda" kernel when the CUDA oracle
+  // (reference/oracle/cuda/oracle_cuda_host.h) and a GPU are there.
+  std::string device = "host";
 
   // Whether `p` lies inside these capabilities; if not, `why` says which feature.
   bool Covers(const Problem& p, std::string* why = nullptr) const;

@@ -42,6 +42,25 @@ TEST(Capabilities, LseFlagRoundTripsAndAMissingKeyMeansTrue) {
   EXPECT_NE(bad.error().message.find("capabilities.lse"), std::string::npos);
 }
 
+TEST(Capabilities, DeviceRoundTripsHostIsNotWrittenAndOthersAreErrors) {
+  auto host = CapabilitiesFromJson(nlohmann::json::parse(R"({"dtypes":["bf16"]})"));
+  ASSERT_TRUE(host.ok()) << host.error().message;
+  EXPECT_EQ(host->device, "host");
+  EXPECT_FALSE(CapabilitiesToJson(*host).contains("device"));
+  auto cuda = CapabilitiesFromJson(nlohmann::json::parse(R"({"device":"cuda"})"));
+  ASSERT_TRUE(cuda.ok()) << cuda.error().message;
+  EXPECT_EQ(cuda->device, "cuda");
+  EXPECT_EQ(CapabilitiesToJson(*cuda)["device"], "cuda");
+  auto again = CapabilitiesFromJson(CapabilitiesToJson(*cuda));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->device, "cuda");
+  for (const char* text : {R"({"device":"gpu"})", R"({"device":1})"}) {
+    auto bad = CapabilitiesFromJson(nlohmann::json::parse(text));
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_NE(bad.error().message.find("capabilities.device"), std::string::npos) << text;
+  }
+}
+
 TEST(Capabilities, BadFieldsAreNamed) {
   auto bad = CapabilitiesFromJson(nlohmann::json::parse(R"({"dtypes":["bf17"]})"));
   ASSERT_FALSE(bad.ok());

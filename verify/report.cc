@@ -489,6 +489,7 @@ json ToJson(const Report& r) {
       {"skipped", skipped},
       {"coverage", coverage},
       {"timings", timings}};
+  if (!r.oracle_device.empty()) out["oracle_device"] = r.oracle_device;
   if (r.wall_times) out["seconds"] = r.seconds;
   return out;
 }

@@ -121,6 +121,7 @@ Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile*
   ctx.inputs = std::move(inputs).value();
   ctx.profile = profile;
   ctx.oracle_options = options.oracle;
+  ctx.cuda_oracle = options.cuda_oracle;
   // Perturbations drawn by checks follow the case, so a saved case reproduces them.
   ctx.seed = CaseSeed(c);
   // Long cases: sampled rows, drawn from the case's seed (a saved case samples the same rows).
@@ -134,6 +135,33 @@ Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile*
 
 }  // namespace
 
+Expected<std::optional<CudaOracleOptions>> ResolveOracleDevice(std::string_view choice,
+                                                               const Capabilities& caps,
+                                                               std::string_view field,
+                                                               std::string* note) {
+  if (note != nullptr) note->clear();
+  if (choice != "auto" && choice != "cpu" && choice != "cuda") {
+    return Error{fmt::format("{}: unknown oracle device '{}' (auto, cpu, cuda)", field, choice)};
+  }
+  const bool on_gpu = caps.device == "cuda";
+  if (choice == "cpu" || (choice == "auto" && !on_gpu)) return std::optional<CudaOracleOptions>();
+  // Whether the CUDA oracle runs here: its library loads and finds a GPU.
+  std::string why;
+  int devices = 0;
+  try {
+    devices = CudaDeviceCount(&why);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (devices > 0) return std::optional<CudaOracleOptions>(CudaOracleOptions{});
+  if (choice == "cuda") return Error{fmt::format("{} cuda: {}", field, why)};
+  if (note != nullptr) {
+    *note = fmt::format("the kernel's tensors live on a CUDA GPU, but the float64 oracle runs on "
+                        "the CPU: {}", why);
+  }
+  return std::optional<CudaOracleOptions>();
+}
+
 Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const Capabilities caps = kernel.capabilities();
@@ -145,6 +173,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   report.suite = suite.name;
   report.seed = options.seed;
   report.capabilities = caps;
+  report.oracle_device = options.cuda_oracle ? "cuda" : "cpu";
   report.wall_times = options.timings;
 
   // The table, the rows generated from the capabilities, the fuzz tail (suite.h RowsFor).
@@ -253,6 +282,7 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
   report.suite = "repro";
   report.seed = c.generator ? c.generator->seed : 0;
   report.capabilities = caps;
+  report.oracle_device = options.cuda_oracle ? "cuda" : "cpu";
   report.wall_times = options.timings;
   auto made = MakeContext(kernel, c, *profile, options);
   if (!made.ok()) return made.error();

@@ -30,6 +30,8 @@ struct RunOptions {
   // the `attest check` command itself.
   std::optional<std::filesystem::path> failure_dir;
   OracleOptions oracle;
+  // Set: the float64 oracle runs on the GPU (CheckContext::cuda_oracle); the report says so.
+  std::optional<CudaOracleOptions> cuda_oracle;
   // Cases whose forward costs more multiply-adds than this are sampled (verify/sample.h
   // ShouldSample); tests lower it to sample short cases.
   double sample_above = kSampleAboveMacs;
@@ -51,6 +53,16 @@ struct RunOptions {
   // recorded. Unset: no budget.
   std::optional<double> time_budget_s;
 };
+
+// Where the float64 oracle runs, for --oracle-device `choice` (`field` names the option in
+// errors). "cpu": here (nullopt). "cuda": on the GPU (reference/oracle/cuda/
+// oracle_cuda_host.h); an error saying why when its library or a GPU is missing. "auto": on
+// the GPU when the kernel's tensors live there (Capabilities::device "cuda") and the library
+// finds a GPU, else here; `note` then says why not (cleared when there is nothing to say).
+Expected<std::optional<CudaOracleOptions>> ResolveOracleDevice(std::string_view choice,
+                                                               const Capabilities& caps,
+                                                               std::string_view field,
+                                                               std::string* note);
 
 struct RunResult {
   Report report;  // verdicts, skipped rows, rows, seconds

@@ -87,6 +87,8 @@ struct Report {
   // The attest that wrote it (the CLI's build info); empty: the library's version, no commit.
   std::string attest_version;
   std::string attest_commit;
+  // Where the float64 oracle ran: "cpu" or "cuda" (empty: no oracle ran, attest compare).
+  std::string oracle_device;
 
   bool passed() const;
   int failures() const;  // failing verdicts

@@ -337,6 +337,17 @@ Expected<std::shared_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
                                         kwhere, d->device_type));
     }
     e.device_type = d->device_type;
+    // Where the tensors live is the descriptor's device_type; a capabilities JSON that says
+    // otherwise contradicts it.
+    const char* device = d->device_type == ATTEST_DEVICE_CUDA  ? "cuda"
+                         : d->device_type == ATTEST_DEVICE_HIP ? "hip"
+                                                               : "host";
+    if (caps_json.contains("device") && e.capabilities.device != device) {
+      return LibError(path, fmt::format("{}: capabilities.device \"{}\" contradicts device_type "
+                                        "{} ({})", kwhere, e.capabilities.device,
+                                        d->device_type, device));
+    }
+    e.capabilities.device = device;
     if (d->forward == nullptr) return LibError(path, kwhere + ": forward is NULL");
     if (e.capabilities.backward && d->backward == nullptr) {
       return LibError(path, kwhere + ": capabilities say backward but backward is NULL");

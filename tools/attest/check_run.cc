@@ -14,7 +14,7 @@ namespace attest::cli {
 const Suite& SuiteNamed(std::string_view name, std::string_view field) {
   const Suite* suite = FindSuite(name);
   if (suite == nullptr) {
-    throw UsageError(fmt::format("{}: unknown suite '{}' (quick, gate, full)", field, name));
+    throw UsageError(fmt::format("{}: unknown suite '{}' (quick, gate, full, long)", field, name));
   }
   return *suite;
 }
@@ -34,6 +34,13 @@ CoveragePolicy CoverageFor(double max_skipped, bool allow_skips, std::string_vie
   policy.max_skipped_share = max_skipped;
   policy.allow_skips = allow_skips;
   return policy;
+}
+
+std::optional<CudaOracleOptions> OracleDeviceFor(std::string_view choice, const Kernel& kernel,
+                                                 std::string_view field, std::string* note) {
+  auto r = ResolveOracleDevice(choice, kernel.capabilities(), field, note);
+  if (!r.ok()) throw UsageError(r.error().message);
+  return *r;
 }
 
 Expected<RunResult> RunCheckSuite(Kernel& kernel, const Suite& suite, const RunOptions& options,

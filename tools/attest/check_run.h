@@ -4,9 +4,12 @@
 // the coverage guard (verify/coverage.h).
 #pragma once
 
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "kernels/kernel.h"
+#include "reference/oracle/cuda/oracle_cuda_host.h"
 #include "reference/status.h"
 #include "verify/coverage.h"
 #include "verify/run.h"
@@ -22,6 +25,13 @@ void RequireCheck(std::string_view name, std::string_view field);
 // The coverage guard's policy for --max-skipped and --allow-skips; a share outside [0, 1] is
 // a UsageError naming `field`.
 CoveragePolicy CoverageFor(double max_skipped, bool allow_skips, std::string_view field);
+
+// --oracle-device: verify/run.h ResolveOracleDevice, its error a UsageError.
+std::optional<CudaOracleOptions> OracleDeviceFor(std::string_view choice, const Kernel& kernel,
+                                                 std::string_view field, std::string* note);
+inline constexpr const char* kOracleDeviceHelp =
+    "Where the float64 oracle runs: auto (the GPU for a kernel whose tensors live on a CUDA "
+    "GPU, when the CUDA oracle finds one), cpu, cuda";
 
 // RunSuite, then the report's attest version and commit (build_info.h) and the coverage
 // guard, restricted to `options.only_check` as the run was.

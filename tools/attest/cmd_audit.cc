@@ -1,4 +1,5 @@
-// `attest audit --kernel K [--baseline K2] --out DIR [--seed S] [--quick]` and
+// `attest audit --kernel K [--baseline K2] --out DIR [--seed S] [--quick]
+// [--oracle-device auto|cpu|cuda]` and
 // `attest audit --compare K1 K2 ... --out DIR` (docs/design.md "CLI contract"; docs/audit.md):
 // writes DIR/report.html (self-contained, inline SVG), DIR/report.md and DIR/report.json,
 // and the smallest leaking case of each kernel into DIR. A progress bar on a terminal, plain
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tools/attest/check_run.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
 #include "verify/audit/audit.h"
@@ -30,6 +32,7 @@ struct AuditCliOptions {
   bool quick = false;
   std::string distributions;  // comma-separated override of the plan's list
   int threads = 0;
+  std::string oracle_device = "auto";
 };
 
 void Write(const std::filesystem::path& path, const std::string& text) {
@@ -64,6 +67,7 @@ int RunAuditCli(const AuditCliOptions& opt) {
     ao.seed = opt.seed;
     ao.plan = plan;
     ao.threads = opt.threads;
+    ao.oracle_device = opt.oracle_device;
     ao.out_dir = dir;
     // Progress on stderr (tools/attest/progress.h): the step that runs.
     auto progress = std::make_shared<ProgressLine>(ProgressLine::Detect("audit " + k, false));
@@ -73,6 +77,9 @@ int RunAuditCli(const AuditCliOptions& opt) {
     auto r = RunAudit(ao);
     progress->Finish();
     if (!r.ok()) throw UsageError(k + ": " + r.error().message);
+    if (!r->oracle_note.empty()) {
+      std::cerr << "attest audit: " << k << ": " << r->oracle_note << "\n";
+    }
     results.push_back(std::move(r).value());
   }
   Write(dir / "report.html", AuditToHtml(results));
@@ -124,6 +131,7 @@ Runner SetupAudit(CLI::App& sub) {
   sub.add_option("--distributions", opt->distributions,
                  "Comma-separated generator names (default: the ten value families)");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
+  sub.add_option("--oracle-device", opt->oracle_device, kOracleDeviceHelp)->capture_default_str();
   return [opt] { return RunAuditCli(*opt); };
 }
 

@@ -1,13 +1,13 @@
-// `attest check --kernel K [--suite quick|gate|full] [--seed S] [--json F] [--junit F]
-// [--markdown F] [--out DIR] [-v | --quiet] [--allow-skips]` (docs/design.md "CLI contract"): the
-// merge gate. A progress line on stderr while it runs; then on stdout the failures in full,
-// one summary table (check x tensor) and the verdict line last (-v: every verdict and skipped
-// row; --quiet: the verdict line alone). The coverage guard (verify/coverage.h) fails a run
-// that left a required family unjudged or skipped too many rows, unless --allow-skips.
-// Reports are written also when the run cannot finish (exit 2: the report says why). Exit 0
-// all pass, 1 any failure (kernel errors, refusals of claimed features and coverage
-// included), 2 bad usage, an unknown kernel or an infrastructure error. --time-budget bounds
-// the suite's wall time (rows not started by then fail as not run).
+// `attest check --kernel K [--suite quick|gate|full|long] [--seed S] [--json F] [--junit F]
+// [--markdown F] [--out DIR] [--oracle-device auto|cpu|cuda] [-v | --quiet] [--allow-skips]`
+// (docs/design.md "CLI contract"): the merge gate. A progress line on stderr while it runs; then on
+// stdout the failures in full, one summary table (check x tensor) and the verdict line last (-v:
+// every verdict and skipped row; --quiet: the verdict line alone). The coverage guard
+// (verify/coverage.h) fails a run that left a required family unjudged or skipped too many rows,
+// unless --allow-skips. Reports are written also when the run cannot finish (exit 2: the report
+// says why). Exit 0 all pass, 1 any failure (kernel errors, refusals of claimed features and
+// coverage included), 2 bad usage, an unknown kernel or an infrastructure error. --time-budget
+// bounds the suite's wall time (rows not started by then fail as not run).
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -36,6 +36,7 @@ struct CheckCliOptions {
   std::string out = "attest-failures";
   std::string only_check;
   int threads = 0;
+  std::string oracle_device = "auto";
   double time_budget_s = 0;  // 0: none
   bool timings = false;
   bool verbose = false;
@@ -90,6 +91,9 @@ int RunCheck(const CheckCliOptions& opt) {
   ro.seed = opt.seed;
   ro.failure_dir = opt.out;
   ro.oracle.threads = opt.threads;
+  std::string note;
+  ro.cuda_oracle = OracleDeviceFor(opt.oracle_device, **kernel, "--oracle-device", &note);
+  if (!note.empty() && !opt.quiet) std::cerr << "attest check: " << note << "\n";
   ro.only_check = opt.only_check;
   ro.timings = opt.timings;
   ProgressLine progress(
@@ -118,7 +122,8 @@ Runner SetupCheck(CLI::App& sub) {
   sub.add_option("--kernel", opt->kernel,
                  "Kernel to check (`attest list kernels`, plugin:PATH[:NAME], exec:COMMAND)")
       ->required();
-  sub.add_option("--suite", opt->suite, "Suite: quick (< 30 s), gate (merge gate), full, long (8k-128k, sampled)")
+  sub.add_option("--suite", opt->suite,
+                 "Suite: quick (< 30 s), gate (merge gate), full, long (8k-128k, sampled)")
       ->capture_default_str();
   AddUnsignedOption(sub, "--seed", opt->seed,
                     "Run seed (the same seed gives the same report; default 0)");
@@ -129,6 +134,7 @@ Runner SetupCheck(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--check", opt->only_check, "Run only the rows of this check");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
+  sub.add_option("--oracle-device", opt->oracle_device, kOracleDeviceHelp)->capture_default_str();
   AddSecondsOption(sub, "--time-budget", opt->time_budget_s,
                    "Wall-time budget of the suite: rows not started by then fail as not run");
   sub.add_flag("--timings", opt->timings, "Put wall times into the JSON report");

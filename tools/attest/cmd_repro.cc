@@ -1,4 +1,5 @@
-// `attest repro --kernel K --case F [--check NAME] [--dump DIR]` (docs/design.md "CLI contract"):
+// `attest repro --kernel K --case F [--check NAME] [--dump DIR] [--oracle-device auto|cpu|cuda]`
+// (docs/design.md "CLI contract"):
 // re-runs the checks on a saved case with bit-identical inputs (MakeCaseInputs) and the same
 // verdict and exit code as `attest check` (0 pass, 1 finding, 2 usage). Without --check, the
 // check is read from a file name written by `attest check` (<kernel>-<check>-<tensor>-<hash>
@@ -15,6 +16,7 @@
 #include "reference/case/inputs.h"
 #include "reference/io/safetensors.h"
 #include "reference/oracle/oracle.h"
+#include "tools/attest/check_run.h"
 #include "tools/attest/command.h"
 #include "verify/report.h"
 #include "verify/run.h"
@@ -28,25 +30,36 @@ struct ReproCliOptions {
   std::string check;
   std::string dump;
   int threads = 0;
+  std::string oracle_device = "auto";
 };
 
-// The check named in a failure file's name: the longest registered name that appears as
-// "-<name>-" (attest check) or starts it as "<name>-" (attest fuzz: <check>-<hash>.case.json).
+// The check named in a failure file's name: attest check writes <kernel>-<check>-<tensor>-
+// <hash>.case.json, attest fuzz <check>-<hash>.case.json. The kernel's name may itself hold a
+// check's name (mutant/store-permutation), so the rightmost "-<name>-" wins (the check comes
+// after the kernel), then a name that starts the file; on a tie the longest name.
 const CheckInfo* CheckFromFileName(const std::string& file) {
   const std::string name = std::filesystem::path(file).filename().string();
   const CheckInfo* best = nullptr;
+  size_t best_at = 0;
   for (const CheckInfo& c : AllChecks()) {
     const std::string check(c.name);
-    if (name.find("-" + check + "-") == std::string::npos && name.rfind(check + "-", 0) != 0) {
-      continue;
+    size_t at = std::string::npos;
+    if (const size_t inner = name.rfind("-" + check + "-"); inner != std::string::npos) {
+      at = inner + 1;
+    } else if (name.rfind(check + "-", 0) == 0) {
+      at = 0;
     }
-    if (best == nullptr || c.name.size() > best->name.size()) best = &c;
+    if (at == std::string::npos) continue;
+    if (best == nullptr || at > best_at || (at == best_at && c.name.size() > best->name.size())) {
+      best = &c;
+      best_at = at;
+    }
   }
   return best;
 }
 
 void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesystem::path& dir,
-          int threads) {
+          int threads, const std::optional<CudaOracleOptions>& cuda_oracle) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw UsageError(dir.string() + ": cannot create directory: " + ec.message());
@@ -65,14 +78,17 @@ void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesy
   oo.threads = threads;
   NamedTensors oracle;
   if (in.dout.defined()) {
-    BackwardOut b = Backward<double>(c.problem, in.q, in.k, in.v, in.dout, oo);
+    BackwardOut b = cuda_oracle
+                        ? CudaBackward(c.problem, in.q, in.k, in.v, in.dout, *cuda_oracle)
+                        : Backward<double>(c.problem, in.q, in.k, in.v, in.dout, oo);
     oracle.Add("o", b.o);
     oracle.Add("lse", b.lse);
     oracle.Add("dq", b.dq);
     oracle.Add("dk", b.dk);
     oracle.Add("dv", b.dv);
   } else {
-    ForwardOut f = Forward<double>(c.problem, in.q, in.k, in.v, oo);
+    ForwardOut f = cuda_oracle ? CudaForward(c.problem, in.q, in.k, in.v, *cuda_oracle)
+                               : Forward<double>(c.problem, in.q, in.k, in.v, oo);
     oracle.Add("o", f.o);
     oracle.Add("lse", f.lse);
   }
@@ -115,13 +131,16 @@ int RunRepro(const ReproCliOptions& opt) {
   RunOptions ro;
   ro.kernel_spec = opt.kernel;
   ro.oracle.threads = opt.threads;
+  std::string note;
+  ro.cuda_oracle = OracleDeviceFor(opt.oracle_device, **kernel, "--oracle-device", &note);
+  if (!note.empty()) std::cerr << "attest repro: " << note << "\n";
   auto result = RunCase(**kernel, *c, checks, ro, opt.case_file);
   if (!result.ok()) throw UsageError(result.error().message);
   std::cout << ToConsole(result->report);
   if (!opt.dump.empty()) {
     auto inputs = MakeCaseInputs(*c);
     if (!inputs.ok()) throw UsageError(inputs.error().message);
-    Dump(**kernel, *c, *inputs, opt.dump, opt.threads);
+    Dump(**kernel, *c, *inputs, opt.dump, opt.threads, ro.cuda_oracle);
   }
   return result->report.passed() ? kExitPass : kExitFinding;
 }
@@ -136,6 +155,7 @@ Runner SetupRepro(CLI::App& sub) {
   sub.add_option("--dump", opt->dump,
                  "Write inputs/outputs/oracle .safetensors into this directory");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
+  sub.add_option("--oracle-device", opt->oracle_device, kOracleDeviceHelp)->capture_default_str();
   return [opt] { return RunRepro(*opt); };
 }
 

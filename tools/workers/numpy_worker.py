@@ -172,8 +172,13 @@ def main():
     parser.add_argument("--no-masks", action="store_true",
                         help="claim no mask (causal, window, prefix-LM, documents, block-sparse) "
                              "and refuse problems with one, as a kernel without masks does")
+    parser.add_argument("--declare-device", choices=["host", "cuda"], default="host",
+                        help='the "device" it declares (it always runs on the host): cuda '
+                             "stands in for a GPU kernel in tests of --oracle-device")
     args = parser.parse_args()
     caps = dict(CAPABILITIES, lse=False) if args.no_lse else CAPABILITIES
+    if args.declare_device != "host":
+        caps = dict(caps, device=args.declare_device)
     if args.no_masks:
         caps = dict(caps, causal=False, window=False, prefix_lm=False, documents=False,
                     block_sparse=False)

@@ -28,6 +28,7 @@
 #include "verify/metrics.h"
 #include "verify/repro.h"
 #include "verify/report.h"
+#include "verify/run.h"
 #include "verify/suite.h"
 #include "verify/tolerance.h"
 
@@ -277,6 +278,7 @@ Expected<AuditCase> Auditor::Measure(const std::string& label, const Case& c, bo
   ctx.inputs = std::move(inputs).value();
   ctx.profile = &profile_;
   ctx.oracle_options = oracle_;
+  ctx.cuda_oracle = opt_.cuda_oracle;
   ctx.seed = c.generator->seed;
   ctx.label = label;
   ctx.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
@@ -685,6 +687,7 @@ Expected<AuditResult> Auditor::Run() {
     r.sequence_block_scales = HasSequenceBlockOperands(*recipe);
   }
   r.seed = opt_.seed;
+  r.oracle_device = opt_.cuda_oracle ? "cuda" : "cpu";
   r.plan = plan;
   total_ = AuditSteps(plan, backward_);
 
@@ -814,8 +817,15 @@ Expected<AuditResult> RunAudit(const AuditOptions& options) {
   }
   auto profile = ProfileFor(caps);
   if (!profile.ok()) return Error{options.kernel_spec + ": " + profile.error().message};
-  Auditor auditor(options, **kernel, **baseline, **profile, *dtype);
-  return auditor.Run();
+  AuditOptions resolved = options;
+  std::string note;
+  auto oracle = ResolveOracleDevice(options.oracle_device, caps, "--oracle-device", &note);
+  if (!oracle.ok()) return oracle.error();
+  resolved.cuda_oracle = *oracle;
+  Auditor auditor(resolved, **kernel, **baseline, **profile, *dtype);
+  auto r = auditor.Run();
+  if (r.ok()) r->oracle_note = note;
+  return r;
 }
 
 }  // namespace attest

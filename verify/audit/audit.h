@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reference/case/case_file.h"
+#include "reference/oracle/cuda/oracle_cuda_host.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
 #include "verify/verdict.h"
@@ -77,6 +79,10 @@ struct AuditOptions {
   uint64_t seed = 0;
   AuditPlan plan = DefaultAuditPlan();
   int threads = 0;  // oracle threads (0: all cores)
+  // Where the float64 oracle runs: "auto", "cpu" or "cuda" (verify/run.h ResolveOracleDevice).
+  std::string oracle_device = "cpu";
+  // Set by RunAudit from oracle_device: the oracle runs on the GPU (CheckContext::cuda_oracle).
+  std::optional<CudaOracleOptions> cuda_oracle;
   // Where the smallest leaking case is written (its case file); empty: not written.
   std::filesystem::path out_dir;
   std::function<void(const AuditProgress&)> progress;
@@ -205,6 +211,8 @@ struct AuditResult {
   bool has_backward = false;
   bool sequence_block_scales = false;  // some operand shares a scale along the sequence
   uint64_t seed = 0;
+  std::string oracle_device = "cpu";  // where the float64 oracle ran: "cpu" or "cuda"
+  std::string oracle_note;  // why a GPU kernel's oracle ran on the CPU (empty: nothing to say)
   AuditPlan plan;
   Sweep seqlen, head_dim;
   Sweep distributions;  // x = index into plan.distributions, cases labelled by name

@@ -195,9 +195,10 @@ std::string AuditToMarkdown(std::span<const AuditResult> results) {
     md += fmt::format("## {}\n\n{}\n\n", r.kernel, r.kernel_description);
     md += fmt::format(
         "- **Verdict:** {}\n- **Accuracy** (profile `{}`): {}\n- **Non-interference:** {}\n"
-        "- **Consistency:** {}\n- **Gradient bias:** {}\n- Baseline `{}`, seed {}, {:.1f} s\n\n",
+        "- **Consistency:** {}\n- **Gradient bias:** {}\n- Baseline `{}`, seed {}, oracle on "
+        "the {}, {:.1f} s\n\n",
         f.verdict, r.profile, f.accuracy, f.leak, f.consistency, f.bias, r.baseline, r.seed,
-        r.seconds);
+        r.oracle_device == "cuda" ? "GPU" : "CPU", r.seconds);
     if (!r.non_interference.repro.empty()) {
       md += fmt::format("Smallest leaking case, to reproduce:\n\n```\n{}\n```\n\n",
                         r.non_interference.repro);
@@ -323,8 +324,10 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
          "</td></tr>\n";
     h += "<tr><th>consistency</th><td>" + Esc(f.consistency) + "</td></tr>\n";
     h += "<tr><th>gradient bias</th><td>" + Esc(f.bias) + "</td></tr>\n";
-    h += fmt::format("<tr><th>run</th><td>baseline {}, seed {}, {:.1f} s</td></tr>\n",
-                     Esc(r.baseline), r.seed, r.seconds);
+    h += fmt::format("<tr><th>run</th><td>baseline {}, seed {}, oracle on the {}, {:.1f} s"
+                     "</td></tr>\n",
+                     Esc(r.baseline), r.seed, r.oracle_device == "cuda" ? "GPU" : "CPU",
+                     r.seconds);
     h += "</table>\n";
     if (!r.non_interference.repro.empty()) {
       h += "<p>Smallest leaking case (written next to this report):</p>\n<pre>" +

@@ -155,6 +155,7 @@ nlohmann::json AuditToJson(std::span<const AuditResult> results) {
          {"leaks", r.leaks()},
          {"seconds", r.seconds},
          {"seed", r.seed},
+         {"oracle_device", r.oracle_device},
          {"plan", PlanJson(r.plan)},
          {"sweeps",
           {{"seqlen", SweepJson(r.seqlen)},

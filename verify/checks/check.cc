@@ -29,9 +29,11 @@ const ForwardOut& CheckContext::OracleForward() {
   }
   if (!fwd_) {
     try {
-      fwd_ = Forward<double>(case_.problem, inputs.q, inputs.k, inputs.v, SampledOptions());
+      fwd_ = cuda_oracle
+                 ? CudaForward(case_.problem, inputs.q, inputs.k, inputs.v, *cuda_oracle)
+                 : Forward<double>(case_.problem, inputs.q, inputs.k, inputs.v, SampledOptions());
     } catch (const std::exception& e) {
-      throw HarnessError(std::string("oracle forward: ") + e.what());
+      throw HarnessError(std::string(cuda_oracle ? "GPU " : "") + "oracle forward: " + e.what());
     }
   }
   return *fwd_;
@@ -40,10 +42,12 @@ const ForwardOut& CheckContext::OracleForward() {
 const BackwardOut& CheckContext::OracleBackward() {
   if (!bwd_) {
     try {
-      bwd_ = Backward<double>(case_.problem, inputs.q, inputs.k, inputs.v, inputs.dout,
-                              SampledOptions());
+      bwd_ = cuda_oracle ? CudaBackward(case_.problem, inputs.q, inputs.k, inputs.v,
+                                        inputs.dout, *cuda_oracle)
+                         : Backward<double>(case_.problem, inputs.q, inputs.k, inputs.v,
+                                            inputs.dout, SampledOptions());
     } catch (const std::exception& e) {
-      throw HarnessError(std::string("oracle backward: ") + e.what());
+      throw HarnessError(std::string(cuda_oracle ? "GPU " : "") + "oracle backward: " + e.what());
     }
   }
   return *bwd_;

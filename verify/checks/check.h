@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/kernel.h"
+#include "reference/oracle/cuda/oracle_cuda_host.h"
 #include "reference/oracle/oracle.h"
 #include "reference/case/case_file.h"
 #include "reference/case/inputs.h"
@@ -31,6 +32,10 @@ struct CheckContext {
   CaseInputs inputs;
   const Profile* profile = nullptr;
   OracleOptions oracle_options;
+  // Set: the float64 oracle runs on the GPU (reference/oracle/cuda/oracle_cuda_host.h; the
+  // same semantics and certification bound, docs/checks.md "The oracle on the GPU"), on every
+  // row even of a sampled case (checks still judge the sampled rows alone).
+  std::optional<CudaOracleOptions> cuda_oracle;
   uint64_t seed = 0;  // for checks that draw their own perturbations
   // Sampled rows (verify/sample.h; docs/checks.md "Sampled rows"), set by the runner when the
   // case is sampled (ShouldSample): the oracle then computes only the tiles holding a flagged
