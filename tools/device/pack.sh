@@ -45,6 +45,14 @@ for extra in ${PACK_EXTRA:-}; do
     esac
   done
 done
+# The CUDA float64 oracle, where the build made it (ATTEST_CUDA with nvcc): beside attest, where
+# reference/oracle/cuda/oracle_cuda_host.cc looks first, so that `attest check` runs the
+# oracle on the GPU for a CUDA kernel (--oracle-device auto). It carries its CUDA runtime.
+cuda_oracle="$build/reference/oracle/cuda/libattest_oracle_cuda.so"
+if [ -f "$cuda_oracle" ]; then
+  cmake --build "$build" --target attest_oracle_cuda -j2 > /dev/null
+  cp "$cuda_oracle" .device/
+fi
 loader="$(ldd "$bin" | awk '/ld-linux/{print $1}')"
 cp -L "$loader" .device/glibc/
 cat > .device/attest.sh <<'WRAP'

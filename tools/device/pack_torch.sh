@@ -50,7 +50,9 @@ ldd "$(command -v zstd)" | awk '/lib(zstd|z|lzma|lz4)\.so/{print $3}' | while re
 done
 
 # 3. The small wheels as they are; the large one unpacked, recompressed and split.
-for f in "$cache"/*.whl; do
+# Only this list's wheels (the cache may hold others, e.g. pack_cudnn_fp8.sh's).
+for w in "${wheels[@]}"; do
+  name="${w%%==*}"; f="$(ls "$cache"/$(echo "$name" | tr - _)-${w##*==}-*.whl)"
   case "$f" in *libs_cu13*) continue ;; esac
   cp "$f" .devA/wheels/
 done

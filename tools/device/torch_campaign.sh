@@ -28,7 +28,11 @@
 #   shard, default 8), SEED (default 0), PROBE=0 (no torch_probe.py run), RUNS / FUZZ
 #   (override a stage's lists: "backend:dtype ..." and "backend:dtype:shards ..."; empty:
 #   none), FLEX_RUNS / FLEX_JOBS / FLEX_TIMEOUT (stage A's flex-triton gates), REPROS (after the stage: "backend:dtype:case-file:check ...", each an
-#   `attest repro`), GATE_SPLIT=1 (one process per check, GATE_JOBS at a time, default 12).
+#   `attest repro`), GATE_SPLIT=1 (one process per check, GATE_JOBS at a time, default 12),
+#   SUITE (what the RUNS run, default gate; long: the long suite), THREADS (oracle threads per
+#   run, default 2), ORACLE=1 (stage A: the CUDA oracle's check and bench, below).
+# With --device cuda the workers declare CUDA tensors, so every check's float64 oracle runs on
+# the GPU when libattest_oracle_cuda.so is packed beside attest (docs/checks.md).
 set -uo pipefail
 stage="${1:?usage: torch_campaign.sh A|B|C|F}"
 root="$(pwd)"
@@ -130,7 +134,9 @@ kernel_of() {  # backend dtype -> exec: spec
   echo "exec:LD_LIBRARY_PATH=$orig_ld PYTHONPATH=$PYTHONPATH $python tools/workers/torch_worker.py --backend $backend --dtype $dtype --device cuda$extra"
 }
 
-threads=2
+threads="${THREADS:-2}"
+# SUITE (default gate): the suite gate() runs; its reports are named <suite>-<backend>-<dtype>.
+suite="${SUITE:-gate}"
 # GATE_SPLIT=1: one `attest check --check NAME` process per check (heaviest first, at most
 # GATE_JOBS at a time), so a slow kernel's gate fits one call; each writes its own reports.
 checks="$("$attest" list checks | awk '{print $1}')"
@@ -147,12 +153,12 @@ gate() {  # backend:dtype ...
     while [ "$(jobs -rp | wc -l)" -ge "${GATE_JOBS:-12}" ]; do wait -n; done
     IFS=: read -r b d c <<< "$r"
     t="${GATE_TIMEOUT:-420}"; [ "$(left)" -ge "$t" ] || t="$(left)"
-    if [ "$t" -lt 60 ]; then echo "- 0" > "$work/gate-$b-$d${c:+-$c}.rc"; continue; fi
-    ( k="$(kernel_of "$b" "$d")"; name="gate-$b-$d${c:+-$c}"; t0=$(date +%s)
+    if [ "$t" -lt 60 ]; then echo "- 0" > "$work/$suite-$b-$d${c:+-$c}.rc"; continue; fi
+    ( k="$(kernel_of "$b" "$d")"; name="$suite-$b-$d${c:+-$c}"; t0=$(date +%s)
       only=(); [ -z "$c" ] || only=(--check "$c")
       budget=$(( t - 40 ))
-      echo "attest check --suite gate --seed $seed ${only[*]} --kernel '$k'" > "$work/$name.cmd"
-      timeout "$t" "$attest" check --kernel "$k" --suite gate --seed "$seed" \
+      echo "attest check --suite $suite --seed $seed ${only[*]} --kernel '$k'" > "$work/$name.cmd"
+      timeout "$t" "$attest" check --kernel "$k" --suite "$suite" --seed "$seed" --timings \
         "${only[@]}" --time-budget "$budget" --threads "$threads" --json "$work/$name.json" \
         --junit "$work/$name.xml" --out "$work/failures-$b-$d${c:+-$c}" > "$work/$name.log" 2>&1
       echo "$? $(( $(date +%s) - t0 ))" > "$work/$name.rc" ) &
@@ -227,8 +233,38 @@ probe() {  # dtype backends...
     --out "$work/probe-$d-$1.json" > "$work/probe-$d-$1.log" 2>&1
 }
 
+# ORACLE=1 (stage A, before its gates, with the GPU to itself): the CUDA float64 oracle packed
+# beside attest (pack_torch.sh with PACK_EXTRA=reference/oracle/cuda/oracle_cuda_check):
+# oracle_cuda_check against the CPU oracle on every feature, both paths, then its bench at
+# ORACLE_SIZES (default 8192,16384,32768; ORACLE_MMA_SIZES more sizes on the mma path alone)
+# beside cuBLAS dgemm (torch's libcublas). What tools/device/oracle_cuda.sh runs from .devO.
+oracle_cuda() {
+  local dev="$stash/.device" cublas
+  [ -x "$dev/oracle_cuda_check" ] || { echo "no oracle_cuda_check packed (PACK_EXTRA)"; return; }
+  cublas="$(find $("$python" -c 'import site; print(" ".join(site.getsitepackages()))') \
+            -maxdepth 5 -name 'libcublas.so.1[0-9]*' 2>/dev/null | sort -r | head -1)"
+  local run=(env LD_LIBRARY_PATH="$dev/lib:$dev/extra-lib${orig_ld:+:$orig_ld}"
+             ${cublas:+ATTEST_CUBLAS="$cublas"})
+  echo "== oracle_cuda_check (cuBLAS: ${cublas:-none found})"
+  t0=$(date +%s)
+  timeout 300 "${run[@]}" "$dev/oracle_cuda_check" --json "$work/oracle_cuda_check.json" \
+    > "$work/oracle_cuda_check.txt" 2>&1
+  echo "$? $(( $(date +%s) - t0 ))" > "$work/oracle_cuda_check.rc"
+  grep -E "^(PASS|FAIL)|FAIL |library:" "$work/oracle_cuda_check.txt" | tail -8
+  timeout 200 "${run[@]}" "$dev/oracle_cuda_check" --bench \
+    --sizes "${ORACLE_SIZES:-8192,16384,32768}" --json "$work/oracle_cuda_bench.json" \
+    > "$work/oracle_cuda_bench.txt" 2>&1
+  if [ -n "${ORACLE_MMA_SIZES:-}" ]; then
+    timeout 200 "${run[@]}" "$dev/oracle_cuda_check" --bench --mma-only \
+      --sizes "$ORACLE_MMA_SIZES" --json "$work/oracle_cuda_bench_mma.json" \
+      > "$work/oracle_cuda_bench_mma.txt" 2>&1
+  fi
+  cat "$work"/oracle_cuda_bench*.txt
+}
+
 case "$stage" in
   A)
+    [ "${ORACLE:-0}" = 1 ] && oracle_cuda
     p1=
     if [ "${PROBE:-1}" = 1 ]; then
       ( probe bf16 sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn; probe f16 sdpa-math;
@@ -295,7 +331,7 @@ esac
 repros_all
 
 echo "== summary, stage $stage"
-for f in "$work"/gate-*.rc "$work"/fuzz-*-merged.rc; do
+for f in "$work"/{gate,long,quick,full}-*.rc "$work"/fuzz-*-merged.rc; do
   [ -f "$f" ] || continue
   n="$(basename "$f" .rc)"; read -r rc secs < "$f"
   echo "$n: exit $rc${secs:+ in ${secs}s}; $(grep -E '^(PASS|FAIL)' "$work/$n.log" | tail -1 | cut -c1-160)"

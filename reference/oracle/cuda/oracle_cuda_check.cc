@@ -12,7 +12,7 @@
 //                                          so the ratio is <= 2); the exact counts (empty rows,
 //                                          unseen keys, max keys / queries) must be equal, and two
 //                                          GPU runs bitwise equal. Exit 1 on any failure.
-//   oracle_cuda_check --bench [--sizes 8192,16384,32768] [--json FILE]
+//   oracle_cuda_check --bench [--sizes 8192,16384,32768] [--mma-only] [--json FILE]
 //                                          GPU fwd+bwd at B = 1, H = 8, D = 128, full and causal,
 //                                          both paths (fma, mma):
 //                                          GFLOP/s = 14 S^2 D H (half for causal) / kernel
@@ -290,7 +290,7 @@ Tensor Gaussian(const Shape& shape, uint64_t seed) {
   return Tensor::FromF64(shape, std::move(values));
 }
 
-int RunBench(const std::vector<int64_t>& sizes, const std::string& json_path) {
+int RunBench(const std::vector<int64_t>& sizes, const std::string& json_path, bool mma_only) {
   nlohmann::json rows = nlohmann::json::array();
   const int64_t n = 8192;
   double dgemm_s = NAN, dgemm_gflops = NAN;
@@ -313,6 +313,7 @@ int RunBench(const std::vector<int64_t>& sizes, const std::string& json_path) {
     for (const bool causal : {false, true}) {
       p.causal = causal;
       for (const bool mma : {false, true}) {
+        if (mma_only && !mma) continue;
         CudaOracleOptions options;
         options.mma = mma;
         double seconds = 0;
@@ -360,7 +361,7 @@ int RunBench(const std::vector<int64_t>& sizes, const std::string& json_path) {
 }
 
 int Main(int argc, char** argv) {
-  bool bench = false;
+  bool bench = false, mma_only = false;
   std::string json_path;
   std::vector<int64_t> sizes = {8192, 16384, 32768};
   std::vector<std::string> only;
@@ -370,6 +371,8 @@ int Main(int argc, char** argv) {
       return 0;  // starts and exits: tools/device/pack_oracle_cuda.sh's loader check
     } else if (arg == "--bench") {
       bench = true;
+    } else if (arg == "--mma-only") {
+      mma_only = true;
     } else if (arg == "--json" && a + 1 < argc) {
       json_path = argv[++a];
     } else if (arg == "--problems" && a + 1 < argc) {
@@ -393,8 +396,8 @@ int Main(int argc, char** argv) {
         }
       }
     } else {
-      std::cerr << "usage: oracle_cuda_check [--problems NAME,...] [--bench [--sizes S,...]] "
-                   "[--json FILE]\n";
+      std::cerr << "usage: oracle_cuda_check [--problems NAME,...] [--bench [--sizes S,...] "
+                   "[--mma-only]] [--json FILE]\n";
       return 2;
     }
   }
@@ -405,7 +408,7 @@ int Main(int argc, char** argv) {
       std::cerr << "oracle_cuda_check: no usable GPU (" << why << ")\n";
       return 2;
     }
-    return bench ? RunBench(sizes, json_path) : RunCheck(json_path, only);
+    return bench ? RunBench(sizes, json_path, mma_only) : RunCheck(json_path, only);
   } catch (const std::runtime_error& e) {
     std::cerr << "oracle_cuda_check: " << e.what() << "\n";
     return 2;
