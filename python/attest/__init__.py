@@ -17,6 +17,7 @@ kernels available to it; `python -m attest` is the command line itself.
 
 import os
 import tempfile
+import warnings
 
 from . import _core
 from . import _kernel
@@ -80,7 +81,7 @@ def kernel(fn, **kw):
 def check(fn, api="sdpa", suite="gate", dtype="bf16", device=None, seed=0, caps=None,
           backward=None, only_check=None, failure_dir=None, isolate=False, threads=0,
           time_budget=None, max_skipped=0.8, allow_skips=False, name=None,
-          deterministic=False, mask_form="bool", verbose=False):
+          deterministic=False, mask_form="bool", verbose=False, oracle_device="auto"):
     """Runs `suite` ("quick", "gate", "full", "long") against `fn` and returns a Report.
 
     fn        a callable in calling convention `api`, a kernel spec string, or a Kernel
@@ -97,6 +98,8 @@ def check(fn, api="sdpa", suite="gate", dtype="bf16", device=None, seed=0, caps=
     backward  fn(problem, q, k, v, o, lse, do) -> (dq, dk, dv) instead of autograd
     failure_dir  where failing cases are saved (default: a new temporary folder)
     isolate   run fn in a child process (python -m attest.worker)
+    oracle_device  where the float64 oracle runs: "auto" (the GPU for a function on CUDA when
+              the CUDA oracle finds one; else the CPU, with a warning saying why), "cpu", "cuda"
     The other arguments are `attest check`'s options. A bad argument raises ValueError;
     whatever the kernel does is a verdict.
     """
@@ -107,9 +110,11 @@ def check(fn, api="sdpa", suite="gate", dtype="bf16", device=None, seed=0, caps=
     run = _core.check(k.spec, k.display, suite, int(seed), only_check or "",
                       os.fspath(failure_dir), int(threads),
                       None if time_budget is None else float(time_budget), float(max_skipped),
-                      bool(allow_skips), bool(verbose))
+                      bool(allow_skips), bool(verbose), str(oracle_device))
     if run.exit_code == 2:
         raise ValueError(f"attest check: {run.error}")
+    if run.note:
+        warnings.warn(f"attest check: {run.note}", RuntimeWarning, stacklevel=2)
     return Report(run, k.display)
 
 

@@ -282,6 +282,7 @@ struct CheckRun {
   std::string error;
   std::string json, junit, console, markdown;
   std::vector<std::string> failure_cases;
+  std::string note;  // why a CUDA kernel's oracle ran on the CPU (empty: nothing to say)
 };
 
 // `attest check` (tools/attest/cmd_check.cc RunCheck) as values: the same validation and run
@@ -291,7 +292,7 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
                const std::string& suite_name, uint64_t seed, const std::string& only_check,
                const std::optional<std::string>& failure_dir, int threads,
                std::optional<double> time_budget_s, double max_skipped, bool allow_skips,
-               bool verbose) {
+               bool verbose, const std::string& oracle_device) {
   CheckRun out;
   auto usage = [&](std::string why) {
     out.exit_code = kExitUsage;
@@ -319,6 +320,11 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
   ro.seed = seed;
   if (failure_dir) ro.failure_dir = *failure_dir;
   ro.oracle.threads = threads;
+  try {
+    ro.cuda_oracle = cli::OracleDeviceFor(oracle_device, *kernel, "oracle_device", &out.note);
+  } catch (const cli::UsageError& e) {
+    return usage(e.what());
+  }
   ro.only_check = only_check;
   ro.time_budget_s = time_budget_s;
   ro.progress = [](const RunOptions::Progress&) {
@@ -402,7 +408,8 @@ NB_MODULE(_core, m) {
       .def_ro("junit", &CheckRun::junit)
       .def_ro("console", &CheckRun::console)
       .def_ro("markdown", &CheckRun::markdown)
-      .def_ro("failure_cases", &CheckRun::failure_cases);
+      .def_ro("failure_cases", &CheckRun::failure_cases)
+      .def_ro("note", &CheckRun::note);
 
   m.def("set_lookup", [](nb::object lookup) {
     Kernels();  // the built-ins first
@@ -416,7 +423,7 @@ NB_MODULE(_core, m) {
   // nb::arg().none(): nanobind 2 refuses None for an argument unless it is marked so.
   m.def("check", &Check, "spec"_a, "display_spec"_a, "suite"_a, "seed"_a, "only_check"_a,
         "failure_dir"_a.none(), "threads"_a, "time_budget_s"_a.none(), "max_skipped"_a,
-        "allow_skips"_a, "verbose"_a);
+        "allow_skips"_a, "verbose"_a, "oracle_device"_a);
   m.def("suite_rows", &SuiteRows, "suite"_a, "capabilities_json"_a, "seed"_a);
   m.def("cli", &RunCli, "args"_a, "own_process"_a = false);
   m.def("kernel_capabilities", [](const std::string& spec) {

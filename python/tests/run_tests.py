@@ -169,7 +169,8 @@ def main():
 
         # 8. Bad arguments are errors, not verdicts.
         for bad, what in ((dict(api="nope"), "api"), (dict(dtype="e4m3"), "dtype"),
-                          (dict(suite="nightly"), "suite")):
+                          (dict(suite="nightly"), "suite"),
+                          (dict(oracle_device="gpu"), "oracle_device")):
             try:
                 attest.check(kt.eager_sdpa, **{**fn_kw, **bad})
                 expect(False, f"a bad {what} raises ValueError")

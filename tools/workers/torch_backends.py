@@ -353,6 +353,10 @@ class Runner:
     def __init__(self, backend, caps=None, backward=None):
         self.backend = backend
         self.caps = backend.caps()
+        # Where the tensors live (docs/protocol.md "device"): with --oracle-device auto, attest
+        # runs the float64 oracle on the GPU for a CUDA kernel.
+        if str(getattr(backend, "device", "cpu")).startswith("cuda"):
+            self.caps["device"] = "cuda"
         self.caps.update(caps or {})
         # A backend whose API has its own backward entry (cuDNN's FP8 SDPA) calls it itself.
         self.explicit_backward = backward or getattr(backend, "backward", None)

@@ -52,12 +52,7 @@ class Worker:
         self.caps = self.runner.caps
 
     def describe(self):
-        caps = dict(self.caps)
-        # Where the tensors live (docs/protocol.md "Capabilities", key "device"): with
-        # `attest check --oracle-device auto`, a CUDA kernel's float64 oracle runs on the GPU.
-        if self.device.type == "cuda":
-            caps["device"] = "cuda"
-        return f"torch-{self.backend.name}-{self.dtype}", caps
+        return f"torch-{self.backend.name}-{self.dtype}", dict(self.caps)
 
     def _load(self, inputs, names):
         return [tb.to_torch(inputs[n], self.dtype, self.device) for n in names]
