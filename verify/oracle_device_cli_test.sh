@@ -8,6 +8,9 @@
 # wrong kernel.
 # Usage: oracle_device_cli_test.sh ATTEST EMULATED_LIBRARY PYTHON   (exit 77 = skipped)
 set -uo pipefail
+# The FMA path: the emulated tensor-core path costs 7x more here and is tested on its own
+# (ctest oracle_cuda_emulated); this test is about where the oracle runs.
+export ATTEST_ORACLE_CUDA_FMA=1
 attest="$1"
 emulated="$2"
 python="$3"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <map>
 
@@ -156,8 +157,11 @@ Expected<std::optional<CudaOracleOptions>> ResolveOracleDevice(std::string_view 
   if (devices > 0) {
     // The FP64 tensor-core path: the same expressions and bound as the FMA path, certified
     // against the CPU oracle on every feature (oracle_cuda_check), 2.3x faster on an H100.
+    // ATTEST_ORACLE_CUDA_FMA=1 takes the plain FMA path instead (to tell the two apart, and
+    // for the CPU-emulated library, whose FMA path is 7x faster than its emulated mma).
     CudaOracleOptions options;
-    options.mma = true;
+    const char* fma = std::getenv("ATTEST_ORACLE_CUDA_FMA");
+    options.mma = fma == nullptr || std::string_view(fma) != "1";
     return std::optional<CudaOracleOptions>(options);
   }
   if (choice == "cuda") return Error{fmt::format("{} cuda: {}", field, why)};
