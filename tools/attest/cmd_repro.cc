@@ -59,7 +59,7 @@ const CheckInfo* CheckFromFileName(const std::string& file) {
 }
 
 void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesystem::path& dir,
-          int threads, const std::optional<CudaOracleOptions>& cuda_oracle) {
+          int threads, const CudaOracleOptions* cuda) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw UsageError(dir.string() + ": cannot create directory: " + ec.message());
@@ -78,17 +78,14 @@ void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesy
   oo.threads = threads;
   NamedTensors oracle;
   if (in.dout.defined()) {
-    BackwardOut b = cuda_oracle
-                        ? CudaBackward(c.problem, in.q, in.k, in.v, in.dout, *cuda_oracle)
-                        : Backward<double>(c.problem, in.q, in.k, in.v, in.dout, oo);
+    BackwardOut b = OracleBackwardOn(cuda, c.problem, in.q, in.k, in.v, in.dout, oo);
     oracle.Add("o", b.o);
     oracle.Add("lse", b.lse);
     oracle.Add("dq", b.dq);
     oracle.Add("dk", b.dk);
     oracle.Add("dv", b.dv);
   } else {
-    ForwardOut f = cuda_oracle ? CudaForward(c.problem, in.q, in.k, in.v, *cuda_oracle)
-                               : Forward<double>(c.problem, in.q, in.k, in.v, oo);
+    ForwardOut f = OracleForwardOn(cuda, c.problem, in.q, in.k, in.v, oo);
     oracle.Add("o", f.o);
     oracle.Add("lse", f.lse);
   }
@@ -140,7 +137,8 @@ int RunRepro(const ReproCliOptions& opt) {
   if (!opt.dump.empty()) {
     auto inputs = MakeCaseInputs(*c);
     if (!inputs.ok()) throw UsageError(inputs.error().message);
-    Dump(**kernel, *c, *inputs, opt.dump, opt.threads, ro.cuda_oracle);
+    Dump(**kernel, *c, *inputs, opt.dump, opt.threads,
+         ro.cuda_oracle ? &*ro.cuda_oracle : nullptr);
   }
   return result->report.passed() ? kExitPass : kExitFinding;
 }

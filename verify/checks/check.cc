@@ -29,9 +29,8 @@ const ForwardOut& CheckContext::OracleForward() {
   }
   if (!fwd_) {
     try {
-      fwd_ = cuda_oracle
-                 ? CudaForward(case_.problem, inputs.q, inputs.k, inputs.v, *cuda_oracle)
-                 : Forward<double>(case_.problem, inputs.q, inputs.k, inputs.v, SampledOptions());
+      fwd_ = OracleForwardOn(cuda_oracle ? &*cuda_oracle : nullptr, case_.problem, inputs.q,
+                             inputs.k, inputs.v, SampledOptions());
     } catch (const std::exception& e) {
       throw HarnessError(std::string(cuda_oracle ? "GPU " : "") + "oracle forward: " + e.what());
     }
@@ -42,10 +41,8 @@ const ForwardOut& CheckContext::OracleForward() {
 const BackwardOut& CheckContext::OracleBackward() {
   if (!bwd_) {
     try {
-      bwd_ = cuda_oracle ? CudaBackward(case_.problem, inputs.q, inputs.k, inputs.v,
-                                        inputs.dout, *cuda_oracle)
-                         : Backward<double>(case_.problem, inputs.q, inputs.k, inputs.v,
-                                            inputs.dout, SampledOptions());
+      bwd_ = OracleBackwardOn(cuda_oracle ? &*cuda_oracle : nullptr, case_.problem, inputs.q,
+                              inputs.k, inputs.v, inputs.dout, SampledOptions());
     } catch (const std::exception& e) {
       throw HarnessError(std::string(cuda_oracle ? "GPU " : "") + "oracle backward: " + e.what());
     }

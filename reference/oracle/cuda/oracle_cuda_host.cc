@@ -252,6 +252,18 @@ BackwardOut CudaBackward(const Problem& p, const Tensor& q, const Tensor& k, con
 
 std::string CudaOracleLibrary(const CudaOracleOptions& options) { return Load(options).path; }
 
+ForwardOut OracleForwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const OracleOptions& cpu) {
+  return cuda != nullptr ? CudaForward(p, q, k, v, *cuda) : Forward<double>(p, q, k, v, cpu);
+}
+
+BackwardOut OracleBackwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& dout,
+                             const OracleOptions& cpu) {
+  return cuda != nullptr ? CudaBackward(p, q, k, v, dout, *cuda)
+                         : Backward<double>(p, q, k, v, dout, cpu);
+}
+
 int CudaDeviceCount(std::string* why, const CudaOracleOptions& options) {
   const Api& api = Load(options);
   char message[512] = {0};

@@ -33,6 +33,15 @@ ForwardOut CudaForward(const Problem& p, const Tensor& q, const Tensor& k, const
 BackwardOut CudaBackward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& dout, const CudaOracleOptions& options = {});
 
+// The float64 oracle where `cuda` says: on the GPU (CudaForward / CudaBackward with *cuda), or,
+// when it is null, on the CPU (Forward<double> / Backward<double> with `cpu`; the GPU computes
+// every row, whatever cpu.query_rows and key_rows flag).
+ForwardOut OracleForwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const OracleOptions& cpu);
+BackwardOut OracleBackwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& dout,
+                             const OracleOptions& cpu);
+
 // The path of the loaded library (loads it; throws std::runtime_error when it cannot).
 std::string CudaOracleLibrary(const CudaOracleOptions& options = {});
 // The number of CUDA devices (loads the library; 0 with the reason in *why when there is none).
