@@ -2,12 +2,13 @@
 # pack_oracle_cuda.sh — run on the build machine: puts what tools/device/oracle_cuda.sh needs on
 # a GPU host into .devO/ (ignored by git through its own .gitignore; carry it to the host):
 # the CUDA oracle library (reference/oracle/cuda/, built by nvcc), its check and bench program
-# oracle_cuda_check, the attest binary (for `attest oracle --device cuda`), and every shared
-# library they need except the C library, split as tools/device/pack.sh does (lib/: their own
-# dependencies; compat/: the C++ runtime, used only when the host's is older; glibc/: this
-# machine's C library and loader, used only when the host's glibc is too old). The GPU host
-# builds nothing. Usage: tools/device/pack_oracle_cuda.sh [BUILD_DIR]   (default: build/default,
-# configured Release with ATTEST_CUDA on and nvcc found)
+# oracle_cuda_check, the attest binary (for `attest oracle --device cuda`), bench/fp64_rates.cu
+# built by nvcc, and every shared library they need except the C library, split as
+# tools/device/pack.sh does (lib/: their own dependencies; compat/: the C++ runtime, used only
+# when the host's is older; glibc/: this machine's C library and loader, used only when the
+# host's glibc is too old). The GPU host builds nothing.
+# Usage: tools/device/pack_oracle_cuda.sh [BUILD_DIR]   (default: build/default, configured
+# Release with ATTEST_CUDA on and nvcc found)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build/default}"
@@ -25,6 +26,9 @@ rm -rf "$out"
 mkdir -p "$out/lib" "$out/compat" "$out/glibc"
 echo '*' > "$out/.gitignore"
 cp "$so" "$check" "$bin" "$out/"
+# bench/fp64_rates.cu (the GPU's FP64 ceilings, tools/device/oracle_cuda_profile.sh runs it).
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+"$nvcc_bin" -O3 -arch="${ARCH:-sm_90}" -o "$out/fp64_rates" bench/fp64_rates.cu
 strip --strip-unneeded "$out/oracle_cuda_check" "$out/attest"
 for f in "$check" "$bin" "$so"; do
   ldd "$f" | awk '/=> \//{print $1" "$3}'

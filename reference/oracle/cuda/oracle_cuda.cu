@@ -67,6 +67,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -284,6 +285,14 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   p.mma = mma ? 1 : 0;
   p.frag = frag;
   p.k_buffers = k_buffers;
+  // Blocks of 8 x 8 x 4; with ATTEST_ORACLE_CUDA_MMA_ROWS=16, of 16 x 8 x 8 on compute
+  // capability 9.0 and later (the shape is new in sm_90; its fragment layout is checked against
+  // the CPU oracle by oracle_cuda_check on a GPU host, and the bench compares the two).
+  int major = 0;
+  Check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  const char* rows_env = std::getenv("ATTEST_ORACLE_CUDA_MMA_ROWS");
+  p.m16 = mma && major >= 9 && rows_env != nullptr && std::string(rows_env) == "16" ? 1 : 0;
 
   // Inputs and outputs on the device.
   const double *dq_in = q, *dk_in = k, *dv_in = v, *ddo_in = dout;

@@ -11,9 +11,11 @@ namespace {
 #ifdef ATTEST_ORACLE_CUDA_EMULATE
 #define ATTEST_UNROLL
 #define ATTEST_UNROLL_BY_2
+#define ATTEST_UNROLL_BY_4
 #else
 #define ATTEST_UNROLL _Pragma("unroll")
 #define ATTEST_UNROLL_BY_2 _Pragma("unroll 2")
+#define ATTEST_UNROLL_BY_4 _Pragma("unroll 4")
 #endif
 
 #ifdef ATTEST_ORACLE_CUDA_EMULATE
@@ -43,6 +45,8 @@ struct Dev {
   int mma;        // products on the FP64 tensor cores (MmaProducts) instead of fma chains
   int frag;       // Stride's mma fragment strides (where they cost no tile size), else odd ones
   int k_buffers;  // DqKernel: 2 when its shared memory holds two K tiles (prefetch), else 1
+  int m16;        // MmaProducts in blocks of 16 x 8 x 8 where the rows allow (sm_90), else
+                  // 8 x 8 x 4
 };
 
 struct Seq {
@@ -189,6 +193,50 @@ __device__ void Mma884(double& c0, double& c1, double a, double b) {
 #endif
 }
 
+// D = A B + C for one 16 x 8 x 8 block on the FP64 tensor cores (sm_90 and later):
+// mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 (PTX ISA, "Matrix Fragments for mma.m16n8k8"
+// of the .f64 type): lane (g, t) holds a[x] = A[g + 8 (x & 1)][t + 4 (x >> 1)],
+// b[x] = B[t + 4 x][g] and c[x] = C[g + 8 (x >> 1)][2t + (x & 1)]. Every lane must call it.
+__device__ void Mma1688(double (&c)[4], const double (&a)[4], const double (&b)[2]) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::Mma1688(c, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // the host sets Dev::m16 only on compute capability 9.0 and later
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+#endif
+}
+
+// The two block shapes: rows (kRows) x 8 columns x k step (kStep); lane (g, t) holds A
+// fragment element x at row ARow(x, g), k AK(x, t), B element x at k BK(x, t) (column g), and
+// C element x at row CRow(x, g), column CCol(x, t) of the block.
+struct Mma8x8x4 {
+  static constexpr int kRows = 8, kStep = 4, kA = 1, kB = 1, kC = 2;
+  __device__ static int ARow(int, int g) { return g; }
+  __device__ static int AK(int, int t) { return t; }
+  __device__ static int BK(int, int t) { return t; }
+  __device__ static int CRow(int, int g) { return g; }
+  __device__ static int CCol(int x, int t) { return 2 * t + x; }
+  __device__ static void Run(double (&c)[kC], const double (&a)[kA], const double (&b)[kB]) {
+    Mma884(c[0], c[1], a[0], b[0]);
+  }
+};
+struct Mma16x8x8 {
+  static constexpr int kRows = 16, kStep = 8, kA = 4, kB = 2, kC = 4;
+  __device__ static int ARow(int x, int g) { return g + 8 * (x & 1); }
+  __device__ static int AK(int x, int t) { return t + 4 * (x >> 1); }
+  __device__ static int BK(int x, int t) { return t + 4 * x; }
+  __device__ static int CRow(int x, int g) { return g + 8 * (x >> 1); }
+  __device__ static int CCol(int x, int t) { return 2 * t + (x & 1); }
+  __device__ static void Run(double (&c)[kC], const double (&a)[kA], const double (&b)[kB]) {
+    Mma1688(c, a, b);
+  }
+};
+
 // Operands of a tile product C = A B with k = kdim: A(i, k) = a[i * a_i + k * a_k] and
 // B(k, j) = b[k * b_k + j * b_j] in shared memory.
 struct MmaOperands {
@@ -198,25 +246,33 @@ struct MmaOperands {
   int64_t b_k, b_j, kdim;
 };
 
-// NP tile products of the same shape, m x n (m a multiple of 8), on the tensor cores: hands
-// every element to out(i, j, v), v[x] the element of product x, once (columns j >= n are
-// padding, never handed out). Each warp takes groups of MR x NR blocks of 8 x 8 in turn: per k
-// step it loads MR fragments of A and NR of B per product and issues MR * NR independent mma
-// per product (reuse of the fragments, and NP * MR * NR chains in flight instead of one). Every
-// block's chain is the same as with one block and one product at a time: k steps in ascending
-// order, each one Mma884. Every thread of the block must call it; the caller synchronises
+// NP tile products of the same shape, m x n (m a multiple of Op::kRows), on the tensor cores in
+// blocks of Op (Mma8x8x4 or Mma16x8x8): hands every element to out(i, j, v), v[x] the element
+// of product x, once (columns j >= n are padding, never handed out). Each warp takes groups of
+// MR x NR blocks in turn: per k step it loads MR fragments of A and NR of B per product and
+// issues MR * NR independent mma per product (reuse of the fragments, and NP * MR * NR chains in
+// flight instead of one). Every block's chain is the same as with one block and one product at
+// a time: k steps in ascending order, each one mma (whose k products the hardware sums in an
+// order it does not specify). Every thread of the block must call it; the caller synchronises
 // after.
-template <int MR, int NR, int NP, class Out>
-__device__ void MmaProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Out&& out) {
+template <class Op, int MR, int NR, int NP, class Out>
+__device__ void BlockProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Out&& out) {
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int warps = static_cast<int>(blockDim.x / 32);
-  const int row_blocks = m / 8, col_blocks = static_cast<int>((n + 7) / 8);
+  const int row_blocks = m / Op::kRows, col_blocks = static_cast<int>((n + 7) / 8);
   const int row_groups = (row_blocks + MR - 1) / MR, col_groups = (col_blocks + NR - 1) / NR;
   int kfull[NP], ksteps = 0;
+  int64_t oa[NP][Op::kA], ob[NP][Op::kB];  // each fragment element's offset in its block
   ATTEST_UNROLL
   for (int q = 0; q < NP; ++q) {
-    kfull[q] = static_cast<int>(ops[q].kdim / 4 * 4);
+    kfull[q] = static_cast<int>(ops[q].kdim / Op::kStep * Op::kStep);
     ksteps = max(ksteps, kfull[q]);
+    ATTEST_UNROLL
+    for (int e = 0; e < Op::kA; ++e) {
+      oa[q][e] = Op::ARow(e, g) * ops[q].a_i + Op::AK(e, t) * ops[q].a_k;
+    }
+    ATTEST_UNROLL
+    for (int e = 0; e < Op::kB; ++e) ob[q][e] = Op::BK(e, t) * ops[q].b_k;
   }
   for (int grp = threadIdx.x / 32; grp < row_groups * col_groups; grp += warps) {
     const int bi = grp / col_groups * MR, bj = grp % col_groups * NR;
@@ -226,76 +282,138 @@ __device__ void MmaProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Out&
     bool bok[NR];
     ATTEST_UNROLL
     for (int y = 0; y < NR; ++y) bok[y] = 8 * (bj + y) + g < n;
-    double c[NP][MR][NR][2];
+    double c[NP][MR][NR][Op::kC];
     ATTEST_UNROLL
     for (int q = 0; q < NP; ++q) {
       ATTEST_UNROLL
-      for (int x = 0; x < MR; ++x) pa[q][x] = ops[q].a + (8 * (bi + x) + g) * ops[q].a_i +
-                                               t * ops[q].a_k;
+      for (int x = 0; x < MR; ++x) pa[q][x] = ops[q].a + Op::kRows * (bi + x) * ops[q].a_i;
       ATTEST_UNROLL
       for (int y = 0; y < NR; ++y) {
         const int64_t j = bok[y] ? 8 * (bj + y) + g : 0;
-        pb[q][y] = ops[q].b + t * ops[q].b_k + j * ops[q].b_j;
-      }
-      ATTEST_UNROLL
-      for (int x = 0; x < MR; ++x) {
-        ATTEST_UNROLL
-        for (int y = 0; y < NR; ++y) c[q][x][y][0] = c[q][x][y][1] = 0;
-      }
-    }
-    auto step = [&](int q, int64_t k0, bool k_ok) {
-      double av[MR], bv[NR];
-      ATTEST_UNROLL
-      for (int x = 0; x < MR; ++x) av[x] = x < mr && k_ok ? pa[q][x][k0 * ops[q].a_k] : 0.0;
-      ATTEST_UNROLL
-      for (int y = 0; y < NR; ++y) {
-        bv[y] = y < nr && k_ok && bok[y] ? pb[q][y][k0 * ops[q].b_k] : 0.0;
+        pb[q][y] = ops[q].b + j * ops[q].b_j;
       }
       ATTEST_UNROLL
       for (int x = 0; x < MR; ++x) {
         ATTEST_UNROLL
         for (int y = 0; y < NR; ++y) {
-          if (x < mr && y < nr) Mma884(c[q][x][y][0], c[q][x][y][1], av[x], bv[y]);
+          ATTEST_UNROLL
+          for (int e = 0; e < Op::kC; ++e) c[q][x][y][e] = 0;
+        }
+      }
+    }
+    // One k step of product q from k0; tail: only k < kdim is read (the rest is zero).
+    auto step = [&](int q, int64_t k0, bool tail) {
+      double av[MR][Op::kA], bv[NR][Op::kB];
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) {
+        ATTEST_UNROLL
+        for (int e = 0; e < Op::kA; ++e) {
+          const bool ok = x < mr && (!tail || k0 + Op::AK(e, t) < ops[q].kdim);
+          av[x][e] = ok ? pa[q][x][k0 * ops[q].a_k + oa[q][e]] : 0.0;
+        }
+      }
+      ATTEST_UNROLL
+      for (int y = 0; y < NR; ++y) {
+        ATTEST_UNROLL
+        for (int e = 0; e < Op::kB; ++e) {
+          const bool ok = y < nr && bok[y] && (!tail || k0 + Op::BK(e, t) < ops[q].kdim);
+          bv[y][e] = ok ? pb[q][y][k0 * ops[q].b_k + ob[q][e]] : 0.0;
+        }
+      }
+      ATTEST_UNROLL
+      for (int x = 0; x < MR; ++x) {
+        ATTEST_UNROLL
+        for (int y = 0; y < NR; ++y) {
+          if (x < mr && y < nr) Op::Run(c[q][x][y], av[x], bv[y]);
         }
       }
     };
-    ATTEST_UNROLL_BY_2
-    for (int k0 = 0; k0 < ksteps; k0 += 4) {
+    // A whole group (every block inside the tile; warp-uniform): the same steps without
+    // predicates, so that the loads of the next steps are issued while the mma run.
+    if (mr == MR && nr == NR && 8 * (bj + NR) <= n) {
+      auto whole_step = [&](int q, int64_t k0) {
+        double av[MR][Op::kA], bv[NR][Op::kB];
+        ATTEST_UNROLL
+        for (int x = 0; x < MR; ++x) {
+          ATTEST_UNROLL
+          for (int e = 0; e < Op::kA; ++e) av[x][e] = pa[q][x][k0 * ops[q].a_k + oa[q][e]];
+        }
+        ATTEST_UNROLL
+        for (int y = 0; y < NR; ++y) {
+          ATTEST_UNROLL
+          for (int e = 0; e < Op::kB; ++e) bv[y][e] = pb[q][y][k0 * ops[q].b_k + ob[q][e]];
+        }
+        ATTEST_UNROLL
+        for (int x = 0; x < MR; ++x) {
+          ATTEST_UNROLL
+          for (int y = 0; y < NR; ++y) Op::Run(c[q][x][y], av[x], bv[y]);
+        }
+      };
+      int kcommon = ksteps;
+      ATTEST_UNROLL
+      for (int q = 0; q < NP; ++q) kcommon = min(kcommon, kfull[q]);
+      ATTEST_UNROLL_BY_4
+      for (int k0 = 0; k0 < kcommon; k0 += Op::kStep) {
+        ATTEST_UNROLL
+        for (int q = 0; q < NP; ++q) whole_step(q, k0);
+      }
       ATTEST_UNROLL
       for (int q = 0; q < NP; ++q) {
-        if (k0 < kfull[q]) step(q, k0, true);
+        for (int k0 = kcommon; k0 < kfull[q]; k0 += Op::kStep) whole_step(q, k0);
+      }
+    } else {
+      ATTEST_UNROLL_BY_2
+      for (int k0 = 0; k0 < ksteps; k0 += Op::kStep) {
+        ATTEST_UNROLL
+        for (int q = 0; q < NP; ++q) {
+          if (k0 < kfull[q]) step(q, k0, false);
+        }
       }
     }
     ATTEST_UNROLL
     for (int q = 0; q < NP; ++q) {
-      if (kfull[q] < ops[q].kdim) step(q, kfull[q], kfull[q] + t < ops[q].kdim);
+      if (kfull[q] < ops[q].kdim) step(q, kfull[q], true);
     }
     ATTEST_UNROLL
     for (int x = 0; x < MR; ++x) {
       ATTEST_UNROLL
       for (int y = 0; y < NR; ++y) {
         if (x < mr && y < nr) {
-          const int64_t i = 8 * (bi + x) + g, j = 8 * (bj + y) + 2 * t;
-          double v0[NP], v1[NP];
           ATTEST_UNROLL
-          for (int q = 0; q < NP; ++q) {
-            v0[q] = c[q][x][y][0];
-            v1[q] = c[q][x][y][1];
+          for (int e = 0; e < Op::kC; ++e) {
+            const int64_t i = Op::kRows * (bi + x) + Op::CRow(e, g);
+            const int64_t j = 8 * (bj + y) + Op::CCol(e, t);
+            double v[NP];
+            ATTEST_UNROLL
+            for (int q = 0; q < NP; ++q) v[q] = c[q][x][y][e];
+            if (j < n) out(i, j, v);
           }
-          if (j < n) out(i, j, v0);
-          if (j + 1 < n) out(i, j + 1, v1);
         }
       }
     }
   }
 }
 
+// BlockProducts in blocks of 8 x 8 x 4 (groups of MR x NR), or, with m16 and m a multiple of
+// 16, of 16 x 8 x 8 with the same outputs per group (MR / 2 x NR, or 1 x NR / 2 when MR = 1).
+template <int MR, int NR, int NP, class Out>
+__device__ void MmaProducts(bool m16, int m, int64_t n, const MmaOperands (&ops)[NP], Out&& out) {
+  if (m16 && m % 16 == 0) {
+    constexpr int mr = MR >= 2 ? MR / 2 : 1, nr = MR >= 2 ? NR : (NR >= 2 ? NR / 2 : 1);
+    BlockProducts<Mma16x8x8, mr, nr>(m, n, ops, out);
+  } else {
+    BlockProducts<Mma8x8x4, MR, NR>(m, n, ops, out);
+  }
+}
+
 // One tile product C = A B (m x n; k = kdim), as MmaProducts: out(i, j, value).
 template <int MR, int NR, class Out>
-__device__ void MmaProduct(int m, int64_t n, int64_t kdim, const double* a, int64_t a_i,
-                           int64_t a_k, const double* b, int64_t b_k, int64_t b_j, Out&& out) {
+__device__ void MmaProduct(bool m16, int m, int64_t n, int64_t kdim, const double* a,
+                           int64_t a_i, int64_t a_k, const double* b, int64_t b_k, int64_t b_j,
+                           Out&& out) {
   const MmaOperands ops[1] = {{a, a_i, a_k, b, b_k, b_j, kdim}};
-  MmaProducts<MR, NR>(m, n, ops, [&](int64_t i, int64_t j, const double* v) { out(i, j, v[0]); });
+  MmaProducts<MR, NR>(m16, m, n, ops,
+                      [&](int64_t i, int64_t j, const double* v) { out(i, j, v[0]); });
 }
 
 // Row bounds of query rows [i0, i0 + tq) into lo/hi (tile rows past the sequence: empty), by
@@ -468,9 +586,9 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
   if (p.mma) {  // Q K^T, each entry in the product's epilogue (2 x 2 blocks per warp if tq >= 64)
     auto out = [&](int64_t r, int64_t c, double dot) { entry(r, c, dot, visible(r, c)); };
     if (p.tq >= 64) {
-      MmaProduct<2, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
+      MmaProduct<2, 2>(p.m16, p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
     } else {
-      MmaProduct<1, 2>(p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
+      MmaProduct<1, 2>(p.m16, p.tq, p.tk, p.d, sq_tile, sd, 1, sk_tile, 1, sd, out);
     }
   } else {
     const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
@@ -508,7 +626,7 @@ __device__ void ScoresBackwardMma(const Dev& p, const Seq& s, int64_t h, int64_t
   const bool whole = WholeTile(p, s, i0, j0, range);
   const MmaOperands ops[2] = {{sq_tile, sd, 1, sk_tile, 1, sd, p.d},
                               {sdo_tile, sdv, 1, sv_tile, 1, sdv, p.dv}};
-  MmaProducts<1, 2>(p.tq, p.tk, ops, [&](int64_t r, int64_t c, const double* v) {
+  MmaProducts<1, 2>(p.m16, p.tq, p.tk, ops, [&](int64_t r, int64_t c, const double* v) {
     const int64_t i = i0 + r, j = j0 + c;
     double pr = 0, dsv = 0;
     if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {

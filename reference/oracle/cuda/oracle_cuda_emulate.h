@@ -184,7 +184,10 @@ using cudaError_t = int;
 constexpr cudaError_t cudaSuccess = 0;
 using cudaEvent_t = int*;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr {
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 inline const char* cudaGetErrorName(cudaError_t e) {
@@ -201,8 +204,9 @@ inline cudaError_t cudaGetDevice(int* d) {
   *d = 0;
   return 0;
 }
-inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
-  *value = 232448;  // H100 / H200: 227 KiB of shared memory per block (opt-in)
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  // H100 / H200: compute capability 9.0, 227 KiB of shared memory per block (opt-in).
+  *value = attr == cudaDevAttrComputeCapabilityMajor ? 9 : 232448;
   return 0;
 }
 template <class F>
@@ -263,6 +267,38 @@ inline void Mma884(double& c0, double& c1, double a, double b) {
     const double av = as[g * 4 + k];                 // A[g][k]: lane g * 4 + k holds it
     c0 = std::fma(av, bs[(2 * t) * 4 + k], c0);      // B[k][2t]: lane (2t) * 4 + k
     c1 = std::fma(av, bs[(2 * t + 1) * 4 + k], c1);  // B[k][2t + 1]
+  }
+}
+
+
+// mma.sync.aligned.m16n8k8.row.col.f64 (sm_90) as oracle_cuda.cu's Mma1688 reads its fragment
+// layout (a[x] = A[g + 8 (x & 1)][t + 4 (x >> 1)], b[x] = B[t + 4 x][g],
+// c[x] = C[g + 8 (x >> 1)][2t + (x & 1)]), the eight products accumulated by fma in k order;
+// what it checks is what Mma884's emulation checks.
+inline void Mma1688(double (&c)[4], const double (&a)[4], const double (&b)[2]) {
+  double as[4][32], bs[2][32];
+  for (int x = 0; x < 4; ++x) {
+    warp_doubles[thread_index.x] = a[x];
+    WarpBarrier().arrive_and_wait();
+    for (unsigned l = 0; l < 32; ++l) as[x][l] = warp_doubles[WarpBase() + l];
+    WarpBarrier().arrive_and_wait();
+  }
+  for (int x = 0; x < 2; ++x) {
+    warp_doubles[thread_index.x] = b[x];
+    WarpBarrier().arrive_and_wait();
+    for (unsigned l = 0; l < 32; ++l) bs[x][l] = warp_doubles[WarpBase() + l];
+    WarpBarrier().arrive_and_wait();
+  }
+  // A[r][k]: lane (r mod 8) * 4 + k mod 4, its element (r >= 8) + 2 (k >= 4); B[k][n]: lane
+  // n * 4 + k mod 4, its element k >= 4.
+  auto av = [&](unsigned r, unsigned k) {
+    return as[(r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)][(r % 8) * 4 + k % 4];
+  };
+  auto bv = [&](unsigned k, unsigned n) { return bs[k >= 4 ? 1 : 0][n * 4 + k % 4]; };
+  const unsigned g = Lane() >> 2, t = Lane() & 3;
+  for (unsigned x = 0; x < 4; ++x) {
+    const unsigned r = g + 8 * (x >> 1), n = 2 * t + (x & 1);
+    for (unsigned k = 0; k < 8; ++k) c[x] = std::fma(av(r, k), bv(k, n), c[x]);
   }
 }
 

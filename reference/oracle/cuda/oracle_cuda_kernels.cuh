@@ -175,7 +175,7 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
     __syncthreads();
     // O = f O + P V (the tile's product summed apart: a chain of tk, then one addition).
     if (p.mma) {
-      MmaProduct<2, 4>(tq, dv, tk, ss, st, 1, sv_tile, sdv, 1,
+      MmaProduct<2, 4>(p.m16, tq, dv, tk, ss, st, 1, sv_tile, sdv, 1,
                        [&](int64_t r, int64_t d, double part) {
                          acc[r * sdv + d] = acc[r * sdv + d] * f[r] + part;
                        });
@@ -382,7 +382,7 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
     }
     // dQ += dS K.
     if (p.mma) {
-      MmaProduct<2, 4>(tq, dd, tk, ds, st, 1, sk_tile, sd, 1,
+      MmaProduct<2, 4>(p.m16, tq, dd, tk, ds, st, 1, sk_tile, sd, 1,
                        [&](int64_t r, int64_t d, double part) { acc[r * sd + d] += part; });
     } else {
       for (int r = warp; r < tq; r += warps) {
@@ -535,7 +535,7 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
     // at row stride sb, acc [tk, w] at row stride sb.
     auto product = [&](const double* a, const double* bt, int64_t sb, int64_t w, double* acc) {
       if (p.mma) {
-        MmaProduct<2, 4>(tk, w, tq, a, 1, st, bt, sb, 1,
+        MmaProduct<2, 4>(p.m16, tk, w, tq, a, 1, st, bt, sb, 1,
                          [&](int64_t c, int64_t d, double part) { acc[c * sb + d] += part; });
       } else {
         for (int c = warp; c < tk; c += warps) {
