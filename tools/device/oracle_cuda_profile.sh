@@ -6,14 +6,18 @@
 #   2. the SASS mma instructions of the library;
 #   3. oracle_cuda_check --bench --mma-only at $SIZES with 8 x 8 x 4 and with 16 x 8 x 8 blocks
 #      (ATTEST_ORACLE_CUDA_MMA_ROWS);
-#   4. with CHECK=1, the whole check (every feature against the CPU oracle);
+#   4. with CHECK_ROWS="16 8", the whole check (every feature against the CPU oracle) with each
+#      block shape;
 #   5. with NCU=1, Nsight Compute on the three tile kernels at S = $NCU_SIZE (sections: speed of
 #      light, compute and memory workload, warp states and scheduler, instruction mix, source
 #      counters with the lineinfo library).
-# Everything goes under $OUT.
+# Everything goes into $OUT/${NAME:-profile}.tgz (one file: a run brings back few files).
 set -uo pipefail
-out="${OUT:-$PWD/oracle-cuda-profile}"
+dest="${OUT:-$PWD/oracle-cuda-profile}"
+name="${NAME:-profile}"
+out="$dest/$name"
 mkdir -p "$out"
+trap 'tar czf "$dest/$name.tgz" -C "$dest" "$name" && rm -rf "$out"' EXIT
 export PATH="$PATH:/usr/local/cuda/bin"
 run=.devO/run.sh
 nvidia-smi -L 2>&1 | tee "$out/nvidia-smi.txt"
@@ -38,14 +42,15 @@ for v in ${VARIANTS:-}; do
     --bench --sizes "${SIZES:-8192,32768}" --mma-only --json "$out/bench-${v%%=*}.json" 2>&1 |
     tee "$out/bench-${v%%=*}.txt" | tail -4
 done
-if [ "${CHECK:-0}" = 1 ]; then
-  echo "== check"
-  timeout 240 "$run" oracle_cuda_check --json "$out/check.json" > "$out/check.txt" 2>&1
+for rows in ${CHECK_ROWS:-}; do
+  echo "== check, blocks of $rows rows"
+  ATTEST_ORACLE_CUDA_MMA_ROWS=$rows timeout "${CHECK_TIMEOUT:-200}" "$run" oracle_cuda_check \
+    --json "$out/check-rows$rows.json" > "$out/check-rows$rows.txt" 2>&1
   rc=$?
-  echo "check: exit $rc ($(grep -c ' ok' "$out/check.txt") ok," \
-    "$(grep -c FAIL "$out/check.txt") FAIL)"
-  grep FAIL "$out/check.txt" | head -5
-fi
+  echo "check: exit $rc ($(grep -c ' ok' "$out/check-rows$rows.txt") ok," \
+    "$(grep -c FAIL "$out/check-rows$rows.txt") FAIL)"
+  grep FAIL "$out/check-rows$rows.txt" | head -5
+done
 if [ "${NCU:-0}" = 1 ]; then
   echo "== ncu"
   lib=.devO/libattest_oracle_cuda_lineinfo.so

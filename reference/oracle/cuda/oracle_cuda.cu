@@ -25,8 +25,8 @@
 //   order: the same S, P, dS; dV += P^T dO, dK += dS^T Q; dk = scale dK. Q and dO tiles stream
 //   through one buffer each, the next requested as soon as the product that reads it is done.
 //   No atomics on outputs: every output element has one owner block, so results are
-//   deterministic (run to run bitwise equal); the per-key count of visible entries (an integer)
-//   is summed by shared-memory atomics on the mma path, exact in any order.
+//   deterministic (run to run bitwise equal); the per-key count of visible entries is read off
+//   the sign of P on the mma path (masked entries hold -0.0, ScoresBackwardMma).
 // Memory: O(tile) shared memory per block plus the inputs, outputs and per-row norms; never
 // O(Sq Sk). Shared-memory row strides avoid bank conflicts: odd on the fma path, 4 (mod 8) on
 // the mma path where that padding costs no tile size (Stride in oracle_cuda_device.cuh).
@@ -285,14 +285,15 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   p.mma = mma ? 1 : 0;
   p.frag = frag;
   p.k_buffers = k_buffers;
-  // Blocks of 8 x 8 x 4; with ATTEST_ORACLE_CUDA_MMA_ROWS=16, of 16 x 8 x 8 on compute
-  // capability 9.0 and later (the shape is new in sm_90; its fragment layout is checked against
-  // the CPU oracle by oracle_cuda_check on a GPU host, and the bench compares the two).
+  // Blocks of 16 x 8 x 8 on compute capability 9.0 and later, unless
+  // ATTEST_ORACLE_CUDA_MMA_ROWS=8 asks for the 8 x 8 x 4 blocks of sm_80 (the bench compares):
+  // on an H100, m8n8k4 f64 runs at half the rate of the m16n8k* shapes new in sm_90
+  // (bench/fp64_rates.cu; docs/bench-oracle.md).
   int major = 0;
   Check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
   const char* rows_env = std::getenv("ATTEST_ORACLE_CUDA_MMA_ROWS");
-  p.m16 = mma && major >= 9 && rows_env != nullptr && std::string(rows_env) == "16" ? 1 : 0;
+  p.m16 = mma && major >= 9 && !(rows_env != nullptr && std::string(rows_env) == "8") ? 1 : 0;
 
   // Inputs and outputs on the device.
   const double *dq_in = q, *dk_in = k, *dv_in = v, *ddo_in = dout;

@@ -612,15 +612,17 @@ __device__ void Scores(const Dev& p, const Seq& s, int64_t h, int64_t i0, int64_
 // dP = dO V^T as two products side by side (MmaProducts), and in their epilogue, per entry by
 // the lane that holds it, what Scores and then BackwardTile compute: s (ScoreOf) where
 // Visible, P = exp(s - lse) and dS = P (dP - delta) [(1 - t^2) with softcap] where s > -inf,
-// else P = dS = 0, into ss and ds; the count of such entries per key into seen (if not null;
-// integer atomics in shared memory: exact in any order). Ends with __syncthreads().
+// else P = -0.0 and dS = 0, into ss and ds. P >= +0 where s > -inf, so the sign bit of P tells
+// which entries count (DkDvKernel's per-key counts), and -0.0 adds nothing to a product or a sum
+// that +0.0 would not (x + -0 = x for every x, +0 + -0 = +0 when rounding to nearest; IEEE
+// 754-2019, 6.3). Ends with __syncthreads().
 __device__ void ScoresBackwardMma(const Dev& p, const Seq& s, int64_t h, int64_t i0,
                                   int64_t j0, const int64_t* lo, const int64_t* hi,
                                   const int64_t* range, const double* sq_tile,
                                   const double* sk_tile, const double* sdo_tile,
                                   const double* sv_tile, const double* rn, const double* cn,
                                   const double* row_lse, const double* row_delta, double* ss,
-                                  double* ds, int64_t* seen, double& mag) {
+                                  double* ds, double& mag) {
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
   const int64_t sd = Stride(p.d, p.frag), sdv = Stride(p.dv, p.frag), st = Stride(p.tk, p.frag);
   const bool whole = WholeTile(p, s, i0, j0, range);
@@ -628,12 +630,11 @@ __device__ void ScoresBackwardMma(const Dev& p, const Seq& s, int64_t h, int64_t
                               {sdo_tile, sdv, 1, sv_tile, 1, sdv, p.dv}};
   MmaProducts<1, 2>(p.m16, p.tq, p.tk, ops, [&](int64_t r, int64_t c, const double* v) {
     const int64_t i = i0 + r, j = j0 + c;
-    double pr = 0, dsv = 0;
+    double pr = -0.0, dsv = 0;
     if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
       double t = 0;
       const double sc = ScoreOf(p, s, i, j, slope, v[0], rn[r], cn[c], t, mag);
       if (sc > -INFINITY) {
-        if (seen != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(seen + c), 1ull);
         pr = exp(sc - row_lse[r]);
         dsv = pr * (v[1] - row_delta[r]);
         if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - t * t;

@@ -132,6 +132,7 @@ void Launch(void (*kernel)(P...), dim3 grid, unsigned block, size_t shared, A...
 
 using std::max;
 using std::min;
+using std::signbit;
 
 inline void __syncthreads() { attest_emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { attest_emu::WarpBarrier().arrive_and_wait(); }

@@ -363,7 +363,7 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
     __syncthreads();
     if (p.mma) {
       ScoresBackwardMma(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, sdo_tile, sv_tile, rn,
-                        sk_tile + tk * sd, row_lse, row_delta, ss, ds, nullptr, mag);
+                        sk_tile + tk * sd, row_lse, row_delta, ss, ds, mag);
     } else {
       Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, sk_tile + tk * sd, ss,
              p.softcap > 0 ? ds : nullptr, mag);
@@ -508,7 +508,7 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
       CopyWait<0>();  // K, V and this tile's Q and dO
       __syncthreads();
       ScoresBackwardMma(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, sdo_tile, sv_tile, rn,
-                        cn, row_lse, row_delta, ss, ds, seen, mag);
+                        cn, row_lse, row_delta, ss, ds, mag);
     } else {
       CopyWait<1>();  // K, V and this tile's Q (its dO may still be on the way)
       __syncthreads();
@@ -525,7 +525,17 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
     }
     for (int c = threadIdx.x; c < tk; c += blockDim.x) {  // the same order, in a register
       double x = mass[c];
-      for (int r = 0; r < tq; ++r) x += ss[r * st + c];
+      if (p.mma) {  // with the count of entries where s > -inf: P is -0.0 elsewhere
+        int64_t n = seen[c];
+        for (int r = 0; r < tq; ++r) {
+          const double pr = ss[r * st + c];
+          x += pr;
+          n += signbit(pr) ? 0 : 1;
+        }
+        seen[c] = n;
+      } else {
+        for (int r = 0; r < tq; ++r) x += ss[r * st + c];
+      }
       mass[c] = x;
     }
     // dK += dS^T Q, dV += P^T dO (each the tile's product summed apart, then added); the next
