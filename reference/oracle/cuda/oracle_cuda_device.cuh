@@ -255,6 +255,12 @@ struct MmaOperands {
 // a time: k steps in ascending order, each one mma (whose k products the hardware sums in an
 // order it does not specify). Every thread of the block must call it; the caller synchronises
 // after.
+// BlockProducts' steps with (true) or without predicates, chosen at compile time.
+template <bool W>
+struct WholeGroup {
+  static constexpr bool kWhole = W;
+};
+
 template <class Op, int MR, int NR, int NP, class Out>
 __device__ void BlockProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Out&& out) {
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -301,14 +307,17 @@ __device__ void BlockProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Ou
         }
       }
     }
-    // One k step of product q from k0; tail: only k < kdim is read (the rest is zero).
-    auto step = [&](int q, int64_t k0, bool tail) {
+    // One k step of product q from k0; tail: only k < kdim is read (the rest is zero); whole
+    // (WholeGroup<true>): every block of the group lies inside the tile, so no predicate is
+    // compiled in and the loads of the next steps are issued while the mma run.
+    auto step = [&](int q, int64_t k0, bool tail, auto group) {
+      constexpr bool whole = decltype(group)::kWhole;
       double av[MR][Op::kA], bv[NR][Op::kB];
       ATTEST_UNROLL
       for (int x = 0; x < MR; ++x) {
         ATTEST_UNROLL
         for (int e = 0; e < Op::kA; ++e) {
-          const bool ok = x < mr && (!tail || k0 + Op::AK(e, t) < ops[q].kdim);
+          const bool ok = whole || (x < mr && (!tail || k0 + Op::AK(e, t) < ops[q].kdim));
           av[x][e] = ok ? pa[q][x][k0 * ops[q].a_k + oa[q][e]] : 0.0;
         }
       }
@@ -316,7 +325,8 @@ __device__ void BlockProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Ou
       for (int y = 0; y < NR; ++y) {
         ATTEST_UNROLL
         for (int e = 0; e < Op::kB; ++e) {
-          const bool ok = y < nr && bok[y] && (!tail || k0 + Op::BK(e, t) < ops[q].kdim);
+          const bool ok =
+              whole || (y < nr && bok[y] && (!tail || k0 + Op::BK(e, t) < ops[q].kdim));
           bv[y][e] = ok ? pb[q][y][k0 * ops[q].b_k + ob[q][e]] : 0.0;
         }
       }
@@ -324,55 +334,37 @@ __device__ void BlockProducts(int m, int64_t n, const MmaOperands (&ops)[NP], Ou
       for (int x = 0; x < MR; ++x) {
         ATTEST_UNROLL
         for (int y = 0; y < NR; ++y) {
-          if (x < mr && y < nr) Op::Run(c[q][x][y], av[x], bv[y]);
+          if (whole || (x < mr && y < nr)) Op::Run(c[q][x][y], av[x], bv[y]);
         }
       }
     };
-    // A whole group (every block inside the tile; warp-uniform): the same steps without
-    // predicates, so that the loads of the next steps are issued while the mma run.
-    if (mr == MR && nr == NR && 8 * (bj + NR) <= n) {
-      auto whole_step = [&](int q, int64_t k0) {
-        double av[MR][Op::kA], bv[NR][Op::kB];
-        ATTEST_UNROLL
-        for (int x = 0; x < MR; ++x) {
-          ATTEST_UNROLL
-          for (int e = 0; e < Op::kA; ++e) av[x][e] = pa[q][x][k0 * ops[q].a_k + oa[q][e]];
-        }
-        ATTEST_UNROLL
-        for (int y = 0; y < NR; ++y) {
-          ATTEST_UNROLL
-          for (int e = 0; e < Op::kB; ++e) bv[y][e] = pb[q][y][k0 * ops[q].b_k + ob[q][e]];
-        }
-        ATTEST_UNROLL
-        for (int x = 0; x < MR; ++x) {
-          ATTEST_UNROLL
-          for (int y = 0; y < NR; ++y) Op::Run(c[q][x][y], av[x], bv[y]);
-        }
-      };
+    if (mr == MR && nr == NR && 8 * (bj + NR) <= n) {  // a whole group (warp-uniform)
       int kcommon = ksteps;
       ATTEST_UNROLL
       for (int q = 0; q < NP; ++q) kcommon = min(kcommon, kfull[q]);
       ATTEST_UNROLL_BY_4
       for (int k0 = 0; k0 < kcommon; k0 += Op::kStep) {
         ATTEST_UNROLL
-        for (int q = 0; q < NP; ++q) whole_step(q, k0);
+        for (int q = 0; q < NP; ++q) step(q, k0, false, WholeGroup<true>{});
       }
       ATTEST_UNROLL
       for (int q = 0; q < NP; ++q) {
-        for (int k0 = kcommon; k0 < kfull[q]; k0 += Op::kStep) whole_step(q, k0);
+        for (int k0 = kcommon; k0 < kfull[q]; k0 += Op::kStep) {
+          step(q, k0, false, WholeGroup<true>{});
+        }
       }
     } else {
       ATTEST_UNROLL_BY_2
       for (int k0 = 0; k0 < ksteps; k0 += Op::kStep) {
         ATTEST_UNROLL
         for (int q = 0; q < NP; ++q) {
-          if (k0 < kfull[q]) step(q, k0, false);
+          if (k0 < kfull[q]) step(q, k0, false, WholeGroup<false>{});
         }
       }
     }
     ATTEST_UNROLL
     for (int q = 0; q < NP; ++q) {
-      if (kfull[q] < ops[q].kdim) step(q, kfull[q], true);
+      if (kfull[q] < ops[q].kdim) step(q, kfull[q], true, WholeGroup<false>{});
     }
     ATTEST_UNROLL
     for (int x = 0; x < MR; ++x) {
