@@ -42,6 +42,14 @@ for v in ${VARIANTS:-}; do
     --bench --sizes "${SIZES:-8192,32768}" --mma-only --json "$out/bench-${v%%=*}.json" 2>&1 |
     tee "$out/bench-${v%%=*}.txt" | tail -4
 done
+# ENVS="NAME=VAR=VALUE ...": the bench again with the library's environment switches (say
+# ATTEST_ORACLE_CUDA_ROWS=0, the kernels before the row kernels), default blocks.
+for e in ${ENVS:-}; do
+  echo "== bench, ${e#*=}"
+  env "${e#*=}" timeout "${BENCH_TIMEOUT:-150}" "$run" oracle_cuda_check \
+    --bench --sizes "${SIZES:-8192,32768}" --mma-only --json "$out/bench-${e%%=*}.json" 2>&1 |
+    tee "$out/bench-${e%%=*}.txt" | tail -4
+done
 for rows in ${CHECK_ROWS:-}; do
   echo "== check, blocks of $rows rows"
   ATTEST_ORACLE_CUDA_MMA_ROWS=$rows timeout "${CHECK_TIMEOUT:-200}" "$run" oracle_cuda_check \

@@ -74,6 +74,7 @@
 
 #include "reference/oracle/cuda/oracle_cuda_device.cuh"
 #include "reference/oracle/cuda/oracle_cuda_kernels.cuh"
+#include "reference/oracle/cuda/oracle_cuda_rows.cuh"
 
 namespace {
 
@@ -361,16 +362,51 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     CheckLaunch("NormsKernel(dout)");
   }
   const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
-  const int64_t fwd_q_tiles = (max_q + fwd_tq - 1) / fwd_tq;
+  // The forward with a warp per 16 query rows (RowForwardKernel, oracle_cuda_rows.cuh) where it
+  // applies: 16 x 8 x 8 blocks, d and dv multiples of 8, dv <= 128 (O's accumulator in
+  // registers), and a query tile of 16 rows per warp that fits shared memory with as many warps
+  // as a block has, or half or a quarter of them. ATTEST_ORACLE_CUDA_ROWS=0 keeps ForwardKernel
+  // (the bench compares).
+  int row_warps = 0;
+  const char* rows_kernel_env = std::getenv("ATTEST_ORACLE_CUDA_ROWS");
+  const bool rows_on =
+      p.m16 && !(rows_kernel_env != nullptr && std::string(rows_kernel_env) == "0");
+  if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dvw <= 128) {
+    for (int w = kThreads / 32; w >= 2 && row_warps == 0; w /= 2) {
+      if (8 * RowForwardShared(dd, dvw, 16 * w) <= limit) row_warps = w;
+    }
+  }
+  const int row_tq = 16 * row_warps;
+  const int64_t fwd_q_tiles =
+      row_warps > 0 ? (max_q + row_tq - 1) / row_tq : (max_q + fwd_tq - 1) / fwd_tq;
   if (fwd_q_tiles > 0) {
-    Require(q_tiles <= 0x7fffffff, "seqlen_q too large");
+    Require(fwd_q_tiles <= 0x7fffffff, "seqlen_q too large");
     const dim3 grid(static_cast<unsigned>(fwd_q_tiles), static_cast<unsigned>(hq),
                     static_cast<unsigned>(batch));
     Dev pf = p;
-    pf.tq = fwd_tq;
-    ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse,
-                  dstats);
-    CheckLaunch("ForwardKernel");
+    if (row_warps > 0) {
+      pf.tq = row_tq;
+      pf.tk = kRowTileKeys;
+      const size_t bytes = 8 * static_cast<size_t>(RowForwardShared(dd, dvw, row_tq));
+      auto launch = [&](auto kernel, const char* name) {
+        Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(bytes)),
+              (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
+        ATTEST_LAUNCH(kernel, grid, 32 * row_warps, bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse,
+                      dstats);
+        CheckLaunch(name);
+      };
+      if (dvw <= 64) {
+        launch(RowForwardKernel<8>, "RowForwardKernel<8>");
+      } else {
+        launch(RowForwardKernel<16>, "RowForwardKernel<16>");
+      }
+    } else {
+      pf.tq = fwd_tq;
+      ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in, d_o,
+                    d_lse, dstats);
+      CheckLaunch("ForwardKernel");
+    }
   }
   // Rows of zero-length sequences have no lse entries; nothing else to fill.
   if (dout != nullptr) {
@@ -378,12 +414,43 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       ATTEST_LAUNCH(DeltaKernel, blocks_for(nlse), kThreads, 0, p, ddo_in, d_o, d_delta);
       CheckLaunch("DeltaKernel");
     }
-    if (q_tiles > 0) {
-      const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(hq),
+    // dQ with a pair of warps per 16 query rows (RowDqKernel, oracle_cuda_rows.cuh) where it
+    // applies: 16 x 8 x 8 blocks, d and dv multiples of 8, d <= 128 (dQ's accumulator in
+    // registers), and 16 query rows per pair of warps that fit shared memory.
+    int dq_pairs = 0;
+    if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dd <= 128) {
+      for (int w = kThreads / 64; w >= 1 && dq_pairs == 0; w /= 2) {
+        if (8 * RowDqShared(dd, dvw, 16 * w) <= limit) dq_pairs = w;
+      }
+    }
+    const int64_t dq_tiles =
+        dq_pairs > 0 ? (max_q + 16 * dq_pairs - 1) / (16 * dq_pairs) : q_tiles;
+    if (dq_tiles > 0) {
+      const dim3 grid(static_cast<unsigned>(dq_tiles), static_cast<unsigned>(hq),
                       static_cast<unsigned>(batch));
-      ATTEST_LAUNCH(DqKernel, grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in, d_lse,
-                    d_delta, d_dq, dstats);
-      CheckLaunch("DqKernel");
+      if (dq_pairs > 0) {
+        Dev pd = p;
+        pd.tq = 16 * dq_pairs;
+        pd.tk = kRowTileKeys;
+        const size_t bytes = 8 * static_cast<size_t>(RowDqShared(dd, dvw, pd.tq));
+        auto launch = [&](auto kernel, const char* name) {
+          Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)),
+                (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
+          ATTEST_LAUNCH(kernel, grid, 64 * dq_pairs, bytes, pd, dq_in, dk_in, dv_in, ddo_in,
+                        d_lse, d_delta, d_dq, dstats);
+          CheckLaunch(name);
+        };
+        if (dd <= 64) {
+          launch(RowDqKernel<8>, "RowDqKernel<8>");
+        } else {
+          launch(RowDqKernel<16>, "RowDqKernel<16>");
+        }
+      } else {
+        ATTEST_LAUNCH(DqKernel, grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in, d_lse,
+                      d_delta, d_dq, dstats);
+        CheckLaunch("DqKernel");
+      }
     }
     if (k_tiles > 0) {
       Require(k_tiles <= 0x7fffffff, "seqlen_k too large");
