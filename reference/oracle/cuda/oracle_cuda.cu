@@ -452,13 +452,46 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         CheckLaunch("DqKernel");
       }
     }
-    if (k_tiles > 0) {
-      Require(k_tiles <= 0x7fffffff, "seqlen_k too large");
-      const dim3 grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(hkv),
+    // dK and dV with a pair of warps per 16 keys (RowDkDvKernel, oracle_cuda_rows.cuh) where it
+    // applies: 16 x 8 x 8 blocks, d and dv multiples of 16 and at most 128 (each warp holds half
+    // of the columns of dK and dV in registers), query tiles of 32 rows, and 16 keys per pair of
+    // warps that fit shared memory.
+    int kv_pairs = 0;
+    if (rows_on && dd % 16 == 0 && dvw % 16 == 0 && dd <= 128 && dvw <= 128) {
+      for (int w = kThreads / 64; w >= 1 && kv_pairs == 0; w /= 2) {
+        if (8 * RowDkDvShared(dd, dvw, 32, 16 * w, 2 * w) <= limit) kv_pairs = w;
+      }
+    }
+    const int64_t kv_tiles =
+        kv_pairs > 0 ? (max_k + 16 * kv_pairs - 1) / (16 * kv_pairs) : k_tiles;
+    if (kv_tiles > 0) {
+      Require(kv_tiles <= 0x7fffffff, "seqlen_k too large");
+      const dim3 grid(static_cast<unsigned>(kv_tiles), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(batch));
-      ATTEST_LAUNCH(DkDvKernel, grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in, ddo_in, d_lse,
-                    d_delta, d_dk, d_dv, dstats);
-      CheckLaunch("DkDvKernel");
+      if (kv_pairs > 0) {
+        Dev pk = p;
+        pk.tq = 32;
+        pk.tk = 16 * kv_pairs;
+        const size_t bytes =
+            8 * static_cast<size_t>(RowDkDvShared(dd, dvw, pk.tq, pk.tk, 2 * kv_pairs));
+        auto launch = [&](auto kernel, const char* name) {
+          Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)),
+                (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
+          ATTEST_LAUNCH(kernel, grid, 64 * kv_pairs, bytes, pk, dq_in, dk_in, dv_in, ddo_in,
+                        d_lse, d_delta, d_dk, d_dv, dstats);
+          CheckLaunch(name);
+        };
+        if (std::max(dd, dvw) <= 64) {
+          launch(RowDkDvKernel<4>, "RowDkDvKernel<4>");
+        } else {
+          launch(RowDkDvKernel<8>, "RowDkDvKernel<8>");
+        }
+      } else {
+        ATTEST_LAUNCH(DkDvKernel, grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in, ddo_in,
+                      d_lse, d_delta, d_dk, d_dv, dstats);
+        CheckLaunch("DkDvKernel");
+      }
     }
   }
   Check(cudaEventRecord(stop), "cudaEventRecord");

@@ -349,6 +349,36 @@ __host__ __device__ int64_t RowDqShared(int64_t d, int64_t dv, int tq) {
 // bank pairs: 2g + (t & 1) + 8 (t >> 1) + 2x + 4 half (mod 16).
 __device__ int SlotK(int t, int half, int x) { return 4 * half + 2 * x + (t & 1) + 8 * (t >> 1); }
 
+// c[y][e] += A B^T over width w for 16 rows of A and NY blocks of 8 rows of B (row 8y + g),
+// both in shared memory at row strides sa and sb of 2 (mod 8), in SlotK's k order: pa points at
+// A's row g (of the 16), pb at B's row g; lane (g, t). The scores (S = Q K^T, dP = dO V^T) of
+// the backward's row kernels.
+template <int NY>
+__device__ void RowScores(const double* pa, int64_t sa, const double* pb, int64_t sb, int64_t w,
+                          int t, double (&c)[NY][4]) {
+  // One step: slot t + 4x holds k = kk + slot(x).
+  auto step = [&](int64_t kk, auto slot) {
+    double a[4], bb[NY][2];
+    ATTEST_UNROLL
+    for (int x = 0; x < 4; ++x) a[x] = pa[8 * (x & 1) * sa + kk + slot(x >> 1)];
+    ATTEST_UNROLL
+    for (int y = 0; y < NY; ++y) {
+      ATTEST_UNROLL
+      for (int x = 0; x < 2; ++x) bb[y][x] = pb[8 * y * sb + kk + slot(x)];
+    }
+    ATTEST_UNROLL
+    for (int y = 0; y < NY; ++y) Mma1688(c[y], a, bb[y]);
+  };
+  const int64_t w16 = w / 16 * 16;
+  ATTEST_UNROLL_BY_2
+  for (int64_t kk = 0; kk < w16; kk += 16) {
+    step(kk, [&](int x) { return SlotK(t, 0, x); });
+    step(kk, [&](int x) { return SlotK(t, 1, x); });
+  }
+  // A last step of 8 (w = 8 mod 16) in the plain order (k = t + 4x: some lanes share a bank).
+  if (w16 < w) step(w16, [&](int x) { return t + 4 * x; });
+}
+
 // dQ with a warp per 16 query rows and half of each key tile (p.tq = 16 per pair of warps,
 // p.tk = kRowTileKeys; d and dv multiples of 8, d <= 8 ND): for every key tile that some row of
 // the tile may see, dP = dO V^T and S = Q K^T for the warp's 16 rows and 16 keys in registers,
@@ -411,34 +441,6 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     LoadKeysAt(p, s, kv, v, dv, sdv, j0, sv_tile, nullptr);
     LoadKeysAt(p, s, kv, k, dd, sd, j0, sk_tile, cn);
   }
-  // Both products of the scores: c[y][e] += A B^T over width w for the warp's rows and keys,
-  // A (Q or dO) and B (K or V) rows at stride sa and sb (SlotK's k order).
-  auto scores = [&](const double* at, int64_t sa, const double* bt, int64_t sb, int64_t w,
-                    double (&c)[2][4]) {
-    const double* pa = at + (r0 + g) * sa;
-    const double* pb = bt + (k0w + g) * sb;
-    // One step: slot t + 4x holds k = kk + slot(x).
-    auto step = [&](int64_t kk, auto slot) {
-      double a[4], bb[2][2];
-      ATTEST_UNROLL
-      for (int x = 0; x < 4; ++x) a[x] = pa[8 * (x & 1) * sa + kk + slot(x >> 1)];
-      ATTEST_UNROLL
-      for (int y = 0; y < 2; ++y) {
-        ATTEST_UNROLL
-        for (int x = 0; x < 2; ++x) bb[y][x] = pb[8 * y * sb + kk + slot(x)];
-      }
-      ATTEST_UNROLL
-      for (int y = 0; y < 2; ++y) Mma1688(c[y], a, bb[y]);
-    };
-    const int64_t w16 = w / 16 * 16;
-    ATTEST_UNROLL_BY_2
-    for (int64_t kk = 0; kk < w16; kk += 16) {
-      step(kk, [&](int x) { return SlotK(t, 0, x); });
-      step(kk, [&](int x) { return SlotK(t, 1, x); });
-    }
-    // A last step of 8 (w = 8 mod 16) in the plain order (k = t + 4x: some lanes share a bank).
-    if (w16 < w) step(w16, [&](int x) { return t + 4 * x; });
-  };
   while (j0 < end) {
     const int64_t jn = NextKeyTileVote(p, s, lo, hi, j0 + tk, end);  // the same in every thread
     ++visited;
@@ -450,10 +452,10 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     }
     CopyWait<1>();  // Q, dO and this tile's V (its K may still be on the way)
     __syncthreads();
-    scores(sdo_tile, sdv, sv_tile, sdv, dv, cp);
+    RowScores(sdo_tile + (r0 + g) * sdv, sdv, sv_tile + (k0w + g) * sdv, sdv, dv, t, cp);
     CopyWait<0>();  // this tile's K and its norms
     __syncthreads();
-    scores(sq_tile, sd, sk_tile, sd, dd, cs);
+    RowScores(sq_tile + (r0 + g) * sd, sd, sk_tile + (k0w + g) * sd, sd, dd, t, cs);
     // dS in the scores' registers (ScoresBackwardMma's entry).
     const bool whole = WholeTile(p, s, i0, j0, range);
     ATTEST_UNROLL
@@ -547,6 +549,265 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   }
   MaxDouble(&stats->score_abs_max, mag);
   if (threadIdx.x == 0) MaxInt(&stats->sum_len_k, kHalf + visited + 1);
+}
+
+// Shared memory of RowDkDvKernel, in doubles: the K and V tiles of tk keys, one Q and one dO
+// tile of tq rows with their norms, lse and delta, the rows' key bounds, the key norms and the
+// fragments each warp hands its partner (256 per warp).
+__host__ __device__ int64_t RowDkDvShared(int64_t d, int64_t dv, int tq, int tk, int warps) {
+  return tk * (RowVStride(d) + RowVStride(dv)) + tq * (RowVStride(d) + RowVStride(dv)) +
+         3 * tq + 2 * tq + tk + 256 * warps;
+}
+
+// The tile product acc[y] += A B over the 32 query rows of the tile (4 k steps, a chain from zero
+// per block, then added: DkDvKernel's chain), with A (P^T or dS^T, 16 keys x 32 queries) from
+// the warps' fragments in xb (step kb from warp pair_base + kb / 2, its block kb % 2) and B the
+// tile's rows (queries 2t + x of each step, columns col0 + 8y + g) at row stride sb, for the
+// blocks 8y < w.
+template <int NH>
+__device__ void RowKeyProduct(const double* xb, int pair_base, const double* bt, int64_t sb,
+                              int64_t col0, int64_t w, double (&acc)[NH][4]) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  double a[4][4];
+  ATTEST_UNROLL
+  for (int kb = 0; kb < 4; ++kb) {
+    const double* src = xb + ((pair_base + kb / 2) * 2 + kb % 2) * 128 + lane;
+    ATTEST_UNROLL
+    for (int x = 0; x < 4; ++x) a[kb][x] = src[32 * x];
+  }
+  const double* pb = bt + 2 * t * sb + col0 + g;
+  ATTEST_UNROLL
+  for (int y0 = 0; y0 < NH; y0 += kChains) {
+    if (8 * y0 < w) {
+      double part[kChains][4];
+      ATTEST_UNROLL
+      for (int z = 0; z < kChains; ++z) {
+        ATTEST_UNROLL
+        for (int e = 0; e < 4; ++e) part[z][e] = 0;
+      }
+      ATTEST_UNROLL
+      for (int kb = 0; kb < 4; ++kb) {
+        ATTEST_UNROLL
+        for (int z = 0; z < kChains; ++z) {
+          const int y = y0 + z;
+          const double bb[2] = {pb[8 * kb * sb + 8 * y], pb[(8 * kb + 1) * sb + 8 * y]};
+          Mma1688(part[z], a[kb], bb);
+        }
+      }
+      ATTEST_UNROLL
+      for (int z = 0; z < kChains; ++z) {
+        ATTEST_UNROLL
+        for (int e = 0; e < 4; ++e) acc[y0 + z][e] += part[z][e];
+      }
+    }
+  }
+}
+
+// dK and dV with a pair of warps per 16 keys (p.tk = 16 per pair, p.tq = 32; d and dv multiples
+// of 16, each at most 16 NH): for every (query head, query tile) that may see the key tile, in
+// DkDvKernel's order, the pair computes dP^T = V dO^T and S^T = K Q^T for its 16 keys, each warp
+// for 16 of the 32 queries, P^T and dS^T in their epilogue (ScoresBackwardMma's expressions,
+// P = -0.0 where masked), hands its fragments of P^T, then of dS^T, to its partner through
+// shared memory, and accumulates dV += P^T dO and dK += dS^T Q over the tile's 32 queries for its
+// half of the columns, in registers. Per key, the column mass and the count of visible entries
+// are summed over the lane's entries, then over the 4 lanes of the row and the pair.
+template <int NH>
+__global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
+    RowDkDvKernel(Dev p, const double* q, const double* k, const double* v, const double* dout,
+                  const double* lse, const double* delta, double* dk, double* dvo,
+                  DevStats* stats) {
+  ATTEST_DYNAMIC_SHARED(smem);
+  const int64_t b = blockIdx.z, kvh = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * p.tk;
+  const Seq s = SeqOf(p, b);
+  if (j0 >= s.k_len) return;
+  const int tq = p.tq, tk = p.tk;
+  const int64_t dd = p.d, dv = p.dv, ratio = p.hq / p.hkv;
+  const int64_t sd = RowVStride(dd), sdv = RowVStride(dv);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  double* sk_tile = smem;
+  double* sv_tile = sk_tile + tk * sd;
+  double* sq_tile = sv_tile + tk * sdv;
+  double* sdo_tile = sq_tile + tq * sd;
+  double* rn = sdo_tile + tq * sdv;
+  double* row_lse = rn + tq;
+  double* row_delta = row_lse + tq;
+  double* cn = row_delta + tq;
+  double* xb = cn + tk;
+  int64_t* lo = reinterpret_cast<int64_t*>(xb + 256 * warps);
+  int64_t* hi = lo + tq;
+  int64_t range[4];  // TileRowBounds
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int member = warp & 1, pair_base = warp & ~1;
+  const int kp = 16 * (warp >> 1);   // the pair's first key in the tile
+  const int qm = 16 * member;        // the warp's first query of the tile for the scores
+  const int64_t kcol = member * (dd / 2), vcol = member * (dv / 2);  // its half of dK, dV
+
+  const int64_t nk = min(static_cast<int64_t>(tk), s.k_len - j0);
+  LoadKeysAt(p, s, kvh, k, dd, sd, j0, sk_tile, cn);
+  LoadKeysAt(p, s, kvh, v, dv, sdv, j0, sv_tile, nullptr);
+  double acc_k[NH][4], acc_v[NH][4];
+  ATTEST_UNROLL
+  for (int y = 0; y < NH; ++y) {
+    ATTEST_UNROLL
+    for (int e = 0; e < 4; ++e) acc_k[y][e] = acc_v[y][e] = 0;
+  }
+  double mass[2] = {0, 0};  // the lane's keys kp + g + 8u: P summed over its entries
+  long long seen[2] = {0, 0};
+  int64_t adds = 0;
+  double mag = 0;  // the score magnitude statistic of this thread's entries
+  // The Q rows (and norms), then the dO rows (and lse, delta) of query tile i0 of head h.
+  auto load_q = [&](int64_t h, int64_t i0) {
+    const int64_t n = min(static_cast<int64_t>(tq), s.q_len - i0);
+    LoadTile(q, p.hq, h, dd, sd, s.q_begin + i0, n, tq, sq_tile);
+    LoadRows(p.qn, p.hq, h, s.q_begin + i0, n, tq, 0.0, rn);
+    CopyCommit();
+  };
+  auto load_do = [&](int64_t h, int64_t i0) {
+    const int64_t n = min(static_cast<int64_t>(tq), s.q_len - i0);
+    LoadTile(dout, p.hq, h, dv, sdv, s.q_begin + i0, n, tq, sdo_tile);
+    const int64_t at = LseIndex(p, b, h, s, i0);  // rows of one (batch, head) are contiguous
+    LoadRows(lse, 1, 0, at, n, tq, -INFINITY, row_lse);
+    LoadRows(delta, 1, 0, at, n, tq, 0.0, row_delta);
+    CopyCommit();
+  };
+  int64_t h = kvh * ratio, i0 = -tq;
+  bool more = NextQueryTile(p, s, kvh, j0, nk, &h, &i0);
+  if (more) {
+    load_do(h, i0);
+    load_q(h, i0);
+  }
+  // The lane's key norms (rows g, g + 8 of the pair's keys), once K's group is in.
+  double key_n[2] = {0, 0};
+  bool key_n_read = false;
+  while (more) {
+    ++adds;
+    int64_t hn = h, in = i0;
+    const bool next = NextQueryTile(p, s, kvh, j0, nk, &hn, &in);  // the same in every thread
+    TileRowBounds(p, s, i0, lo, hi, range);
+    const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
+    double cs[2][4], cp[2][4];
+    ATTEST_UNROLL
+    for (int y = 0; y < 2; ++y) {
+      ATTEST_UNROLL
+      for (int e = 0; e < 4; ++e) cs[y][e] = cp[y][e] = 0;
+    }
+    CopyWait<1>();  // K, V, and this tile's dO, lse and delta (its Q may still be on the way)
+    __syncthreads();
+    RowScores(sv_tile + (kp + g) * sdv, sdv, sdo_tile + (qm + g) * sdv, sdv, dv, t, cp);
+    CopyWait<0>();  // this tile's Q and norms
+    __syncthreads();
+    if (!key_n_read) {
+      key_n[0] = cn[kp + g];
+      key_n[1] = cn[kp + g + 8];
+      key_n_read = true;
+    }
+    RowScores(sk_tile + (kp + g) * sd, sd, sq_tile + (qm + g) * sd, sd, dd, t, cs);
+    // P^T and dS^T in the scores' registers (cs, cp): entry (key kp + g + 8u, query
+    // qm + 8y + 2t + x) with e = 2u + x.
+    const bool whole = WholeTile(p, s, i0, j0, range);
+    ATTEST_UNROLL
+    for (int y = 0; y < 2; ++y) {
+      ATTEST_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int u = e >> 1, r = qm + 8 * y + 2 * t + (e & 1);
+        const int64_t i = i0 + r, j = j0 + kp + g + 8 * u;
+        double pr = -0.0, dsv = 0;
+        if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
+          double th = 0;
+          const double sc = ScoreOf(p, s, i, j, slope, cs[y][e], rn[r], key_n[u], th, mag);
+          if (sc > -INFINITY) {
+            pr = exp(sc - row_lse[r]);
+            dsv = pr * (cp[y][e] - row_delta[r]);
+            if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
+          }
+        }
+        mass[u] += pr;
+        seen[u] += signbit(pr) ? 0 : 1;
+        cs[y][e] = pr;
+        cp[y][e] = dsv;
+      }
+    }
+    // The A fragments (slot t + 4x: query 2t + x of each block) of P^T, then of dS^T, to the
+    // pair through xb; dV += P^T dO, then dK += dS^T Q, over the tile's 32 queries.
+    auto hand = [&](const double (&c)[2][4]) {
+      ATTEST_UNROLL
+      for (int y = 0; y < 2; ++y) {
+        double* dst = xb + (warp * 2 + y) * 128 + lane;
+        dst[0] = c[y][0];
+        dst[32] = c[y][2];
+        dst[64] = c[y][1];
+        dst[96] = c[y][3];
+      }
+    };
+    hand(cs);
+    __syncthreads();
+    RowKeyProduct(xb, pair_base, sdo_tile, sdv, vcol, dv / 2, acc_v);
+    __syncthreads();  // dO and the P fragments are read
+    if (next) load_do(hn, in);
+    hand(cp);
+    __syncthreads();
+    RowKeyProduct(xb, pair_base, sq_tile, sd, kcol, dd / 2, acc_k);
+    __syncthreads();  // Q and the dS fragments are read
+    if (next) load_q(hn, in);
+    more = next;
+    h = hn;
+    i0 = in;
+  }
+  CopyWait<0>();  // no copy outlives the block (K and V when no query tile ran)
+  // dk = scale dK, dv = dV for the warp's half of the columns.
+  ATTEST_UNROLL
+  for (int u = 0; u < 2; ++u) {
+    const int64_t c = kp + g + 8 * u;
+    if (c >= nk) continue;
+    double* out_k = dk + ((s.k_begin + j0 + c) * p.hkv + kvh) * dd + kcol;
+    double* out_v = dvo + ((s.k_begin + j0 + c) * p.hkv + kvh) * dv + vcol;
+    ATTEST_UNROLL
+    for (int y = 0; y < NH; ++y) {
+      ATTEST_UNROLL
+      for (int x = 0; x < 2; ++x) {
+        const int64_t col = 8 * y + 2 * t + x;
+        if (col < dd / 2) out_k[col] = p.scale * acc_k[y][2 * u + x];
+        if (col < dv / 2) out_v[col] = acc_v[y][2 * u + x];
+      }
+    }
+  }
+  // The column statistics per key: the 4 lanes of the row, then the pair (through xb).
+  ATTEST_UNROLL
+  for (int u = 0; u < 2; ++u) {
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      mass[u] += __shfl_xor_sync(0xffffffffu, mass[u], o2);
+      seen[u] += __shfl_xor_sync(0xffffffffu, seen[u], o2);
+    }
+  }
+  __syncthreads();
+  long long* xs = reinterpret_cast<long long*>(xb);
+  if (member == 1 && t == 0) {
+    ATTEST_UNROLL
+    for (int u = 0; u < 2; ++u) {
+      xb[(warp >> 1) * 64 + g + 8 * u] = mass[u];
+      xs[(warp >> 1) * 64 + 32 + g + 8 * u] = seen[u];
+    }
+  }
+  __syncthreads();
+  MaxDouble(&stats->score_abs_max, mag);
+  if (member == 0 && t == 0) {
+    double mass_max = 0;
+    long long seen_max = 0, unseen = 0;
+    ATTEST_UNROLL
+    for (int u = 0; u < 2; ++u) {
+      if (kp + g + 8 * u >= nk) continue;
+      const double m = mass[u] + xb[(warp >> 1) * 64 + g + 8 * u];
+      const long long n = seen[u] + xs[(warp >> 1) * 64 + 32 + g + 8 * u];
+      mass_max = fmax(mass_max, m);
+      seen_max = max(seen_max, n);
+      if (n == 0) ++unseen;
+    }
+    MaxDouble(&stats->col_mass_max, mass_max);
+    MaxInt(&stats->max_queries, seen_max);
+    if (unseen > 0) atomicAdd(&stats->unseen_keys, static_cast<unsigned long long>(unseen));
+  }
+  if (threadIdx.x == 0) MaxInt(&stats->sum_len_q, tq + adds);
 }
 
 }  // namespace
