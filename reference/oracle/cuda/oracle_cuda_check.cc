@@ -56,6 +56,12 @@ std::vector<NamedProblem> CheckProblems() {
     out.push_back({"small_multi_tile", p});
   }
   {
+    // No mask, whole tiles (the row kernels' plain-score path, PlainTile), small enough to
+    // emulate: 2 query tiles of the emulated forward (32 rows) and 4 of its dK/dV (16 keys).
+    Problem p = Base(1, 2, 1, 64, 64, 16, 16);
+    out.push_back({"whole_tiles", p});
+  }
+  {
     Problem p = Base(2, 4, 2, 300, 333, 64, 64);
     p.causal = true;
     out.push_back({"long_gqa_causal", p});

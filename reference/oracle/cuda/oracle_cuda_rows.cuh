@@ -67,6 +67,15 @@ __device__ void LoadPair(const double* at, double& x0, double& x1) {
 #endif
 }
 
+// Whether every entry of a whole tile (WholeTile) has a plain score: no softcap and no ALiBi
+// slope. Then ScoreOf's s is scale q.k, and the score magnitude statistic of a thread's entries
+// is fl(fl(|scale| nq) nk) at its largest q norm and its largest k norm (a rounded product of
+// non-negative numbers never decreases when a factor grows, and |slope| dist adds +0), so the
+// row kernels skip ScoreOf per entry.
+__device__ bool PlainTile(const Dev& p, bool whole, double slope) {
+  return whole && slope == 0 && !(p.softcap > 0);
+}
+
 // MaySee after TileRowBounds (lo, hi in shared memory) by a warp vote: each lane takes rows of
 // the tile; every lane of every warp gets the answer.
 __device__ bool MaySeeVote(const Dev& p, const int64_t* lo, const int64_t* hi, int64_t j0,
@@ -193,6 +202,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     }
     // The transformed, masked scores (Scores' entry), then K and its norms are free.
     const bool whole = WholeTile(p, s, i0, j0, range);
+    const bool plain = PlainTile(p, whole, slope);
+    if (plain) {
+      double nq = fmax(rn[r0 + g], rn[r0 + g + 8]), nk = 0;
+      ATTEST_UNROLL
+      for (int y = 0; y < kNb; ++y) nk = fmax(nk, fmax(cn[8 * y + 2 * t], cn[8 * y + 2 * t + 1]));
+      mag = fmax(mag, fabs(p.scale) * nq * nk);
+    }
     ATTEST_UNROLL
     for (int y = 0; y < kNb; ++y) {
       ATTEST_UNROLL
@@ -200,7 +216,9 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
         const int r = r0 + g + 8 * (e >> 1), col = 8 * y + 2 * t + (e & 1);
         const int64_t j = j0 + col;
         double sc = -INFINITY;
-        if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
+        if (plain) {
+          sc = p.scale * c[y][e];
+        } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
           double th = 0;
           sc = ScoreOf(p, s, i0 + r, j, slope, c[y][e], rn[r], cn[col], th, mag);
         }
@@ -458,21 +476,31 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     RowScores(sq_tile + (r0 + g) * sd, sd, sk_tile + (k0w + g) * sd, sd, dd, t, cs);
     // dS in the scores' registers (ScoresBackwardMma's entry).
     const bool whole = WholeTile(p, s, i0, j0, range);
+    const bool plain = PlainTile(p, whole, slope);
+    if (plain) {
+      double nk = 0;
+      ATTEST_UNROLL
+      for (int y = 0; y < 2; ++y) {
+        nk = fmax(nk, fmax(cn[k0w + 8 * y + 2 * t], cn[k0w + 8 * y + 2 * t + 1]));
+      }
+      mag = fmax(mag, fabs(p.scale) * fmax(row_n[0], row_n[1]) * nk);
+    }
     ATTEST_UNROLL
     for (int y = 0; y < 2; ++y) {
       ATTEST_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int u = e >> 1, r = r0 + g + 8 * u, col = k0w + 8 * y + 2 * t + (e & 1);
         const int64_t j = j0 + col;
-        double dsv = 0;
-        if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
-          double th = 0;
-          const double sc = ScoreOf(p, s, i0 + r, j, slope, cs[y][e], row_n[u], cn[col], th, mag);
-          if (sc > -INFINITY) {
-            const double pr = exp(sc - row_lse[u]);
-            dsv = pr * (cp[y][e] - row_delta[u]);
-            if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
-          }
+        double dsv = 0, th = 0, sc = -INFINITY;
+        if (plain) {
+          sc = p.scale * cs[y][e];
+        } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
+          sc = ScoreOf(p, s, i0 + r, j, slope, cs[y][e], row_n[u], cn[col], th, mag);
+        }
+        if (sc > -INFINITY) {
+          const double pr = exp(sc - row_lse[u]);
+          dsv = pr * (cp[y][e] - row_delta[u]);
+          if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
         }
         cs[y][e] = dsv;
       }
@@ -706,21 +734,31 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     // P^T and dS^T in the scores' registers (cs, cp): entry (key kp + g + 8u, query
     // qm + 8y + 2t + x) with e = 2u + x.
     const bool whole = WholeTile(p, s, i0, j0, range);
+    const bool plain = PlainTile(p, whole, slope);
+    if (plain) {
+      double nq = 0;
+      ATTEST_UNROLL
+      for (int y = 0; y < 2; ++y) {
+        nq = fmax(nq, fmax(rn[qm + 8 * y + 2 * t], rn[qm + 8 * y + 2 * t + 1]));
+      }
+      mag = fmax(mag, fabs(p.scale) * nq * fmax(key_n[0], key_n[1]));
+    }
     ATTEST_UNROLL
     for (int y = 0; y < 2; ++y) {
       ATTEST_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int u = e >> 1, r = qm + 8 * y + 2 * t + (e & 1);
         const int64_t i = i0 + r, j = j0 + kp + g + 8 * u;
-        double pr = -0.0, dsv = 0;
-        if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
-          double th = 0;
-          const double sc = ScoreOf(p, s, i, j, slope, cs[y][e], rn[r], key_n[u], th, mag);
-          if (sc > -INFINITY) {
-            pr = exp(sc - row_lse[r]);
-            dsv = pr * (cp[y][e] - row_delta[r]);
-            if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
-          }
+        double pr = -0.0, dsv = 0, th = 0, sc = -INFINITY;
+        if (plain) {
+          sc = p.scale * cs[y][e];
+        } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
+          sc = ScoreOf(p, s, i, j, slope, cs[y][e], rn[r], key_n[u], th, mag);
+        }
+        if (sc > -INFINITY) {
+          pr = exp(sc - row_lse[r]);
+          dsv = pr * (cp[y][e] - row_delta[r]);
+          if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
         }
         mass[u] += pr;
         seen[u] += signbit(pr) ? 0 : 1;
