@@ -37,6 +37,13 @@
 // dP = dO V^T side by side and P, dS in their epilogue). Every block's chain is the same as one
 // block at a time (k steps ascending), so either path sums each tile's product apart and then
 // adds it, and the chains are the same.
+// Row kernels (oracle_cuda_rows.cuh), used in place of ForwardKernel, DqKernel and DkDvKernel
+// on the mma path with 16 x 8 x 8 blocks where the head dims allow (ATTEST_ORACLE_CUDA_ROWS=0
+// keeps the three above): a warp owns 16 query rows (forward, dQ) or, with its partner, 16 keys
+// (dK, dV); its scores, P, dS and its accumulators stay in registers, in the mma fragments. Key
+// tiles of 32 in the forward and dQ, query tiles of 32 in dK/dV: the same expressions and the
+// same kinds of chains (a tile's product summed apart, then added), with the chain lengths each
+// kernel reports (dQ: 16 + tiles + 1, its two warps per row adding at the end).
 // Compiled with -DATTEST_ORACLE_CUDA_EMULATE by a C++ compiler (oracle_cuda_emulated.cc), the
 // kernels run on CPU threads (oracle_cuda_emulate.h, cp.async included) for tests without a GPU.
 //
