@@ -56,6 +56,16 @@ std::vector<NamedProblem> CheckProblems() {
     out.push_back({"small_multi_tile", p});
   }
   {
+    // Varlen through the row kernels (head dims of 16): a sequence without keys (its rows
+    // empty), one without queries (its keys unseen), two at nonzero offsets of both, GQA 2,
+    // causal across several tiles.
+    Problem p = Base(4, 4, 2, 40, 40, 16, 16);
+    p.cu_seqlens_q = std::vector<int32_t>{0, 5, 45, 45, 52};
+    p.cu_seqlens_k = std::vector<int32_t>{0, 0, 40, 70, 90};
+    p.causal = true;
+    out.push_back({"varlen_rows", p});
+  }
+  {
     // No mask, whole tiles (the row kernels' plain-score path, PlainTile), small enough to
     // emulate: 2 query tiles of the emulated forward (32 rows) and 4 of its dK/dV (16 keys).
     Problem p = Base(1, 2, 1, 64, 64, 16, 16);
