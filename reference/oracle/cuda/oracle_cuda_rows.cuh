@@ -1,9 +1,10 @@
-// The CUDA float64 oracle's kernels in which each warp owns 16 query rows (FlashAttention-2's
-// division of work: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
-// Partitioning", 2023, section 3.3): the scores, P and the output accumulator of those rows stay
-// in the warp's registers, in the fragments of mma.sync.m16n8k8.f64 (sm_90), so no score tile
-// and no accumulator goes through shared memory. Included by oracle_cuda.cu only, after
-// oracle_cuda_kernels.cuh.
+// The CUDA float64 oracle's row kernels, in which each warp owns 16 query rows (the forward,
+// dQ) or, with a partner warp, 16 keys (dK, dV) (FlashAttention-2's division of work: Dao,
+// "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", 2023,
+// section 3.3): the scores, P, dS and the accumulators of those rows stay in the warp's
+// registers, in the fragments of mma.sync.m16n8k8.f64 (sm_90), so no score tile and no
+// accumulator goes through shared memory (dK/dV hands P^T and dS^T fragments to the partner
+// warp). Included by oracle_cuda.cu only, after oracle_cuda_kernels.cuh.
 //
 // From scores to a second product without shuffles. The accumulator of S = Q K^T holds, in lane
 // (g, t), the keys 2t and 2t + 1 of rows g and g + 8 of each 16 x 8 block (Mma16x8x8's C
@@ -14,12 +15,14 @@
 // and B reads the V rows 2t and 2t + 1. The same relabelling lets the scores' A and B fragments
 // (Q and K, k = 2t and 2t + 1 of each step) come in one 16-byte load each.
 //
-// What is computed is what ForwardKernel computes, expression for expression: the scores and
+// RowForwardKernel computes what ForwardKernel computes, expression for expression: the scores and
 // their transform and mask (ScoreOf, Visible), the online softmax with Sum2's compensated row
 // sum (a TwoSum chain over the lane's 8 keys, then a TwoSum tree over the row's 4 lanes),
 // O = f O + P V with the tile's product summed apart (a chain of tk over the tile's keys) and
 // then added, o = O / l, lse = m + log l. The chains and the statistics are those of
-// ForwardKernel with tk = 32, so oracle_cuda.cu's error bound holds unchanged.
+// ForwardKernel with tk = 32, so oracle_cuda.cu's error bound holds unchanged. RowDqKernel and
+// RowDkDvKernel compute what DqKernel and DkDvKernel compute (ScoresBackwardMma's expressions),
+// each tile's product summed apart and then added, with the chain lengths they report.
 #pragma once
 
 namespace {
