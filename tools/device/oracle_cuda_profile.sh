@@ -68,9 +68,18 @@ if [ "${NCU:-0}" = 1 ]; then
     --import-source yes --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --section InstructionStats --section Occupancy --section SourceCounters \
-    -k regex:"Forward|DqKernel|DkDv" -c 3 "$run" oracle_cuda_check --bench \
-    --sizes "${NCU_SIZE:-8192}" --mma-only > "$out/ncu.txt" 2>&1
+    -k regex:"Forward|DqKernel|DkDv" -c 3 -o "$out/ncu-report" "$run" oracle_cuda_check \
+    --bench --sizes "${NCU_SIZE:-8192}" --mma-only > "$out/ncu-run.txt" 2>&1
   echo "ncu: exit $?"
+  rep="$out/ncu-report.ncu-rep"
+  # The sections with their tables (stall reasons among them), then per kernel the SASS with
+  # each instruction's executed count and stall samples (the source page, as CSV).
+  ncu -i "$rep" --print-details all > "$out/ncu.txt" 2>&1 || ncu -i "$rep" > "$out/ncu.txt" 2>&1
+  for k in RowForward RowDq RowDkDv; do
+    ncu -i "$rep" -k regex:"$k" --page source --csv --print-source sass \
+      > "$out/source-$k.csv" 2> "$out/source-$k.err"
+  done
+  [ -s "$out/source-RowForward.csv" ] && rm -f "$rep"  # else keep the report itself
   grep -E "Kernel|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible" \
     "$out/ncu.txt" | head -40
 fi
