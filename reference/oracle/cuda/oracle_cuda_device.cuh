@@ -456,6 +456,9 @@ __device__ bool MaySee(const Dev& p, const int64_t* lo, const int64_t* hi, int64
 // lane takes rows of the query tile, and the warp votes (every lane of every warp gets it).
 __device__ bool QueryTileMaySee(const Dev& p, const Seq& s, int64_t i0, int64_t j0,
                                 int64_t nk) {
+  // Without a band or prefix every row has the bounds [0, k_len): the tile's first row sees
+  // [j0, j0 + nk) when it exists (0 <= j0 < k_len and nk > 0 for the callers' key tiles).
+  if (p.left < 0 && p.right < 0 && p.prefix <= 0) return i0 < s.q_len;
   bool any = false;
   for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
     if (i0 + r < s.q_len) {
@@ -477,6 +480,16 @@ __device__ void CopyAsync(double* dst, const double* src) {
 #else
   const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(to), "l"(src) : "memory");
+#endif
+}
+// Two doubles (16 bytes, both addresses 16-byte aligned) as CopyAsync, in one copy.
+__device__ void CopyAsyncPair(double* dst, const double* src) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  attest_emu::CopyAsync(dst, src);
+  attest_emu::CopyAsync(dst + 1, src + 1);
+#else
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(src) : "memory");
 #endif
 }
 __device__ void CopyCommit() {
@@ -502,11 +515,20 @@ __device__ void CopyWait() {
 __device__ void LoadTile(const double* x, int64_t heads, int64_t head, int64_t width,
                          int64_t stride, int64_t row0, int64_t n, int rows_tile, double* tile) {
   const int lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x / 32);
+  // 16-byte copies where every row starts 16-byte aligned in both memories (even widths and
+  // strides, aligned bases: the usual case), else 8-byte ones.
+  const bool pairs = width % 2 == 0 && stride % 2 == 0 &&
+                     (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(tile)) % 16 == 0;
+  const int w = static_cast<int>(width);
   for (int r = threadIdx.x / 32; r < rows_tile; r += warps) {
     double* dst = tile + r * stride;
     if (r < n) {
       const double* src = x + ((row0 + r) * heads + head) * width;
-      for (int64_t d = lane; d < width; d += 32) CopyAsync(dst + d, src + d);
+      if (pairs) {
+        for (int d = 2 * lane; d < w; d += 64) CopyAsyncPair(dst + d, src + d);
+      } else {
+        for (int d = lane; d < w; d += 32) CopyAsync(dst + d, src + d);
+      }
     } else {
       for (int64_t d = lane; d < width; d += 32) dst[d] = 0.0;
     }

@@ -51,8 +51,8 @@ constexpr int kChains = ATTEST_ROW_CHAINS;
 __host__ __device__ int64_t PairStride(int64_t width) { return width + (24 - width % 16) % 16; }
 __host__ __device__ int64_t RowVStride(int64_t width) { return width + (10 - width % 8) % 8; }
 
-// Shared memory of RowForwardKernel, in doubles: the Q tile, one K tile (with its norms), one V
-// tile, the Q norms and the rows' key bounds.
+// Shared memory of RowForwardKernel, in doubles: the Q tile (A fragments: LoadFragTile), one K
+// tile (with its norms), one V tile, the Q norms and the rows' key bounds.
 __host__ __device__ int64_t RowForwardShared(int64_t d, int64_t dv, int tq) {
   return tq * PairStride(d) + kRowTileKeys * PairStride(d) + kRowTileKeys * RowVStride(dv) +
          kRowTileKeys + tq + 2 * tq;
@@ -68,6 +68,32 @@ __device__ void LoadPair(const double* at, double& x0, double& x1) {
   x0 = v.x;
   x1 = v.y;
 #endif
+}
+
+// Rows [row0, row0 + n) of head `head` of a [rows, heads, width] tensor (width a multiple of
+// 8) into a tile of `rows_tile` rows (a multiple of 16; rows past n are zero) laid out as the A
+// fragments of the row kernels' m16n8k8 products (slot t + 4x of a block of 8 holds k = 2t + x):
+// per 16 rows and block of 8 columns, 64 doubles with lane (g, t)'s pair (row g, row g + 8) at
+// k = 2t, then 64 with its pair at k = 2t + 1. A lane's A operand is two 16-byte loads, 2 lane
+// apart (contiguous over the warp: no bank conflicts), in the register order of the mma.
+// Asynchronous as LoadTile (an 8-byte copy per element; the caller commits and waits).
+__device__ int64_t FragIndex(int r, int k, int width) {
+  const int lane = 4 * (r % 8) + (k % 8) / 2;
+  return ((static_cast<int64_t>(r / 16) * (width / 8) + k / 8) * 2 + k % 2) * 64 + 2 * lane +
+         (r % 16) / 8;
+}
+__device__ void LoadFragTile(const double* x, int64_t heads, int64_t head, int64_t width,
+                             int64_t row0, int64_t n, int rows_tile, double* tile) {
+  const int w = static_cast<int>(width), total = rows_tile * w;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int r = e / w, k = e % w;
+    double* dst = tile + FragIndex(r, k, w);
+    if (r < n) {
+      CopyAsync(dst, x + ((row0 + r) * heads + head) * width + k);
+    } else {
+      *dst = 0.0;
+    }
+  }
 }
 
 // Whether every entry of a whole tile (WholeTile) has a plain score: no softcap and no ALiBi
@@ -90,10 +116,15 @@ __device__ bool MaySeeVote(const Dev& p, const int64_t* lo, const int64_t* hi, i
   return __ballot_sync(0xffffffffu, any) != 0;
 }
 
-// NextKeyTile with MaySeeVote.
+// NextKeyTile with MaySeeVote. A tile inside every row's bounds (range of TileRowBounds:
+// range[2], the largest lo, <= j and j + nk <= range[3], the smallest hi) is seen by every
+// row, without a vote.
 __device__ int64_t NextKeyTileVote(const Dev& p, const Seq& s, const int64_t* lo,
-                                   const int64_t* hi, int64_t j, int64_t end) {
-  while (j < end && !MaySeeVote(p, lo, hi, j, min(static_cast<int64_t>(p.tk), s.k_len - j))) {
+                                   const int64_t* hi, const int64_t* range, int64_t j,
+                                   int64_t end) {
+  while (j < end) {
+    const int64_t nk = min(static_cast<int64_t>(p.tk), s.k_len - j);
+    if ((j >= range[2] && j + nk <= range[3]) || MaySeeVote(p, lo, hi, j, nk)) break;
     j += p.tk;
   }
   return j;
@@ -154,7 +185,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
 
   const int64_t nq = min(static_cast<int64_t>(tq), s.q_len - i0);
-  LoadTile(q, p.hq, h, p.d, sq, s.q_begin + i0, nq, tq, sq_tile);
+  LoadFragTile(q, p.hq, h, p.d, s.q_begin + i0, nq, tq, sq_tile);  // A fragments of Q K^T
   LoadRows(p.qn, p.hq, h, s.q_begin + i0, nq, tq, 0.0, rn);
   CopyCommit();
   // Row u of the lane is tile row r0 + g + 8 u; acc[y][e] is O's element (row g + 8 (e >> 1),
@@ -170,13 +201,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   double mag = 0;  // the score magnitude statistic of this thread's entries
   TileRowBounds(p, s, i0, lo, hi, range);
   const int64_t end = range[1];
-  int64_t j0 = NextKeyTileVote(p, s, lo, hi, range[0] / tk * tk, end);
+  int64_t j0 = NextKeyTileVote(p, s, lo, hi, range, range[0] / tk * tk, end);
   if (j0 < end) {
     LoadKeysAt(p, s, kv, k, p.d, sq, j0, sk_tile, cn);
     LoadKeysAt(p, s, kv, v, dv, sv, j0, sv_tile, nullptr);
   }
   while (j0 < end) {
-    const int64_t jn = NextKeyTileVote(p, s, lo, hi, j0 + tk, end);  // the same in every thread
+    const int64_t jn = NextKeyTileVote(p, s, lo, hi, range, j0 + tk, end);  // in every thread
     CopyWait<1>();  // Q and this tile's K (its V may still be on the way)
     __syncthreads();
     // S = Q K^T for the warp's 16 rows and the tile's 32 keys: c[y][e] is entry (row
@@ -188,13 +219,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
       for (int e = 0; e < 4; ++e) c[y][e] = 0;
     }
     {
-      const double* qa = sq_tile + (r0 + g) * sq + 2 * t;
+      const double* qa = sq_tile + (r0 / 16) * (p.d / 8) * 128 + 2 * lane;  // LoadFragTile
       const double* kb = sk_tile + g * sq + 2 * t;
       ATTEST_UNROLL_BY_2
       for (int64_t k0 = 0; k0 < p.d; k0 += 8) {
         double a[4];
-        LoadPair(qa + k0, a[0], a[2]);
-        LoadPair(qa + 8 * sq + k0, a[1], a[3]);
+        LoadPair(qa + 16 * k0, a[0], a[1]);
+        LoadPair(qa + 16 * k0 + 64, a[2], a[3]);
         ATTEST_UNROLL
         for (int y = 0; y < kNb; ++y) {
           double bb[2];
@@ -231,49 +262,64 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     __syncthreads();
     if (jn < end) LoadKeysAt(p, s, kv, k, p.d, sq, jn, sk_tile, cn);  // the next K
     // The online softmax of each of the lane's two rows (OnlineSoftmax's expressions): c
-    // becomes P = exp(s - m_new); f[u] rescales O.
-    double f[2];
+    // becomes P = exp(s - m_new); f[u] rescales O. The row statistics first, then the tile's
+    // 16 exps (masked entries selected to 0 after: no branch around each), then the sums.
+    double mx[2], m_new[2], f[2];
+    long long count[2];
     ATTEST_UNROLL
     for (int u = 0; u < 2; ++u) {
-      double mx = -INFINITY;
-      long long count = 0;
+      mx[u] = -INFINITY;
+      count[u] = 0;
       ATTEST_UNROLL
       for (int y = 0; y < kNb; ++y) {
         ATTEST_UNROLL
         for (int x = 0; x < 2; ++x) {
-          mx = fmax(mx, c[y][2 * u + x]);
-          count += c[y][2 * u + x] > -INFINITY ? 1 : 0;
+          mx[u] = fmax(mx[u], c[y][2 * u + x]);
+          count[u] += c[y][2 * u + x] > -INFINITY ? 1 : 0;
         }
       }
       for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-        count += __shfl_xor_sync(0xffffffffu, count, o2);
+        mx[u] = fmax(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], o2));
+        count[u] += __shfl_xor_sync(0xffffffffu, count[u], o2);
       }
-      const double m_new = fmax(m[u], mx);
-      double fr = 1;
-      if (count > 0 && mx > m[u] && m[u] != -INFINITY) fr = exp(m[u] - mx);
+      m_new[u] = fmax(m[u], mx[u]);
+      f[u] = 1.0;  // a new maximum is rare after the first tiles: a branch, not a select
+      if (count[u] > 0 && mx[u] > m[u] && m[u] != -INFINITY) f[u] = exp(m[u] - mx[u]);
+    }
+    ATTEST_UNROLL
+    for (int y = 0; y < kNb; ++y) {
+      ATTEST_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const double pv = exp(c[y][e] - m_new[e >> 1]);
+        c[y][e] = count[e >> 1] > 0 && c[y][e] > -INFINITY ? pv : 0.0;
+      }
+    }
+    ATTEST_UNROLL
+    for (int u = 0; u < 2; ++u) {
       double sum = 0, cs = 0;
       ATTEST_UNROLL
       for (int y = 0; y < kNb; ++y) {
         ATTEST_UNROLL
-        for (int x = 0; x < 2; ++x) {
-          const double sc = c[y][2 * u + x];
-          const double pv = count > 0 && sc > -INFINITY ? exp(sc - m_new) : 0.0;
-          c[y][2 * u + x] = pv;
-          TwoSumAdd(sum, cs, pv);
-        }
+        for (int x = 0; x < 2; ++x) TwoSumAdd(sum, cs, c[y][2 * u + x]);
       }
       QuadSum2(sum, cs);
-      f[u] = 1;
-      if (count > 0) {
-        double lr = l[u] * fr, cr = comp[u] * fr + cs;
+      if (count[u] > 0) {
+        double lr = l[u] * f[u], cr = comp[u] * f[u] + cs;
         TwoSumAdd(lr, cr, sum);
         l[u] = lr;
         comp[u] = cr;
-        m[u] = m_new;
-        f[u] = fr;
-        keys[u] += count;
+        m[u] = m_new[u];
+        keys[u] += count[u];
         tiles[u] += 1;
+      }
+    }
+    // O = f O where some row of the warp has a new maximum (f = 1 elsewhere: the same bits),
+    // before O + P V (fl(fl(f O) + part) either way).
+    if (__ballot_sync(0xffffffffu, f[0] != 1.0 || f[1] != 1.0) != 0) {
+      ATTEST_UNROLL
+      for (int y = 0; y < NDV; ++y) {
+        ATTEST_UNROLL
+        for (int e = 0; e < 4; ++e) acc[y][e] *= f[e >> 1];
       }
     }
     if (jn < end) {
@@ -282,7 +328,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
       CopyWait<0>();
     }
     __syncthreads();
-    // O = f O + P V: per block of 8 columns, the tile's product as a chain over its 4 key
+    // O += P V: per block of 8 columns, the tile's product as a chain over its 4 key
     // blocks from zero, then added. P's accumulator is the A operand (slot t + 4x: key 2t + x).
     {
       const double* vb = sv_tile + 2 * t * sv + g;
@@ -310,7 +356,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
           for (int z = 0; z < kChains; ++z) {
             ATTEST_UNROLL
             for (int e = 0; e < 4; ++e) {
-              acc[y0 + z][e] = acc[y0 + z][e] * f[e >> 1] + part[z][e];
+              acc[y0 + z][e] += part[z][e];
             }
           }
         }
@@ -457,13 +503,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   int64_t visited = 0;
   TileRowBounds(p, s, i0, lo, hi, range);
   const int64_t end = range[1];
-  int64_t j0 = NextKeyTileVote(p, s, lo, hi, range[0] / tk * tk, end);
+  int64_t j0 = NextKeyTileVote(p, s, lo, hi, range, range[0] / tk * tk, end);
   if (j0 < end) {
     LoadKeysAt(p, s, kv, v, dv, sdv, j0, sv_tile, nullptr);
     LoadKeysAt(p, s, kv, k, dd, sd, j0, sk_tile, cn);
   }
   while (j0 < end) {
-    const int64_t jn = NextKeyTileVote(p, s, lo, hi, j0 + tk, end);  // the same in every thread
+    const int64_t jn = NextKeyTileVote(p, s, lo, hi, range, j0 + tk, end);  // in every thread
     ++visited;
     double cs[2][4], cp[2][4];
     ATTEST_UNROLL
