@@ -139,8 +139,18 @@ class DeviceArena {
   std::vector<void*> ptrs_;
 };
 
-void CheckLaunch(const char* kernel) {
-  Check(cudaGetLastError(), (std::string("launch of ") + kernel).c_str());
+// Launches `kernel` (named `name` in errors) on grid x block threads with `bytes` of dynamic
+// shared memory, first allowing it that much (the opt-in above 48 KiB), and checks the launch.
+template <typename Kernel, typename... Args>
+void Launch(Kernel kernel, const char* name, dim3 grid, unsigned block, size_t bytes,
+            Args... args) {
+  if (bytes > 0) {
+    Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes)),
+          (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
+  }
+  ATTEST_LAUNCH(kernel, grid, block, bytes, args...);
+  Check(cudaGetLastError(), (std::string("launch of ") + name).c_str());
 }
 
 double Bits(unsigned long long x) {
@@ -243,15 +253,6 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, fwd_tq, tk, frag));
   const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, frag, k_buffers));
   const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, frag));
-  Check(cudaFuncSetAttribute(ForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(fwd_bytes)),
-        "cudaFuncSetAttribute(ForwardKernel)");
-  Check(cudaFuncSetAttribute(DqKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(dq_bytes)),
-        "cudaFuncSetAttribute(DqKernel)");
-  Check(cudaFuncSetAttribute(DkDvKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(dkdv_bytes)),
-        "cudaFuncSetAttribute(DkDvKernel)");
 
   DeviceArena arena;
   Dev p{};
@@ -350,23 +351,20 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     return static_cast<unsigned>((n + kThreads - 1) / kThreads);
   };
   DevStats* sp = dstats;
+  const unsigned q_blocks = blocks_for(total_q * hq), k_blocks = blocks_for(total_k * hkv);
   if (total_q * hq > 0) {
-    ATTEST_LAUNCH(NormsKernel, blocks_for(total_q * hq), kThreads, 0, dq_in, total_q * hq, dd,
-                  qn, &sp->q_abs_max, nullptr);
-    CheckLaunch("NormsKernel(q)");
+    Launch(NormsKernel, "NormsKernel(q)", q_blocks, kThreads, 0, dq_in, total_q * hq, dd, qn,
+           &sp->q_abs_max, nullptr);
   }
   if (total_k * hkv > 0) {
-    ATTEST_LAUNCH(NormsKernel, blocks_for(total_k * hkv), kThreads, 0, dk_in, total_k * hkv, dd,
-                  kn, &sp->k_abs_max, nullptr);
-    CheckLaunch("NormsKernel(k)");
-    ATTEST_LAUNCH(NormsKernel, blocks_for(total_k * hkv), kThreads, 0, dv_in, total_k * hkv, dvw,
-                  nullptr, &sp->v_abs_max, &sp->v_norm_max);
-    CheckLaunch("NormsKernel(v)");
+    Launch(NormsKernel, "NormsKernel(k)", k_blocks, kThreads, 0, dk_in, total_k * hkv, dd, kn,
+           &sp->k_abs_max, nullptr);
+    Launch(NormsKernel, "NormsKernel(v)", k_blocks, kThreads, 0, dv_in, total_k * hkv, dvw,
+           nullptr, &sp->v_abs_max, &sp->v_norm_max);
   }
   if (dout != nullptr && total_q * hq > 0) {
-    ATTEST_LAUNCH(NormsKernel, blocks_for(total_q * hq), kThreads, 0, ddo_in, total_q * hq, dvw,
-                  nullptr, &sp->do_abs_max, &sp->do_norm_max);
-    CheckLaunch("NormsKernel(dout)");
+    Launch(NormsKernel, "NormsKernel(dout)", q_blocks, kThreads, 0, ddo_in, total_q * hq, dvw,
+           nullptr, &sp->do_abs_max, &sp->do_norm_max);
   }
   const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
   // The forward with a warp per 16 query rows (RowForwardKernel, oracle_cuda_rows.cuh) where it
@@ -395,31 +393,24 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       pf.tq = row_tq;
       pf.tk = kRowTileKeys;
       const size_t bytes = 8 * static_cast<size_t>(RowForwardShared(dd, dvw, row_tq));
-      auto launch = [&](auto kernel, const char* name) {
-        Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(bytes)),
-              (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
-        ATTEST_LAUNCH(kernel, grid, 32 * row_warps, bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse,
-                      dstats);
-        CheckLaunch(name);
-      };
+      const unsigned block = 32 * row_warps;
       if (dvw <= 64) {
-        launch(RowForwardKernel<8>, "RowForwardKernel<8>");
+        Launch(RowForwardKernel<8>, "RowForwardKernel<8>", grid, block, bytes, pf, dq_in, dk_in,
+               dv_in, d_o, d_lse, dstats);
       } else {
-        launch(RowForwardKernel<16>, "RowForwardKernel<16>");
+        Launch(RowForwardKernel<16>, "RowForwardKernel<16>", grid, block, bytes, pf, dq_in,
+               dk_in, dv_in, d_o, d_lse, dstats);
       }
     } else {
       pf.tq = fwd_tq;
-      ATTEST_LAUNCH(ForwardKernel, grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in, d_o,
-                    d_lse, dstats);
-      CheckLaunch("ForwardKernel");
+      Launch(ForwardKernel, "ForwardKernel", grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in,
+             d_o, d_lse, dstats);
     }
   }
   // Rows of zero-length sequences have no lse entries; nothing else to fill.
   if (dout != nullptr) {
     if (nlse > 0) {
-      ATTEST_LAUNCH(DeltaKernel, blocks_for(nlse), kThreads, 0, p, ddo_in, d_o, d_delta);
-      CheckLaunch("DeltaKernel");
+      Launch(DeltaKernel, "DeltaKernel", blocks_for(nlse), kThreads, 0, p, ddo_in, d_o, d_delta);
     }
     // dQ with a pair of warps per 16 query rows (RowDqKernel, oracle_cuda_rows.cuh) where it
     // applies: 16 x 8 x 8 blocks, d and dv multiples of 8, d <= 128 (dQ's accumulator in
@@ -440,23 +431,17 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         pd.tq = 16 * dq_pairs;
         pd.tk = kRowTileKeys;
         const size_t bytes = 8 * static_cast<size_t>(RowDqShared(dd, dvw, pd.tq));
-        auto launch = [&](auto kernel, const char* name) {
-          Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(bytes)),
-                (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
-          ATTEST_LAUNCH(kernel, grid, 64 * dq_pairs, bytes, pd, dq_in, dk_in, dv_in, ddo_in,
-                        d_lse, d_delta, d_dq, dstats);
-          CheckLaunch(name);
-        };
+        const unsigned block = 64 * dq_pairs;
         if (dd <= 64) {
-          launch(RowDqKernel<8>, "RowDqKernel<8>");
+          Launch(RowDqKernel<8>, "RowDqKernel<8>", grid, block, bytes, pd, dq_in, dk_in, dv_in,
+                 ddo_in, d_lse, d_delta, d_dq, dstats);
         } else {
-          launch(RowDqKernel<16>, "RowDqKernel<16>");
+          Launch(RowDqKernel<16>, "RowDqKernel<16>", grid, block, bytes, pd, dq_in, dk_in, dv_in,
+                 ddo_in, d_lse, d_delta, d_dq, dstats);
         }
       } else {
-        ATTEST_LAUNCH(DqKernel, grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in, d_lse,
-                      d_delta, d_dq, dstats);
-        CheckLaunch("DqKernel");
+        Launch(DqKernel, "DqKernel", grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in,
+               d_lse, d_delta, d_dq, dstats);
       }
     }
     // dK and dV with a pair of warps per 16 keys (RowDkDvKernel, oracle_cuda_rows.cuh) where it
@@ -481,23 +466,17 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         pk.tk = 16 * kv_pairs;
         const size_t bytes =
             8 * static_cast<size_t>(RowDkDvShared(dd, dvw, pk.tq, pk.tk, 2 * kv_pairs));
-        auto launch = [&](auto kernel, const char* name) {
-          Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(bytes)),
-                (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
-          ATTEST_LAUNCH(kernel, grid, 64 * kv_pairs, bytes, pk, dq_in, dk_in, dv_in, ddo_in,
-                        d_lse, d_delta, d_dk, d_dv, dstats);
-          CheckLaunch(name);
-        };
+        const unsigned block = 64 * kv_pairs;
         if (std::max(dd, dvw) <= 64) {
-          launch(RowDkDvKernel<4>, "RowDkDvKernel<4>");
+          Launch(RowDkDvKernel<4>, "RowDkDvKernel<4>", grid, block, bytes, pk, dq_in, dk_in,
+                 dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
         } else {
-          launch(RowDkDvKernel<8>, "RowDkDvKernel<8>");
+          Launch(RowDkDvKernel<8>, "RowDkDvKernel<8>", grid, block, bytes, pk, dq_in, dk_in,
+                 dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
         }
       } else {
-        ATTEST_LAUNCH(DkDvKernel, grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in, ddo_in,
-                      d_lse, d_delta, d_dk, d_dv, dstats);
-        CheckLaunch("DkDvKernel");
+        Launch(DkDvKernel, "DkDvKernel", grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in,
+               ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
       }
     }
   }
