@@ -140,6 +140,16 @@ __host__ __device__ int64_t Stride(int64_t width, int frag) {
   return frag ? width + (12 - width % 8) % 8 : width + 1;
 }
 
+// One step of Sum2's combination of two (sum, compensation) pairs: TwoSum of the sums, the
+// compensations and the TwoSum error added into comp.
+__device__ void Sum2Combine(double& sum, double& comp, double s2, double c2) {
+  const double t = sum + s2;
+  const double bp = t - sum;
+  const double e = (sum - (t - bp)) + (s2 - bp);
+  sum = t;
+  comp = (comp + c2) + e;
+}
+
 // Warp reductions (all lanes get the result), of N independent values side by side (one value
 // per row of the online softmax: their shuffles overlap).
 template <int N>
@@ -162,13 +172,7 @@ __device__ void WarpSum2(double (&sum)[N], double (&comp)[N]) {
       c2[u] = __shfl_xor_sync(0xffffffffu, comp[u], o);
     }
     ATTEST_UNROLL
-    for (int u = 0; u < N; ++u) {
-      const double t = sum[u] + s2[u];
-      const double bp = t - sum[u];
-      const double e = (sum[u] - (t - bp)) + (s2[u] - bp);
-      sum[u] = t;
-      comp[u] = (comp[u] + c2[u]) + e;
-    }
+    for (int u = 0; u < N; ++u) Sum2Combine(sum[u], comp[u], s2[u], c2[u]);
   }
 }
 // TwoSumAdd of oracle_double.cc.
@@ -443,13 +447,16 @@ __device__ void TileRowBounds(const Dev& p, const Seq& s, int64_t i0, int64_t* l
   __syncthreads();
 }
 
-// TileWalk::MaySee: some row of the tile may see some key of [j0, j0 + tk).
+// TileWalk::MaySee after TileRowBounds (lo, hi in shared memory): some row of the tile may see
+// some key of [j0, j0 + nk). Each lane takes rows of the tile and the warp votes: every lane of
+// every warp gets the answer.
 __device__ bool MaySee(const Dev& p, const int64_t* lo, const int64_t* hi, int64_t j0,
-                       int64_t tk) {
-  for (int r = 0; r < p.tq; ++r) {
-    if (lo[r] < hi[r] && lo[r] < j0 + tk && hi[r] > j0) return true;
+                       int64_t nk) {
+  bool any = false;
+  for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
+    any = any || (lo[r] < hi[r] && lo[r] < j0 + nk && hi[r] > j0);
   }
-  return false;
+  return __ballot_sync(0xffffffffu, any) != 0;
 }
 
 // The same answer as MaySee after TileRowBounds(i0), without shared memory or barriers: each

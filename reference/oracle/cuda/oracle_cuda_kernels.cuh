@@ -30,22 +30,35 @@ __host__ __device__ int64_t ForwardShared(int64_t d, int64_t dv, int tq, int tk,
 }
 
 // The next key tile from j (a multiple of tk) that some row of the query tile may see, in
-// ascending order (TileWalk::ForEachKeyTile); end (range[1]) or beyond when none is left.
+// ascending order (TileWalk::ForEachKeyTile); end (range[1]) or beyond when none is left. A
+// tile inside every row's bounds (range of TileRowBounds: range[2], the largest lo, <= j and
+// j + nk <= range[3], the smallest hi) is seen by every row, without a vote. Every thread of
+// the block calls it and gets the same answer.
 __device__ int64_t NextKeyTile(const Dev& p, const Seq& s, const int64_t* lo, const int64_t* hi,
-                               int64_t j, int64_t end) {
-  while (j < end && !MaySee(p, lo, hi, j, min(static_cast<int64_t>(p.tk), s.k_len - j))) {
+                               const int64_t* range, int64_t j, int64_t end) {
+  while (j < end) {
+    const int64_t nk = min(static_cast<int64_t>(p.tk), s.k_len - j);
+    if ((j >= range[2] && j + nk <= range[3]) || MaySee(p, lo, hi, j, nk)) break;
     j += p.tk;
   }
   return j;
 }
 
-// The K rows, their norms, or the V rows of key tile j0 (asynchronous, one group).
-__device__ void LoadKeys(const Dev& p, const Seq& s, int64_t g, const double* x, int64_t width,
-                         int64_t j0, double* tile, double* norms) {
+// The K rows (and norms) or V rows of key tile j0 at row stride `stride` (asynchronous, one
+// group).
+__device__ void LoadKeysAt(const Dev& p, const Seq& s, int64_t g, const double* x,
+                           int64_t width, int64_t stride, int64_t j0, double* tile,
+                           double* norms) {
   const int64_t nk = min(static_cast<int64_t>(p.tk), s.k_len - j0);
-  LoadTile(x, p.hkv, g, width, Stride(width, p.frag), s.k_begin + j0, nk, p.tk, tile);
+  LoadTile(x, p.hkv, g, width, stride, s.k_begin + j0, nk, p.tk, tile);
   if (norms != nullptr) LoadRows(p.kn, p.hkv, g, s.k_begin + j0, nk, p.tk, 0.0, norms);
   CopyCommit();
+}
+
+// LoadKeysAt at the old kernels' row stride (Stride).
+__device__ void LoadKeys(const Dev& p, const Seq& s, int64_t g, const double* x, int64_t width,
+                         int64_t j0, double* tile, double* norms) {
+  LoadKeysAt(p, s, g, x, width, Stride(width, p.frag), j0, tile, norms);
 }
 
 // The online softmax of the score tile ss (rows of tq, keys of tk <= 32), in place: ss becomes
@@ -154,13 +167,13 @@ __global__ void ForwardKernel(Dev p, const double* q, const double* k, const dou
   double mag = 0;  // the score magnitude statistic of this thread's entries
   TileRowBounds(p, s, i0, lo, hi, range);
   const int64_t end = range[1];
-  int64_t j0 = NextKeyTile(p, s, lo, hi, range[0] / tk * tk, end);
+  int64_t j0 = NextKeyTile(p, s, lo, hi, range, range[0] / tk * tk, end);
   if (j0 < end) {
     LoadKeys(p, s, g, k, p.d, j0, sk_tile, cn);
     LoadKeys(p, s, g, v, dv, j0, sv_tile, nullptr);
   }
   while (j0 < end) {
-    const int64_t jn = NextKeyTile(p, s, lo, hi, j0 + tk, end);  // the same in every thread
+    const int64_t jn = NextKeyTile(p, s, lo, hi, range, j0 + tk, end);  // in every thread
     CopyWait<1>();  // Q and this tile's K (its V may still be on the way)
     __syncthreads();
     Scores(p, s, h, i0, j0, lo, hi, range, sq_tile, sk_tile, rn, cn, ss, nullptr, mag);
@@ -335,13 +348,13 @@ __global__ void DqKernel(Dev p, const double* q, const double* k, const double* 
   const int64_t end = range[1];
   int64_t visited = 0;
   int cur = 0;  // the K buffer of this tile
-  int64_t j0 = NextKeyTile(p, s, lo, hi, range[0] / tk * tk, end);
+  int64_t j0 = NextKeyTile(p, s, lo, hi, range, range[0] / tk * tk, end);
   if (j0 < end) {
     LoadKeys(p, s, g, k, dd, j0, kbuf, kbuf + tk * sd);
     LoadKeys(p, s, g, v, dv, j0, sv_tile, nullptr);
   }
   while (j0 < end) {
-    const int64_t jn = NextKeyTile(p, s, lo, hi, j0 + tk, end);  // the same in every thread
+    const int64_t jn = NextKeyTile(p, s, lo, hi, range, j0 + tk, end);  // in every thread
     ++visited;
     double* sk_tile = kbuf + cur * kbuf_size;
     if (two) {

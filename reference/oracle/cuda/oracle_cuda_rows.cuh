@@ -105,53 +105,13 @@ __device__ bool PlainTile(const Dev& p, bool whole, double slope) {
   return whole && slope == 0 && !(p.softcap > 0);
 }
 
-// MaySee after TileRowBounds (lo, hi in shared memory) by a warp vote: each lane takes rows of
-// the tile; every lane of every warp gets the answer.
-__device__ bool MaySeeVote(const Dev& p, const int64_t* lo, const int64_t* hi, int64_t j0,
-                           int64_t nk) {
-  bool any = false;
-  for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
-    any = any || (lo[r] < hi[r] && lo[r] < j0 + nk && hi[r] > j0);
-  }
-  return __ballot_sync(0xffffffffu, any) != 0;
-}
-
-// NextKeyTile with MaySeeVote. A tile inside every row's bounds (range of TileRowBounds:
-// range[2], the largest lo, <= j and j + nk <= range[3], the smallest hi) is seen by every
-// row, without a vote.
-__device__ int64_t NextKeyTileVote(const Dev& p, const Seq& s, const int64_t* lo,
-                                   const int64_t* hi, const int64_t* range, int64_t j,
-                                   int64_t end) {
-  while (j < end) {
-    const int64_t nk = min(static_cast<int64_t>(p.tk), s.k_len - j);
-    if ((j >= range[2] && j + nk <= range[3]) || MaySeeVote(p, lo, hi, j, nk)) break;
-    j += p.tk;
-  }
-  return j;
-}
-
-// The K rows (and norms) or V rows of key tile j0 at row stride `stride` (asynchronous, one
-// group), as LoadKeys.
-__device__ void LoadKeysAt(const Dev& p, const Seq& s, int64_t g, const double* x,
-                           int64_t width, int64_t stride, int64_t j0, double* tile,
-                           double* norms) {
-  const int64_t nk = min(static_cast<int64_t>(p.tk), s.k_len - j0);
-  LoadTile(x, p.hkv, g, width, stride, s.k_begin + j0, nk, p.tk, tile);
-  if (norms != nullptr) LoadRows(p.kn, p.hkv, g, s.k_begin + j0, nk, p.tk, 0.0, norms);
-  CopyCommit();
-}
-
 // Sum2's combination of the (sum, compensation) pairs of the 4 lanes of a row (lanes g * 4 + t,
 // t < 4): a TwoSum tree as WarpSum2's, over lane masks 1 and 2; every lane ends with the same.
 __device__ void QuadSum2(double& sum, double& comp) {
   for (int o = 1; o <= 2; o <<= 1) {
     const double s2 = __shfl_xor_sync(0xffffffffu, sum, o);
     const double c2 = __shfl_xor_sync(0xffffffffu, comp, o);
-    const double t = sum + s2;
-    const double bp = t - sum;
-    const double e = (sum - (t - bp)) + (s2 - bp);
-    sum = t;
-    comp = (comp + c2) + e;
+    Sum2Combine(sum, comp, s2, c2);
   }
 }
 
@@ -201,13 +161,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   double mag = 0;  // the score magnitude statistic of this thread's entries
   TileRowBounds(p, s, i0, lo, hi, range);
   const int64_t end = range[1];
-  int64_t j0 = NextKeyTileVote(p, s, lo, hi, range, range[0] / tk * tk, end);
+  int64_t j0 = NextKeyTile(p, s, lo, hi, range, range[0] / tk * tk, end);
   if (j0 < end) {
     LoadKeysAt(p, s, kv, k, p.d, sq, j0, sk_tile, cn);
     LoadKeysAt(p, s, kv, v, dv, sv, j0, sv_tile, nullptr);
   }
   while (j0 < end) {
-    const int64_t jn = NextKeyTileVote(p, s, lo, hi, range, j0 + tk, end);  // in every thread
+    const int64_t jn = NextKeyTile(p, s, lo, hi, range, j0 + tk, end);  // in every thread
     CopyWait<1>();  // Q and this tile's K (its V may still be on the way)
     __syncthreads();
     // S = Q K^T for the warp's 16 rows and the tile's 32 keys: c[y][e] is entry (row
@@ -503,13 +463,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   int64_t visited = 0;
   TileRowBounds(p, s, i0, lo, hi, range);
   const int64_t end = range[1];
-  int64_t j0 = NextKeyTileVote(p, s, lo, hi, range, range[0] / tk * tk, end);
+  int64_t j0 = NextKeyTile(p, s, lo, hi, range, range[0] / tk * tk, end);
   if (j0 < end) {
     LoadKeysAt(p, s, kv, v, dv, sdv, j0, sv_tile, nullptr);
     LoadKeysAt(p, s, kv, k, dd, sd, j0, sk_tile, cn);
   }
   while (j0 < end) {
-    const int64_t jn = NextKeyTileVote(p, s, lo, hi, range, j0 + tk, end);  // in every thread
+    const int64_t jn = NextKeyTile(p, s, lo, hi, range, j0 + tk, end);  // in every thread
     ++visited;
     double cs[2][4], cp[2][4];
     ATTEST_UNROLL
