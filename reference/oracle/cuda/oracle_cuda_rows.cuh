@@ -115,6 +115,55 @@ __device__ void QuadSum2(double& sum, double& comp) {
   }
 }
 
+// The second product of a row kernel's tile, acc[y] += A B for the column blocks 8y < w: over
+// NK k steps of 8, a chain from zero per block of 8 columns (kChains blocks side by side:
+// independent chains between the dependent mma), then added (the tile's product summed apart,
+// as the CPU oracle's tiles). a[kb] is step kb's A fragment (slot t + 4x: k = 2t + x of the
+// step); B is read at pb (the lane's row 2t, column g of the first step) with row stride sb:
+// rows 2t and 2t + 1 of step kb, column 8y.
+template <int NY, int NK>
+__device__ void RowProductAdd(const double (&a)[NK][4], const double* pb, int64_t sb, int64_t w,
+                              double (&acc)[NY][4]) {
+  ATTEST_UNROLL
+  for (int y0 = 0; y0 < NY; y0 += kChains) {
+    if (8 * y0 < w) {
+      double part[kChains][4];
+      ATTEST_UNROLL
+      for (int z = 0; z < kChains; ++z) {
+        ATTEST_UNROLL
+        for (int e = 0; e < 4; ++e) part[z][e] = 0;
+      }
+      ATTEST_UNROLL
+      for (int kb = 0; kb < NK; ++kb) {
+        ATTEST_UNROLL
+        for (int z = 0; z < kChains; ++z) {
+          const int y = y0 + z;
+          const double bb[2] = {pb[8 * kb * sb + 8 * y], pb[(8 * kb + 1) * sb + 8 * y]};
+          Mma1688(part[z], a[kb], bb);
+        }
+      }
+      ATTEST_UNROLL
+      for (int z = 0; z < kChains; ++z) {
+        ATTEST_UNROLL
+        for (int e = 0; e < 4; ++e) acc[y0 + z][e] += part[z][e];
+      }
+    }
+  }
+}
+
+// A accumulators of NK blocks (rows g, g + 8; columns 2t, 2t + 1) as the A fragments of the next
+// product: with slot t + 4x holding k = 2t + x, accumulator element (x, u) is A's element 2x + u.
+template <int NK>
+__device__ void AccumulatorsAsA(const double (&c)[NK][4], double (&a)[NK][4]) {
+  ATTEST_UNROLL
+  for (int kb = 0; kb < NK; ++kb) {
+    a[kb][0] = c[kb][0];
+    a[kb][1] = c[kb][2];
+    a[kb][2] = c[kb][1];
+    a[kb][3] = c[kb][3];
+  }
+}
+
 // The forward with a warp per 16 query rows (p.tq = 16 warps, p.tk = kRowTileKeys; d and dv
 // multiples of 8, dv <= 8 NDV): for every key tile that some row of the tile may see
 // (NextKeyTile's walk), S in registers (16 x 32 per warp), the score transform and mask, the
@@ -288,39 +337,11 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
       CopyWait<0>();
     }
     __syncthreads();
-    // O += P V: per block of 8 columns, the tile's product as a chain over its 4 key
-    // blocks from zero, then added. P's accumulator is the A operand (slot t + 4x: key 2t + x).
+    // O += P V (RowProductAdd over the tile's 4 key blocks): P's accumulator is the A operand.
     {
-      const double* vb = sv_tile + 2 * t * sv + g;
-      // kChains blocks of columns side by side: independent chains between the dependent mma.
-      ATTEST_UNROLL
-      for (int y0 = 0; y0 < NDV; y0 += kChains) {
-        if (8 * y0 < dv) {
-          double part[kChains][4];
-          ATTEST_UNROLL
-          for (int z = 0; z < kChains; ++z) {
-            ATTEST_UNROLL
-            for (int e = 0; e < 4; ++e) part[z][e] = 0;
-          }
-          ATTEST_UNROLL
-          for (int kb = 0; kb < kNb; ++kb) {
-            const double a[4] = {c[kb][0], c[kb][2], c[kb][1], c[kb][3]};
-            ATTEST_UNROLL
-            for (int z = 0; z < kChains; ++z) {
-              const int y = y0 + z;
-              const double bb[2] = {vb[8 * kb * sv + 8 * y], vb[(8 * kb + 1) * sv + 8 * y]};
-              Mma1688(part[z], a, bb);
-            }
-          }
-          ATTEST_UNROLL
-          for (int z = 0; z < kChains; ++z) {
-            ATTEST_UNROLL
-            for (int e = 0; e < 4; ++e) {
-              acc[y0 + z][e] += part[z][e];
-            }
-          }
-        }
-      }
+      double a[kNb][4];
+      AccumulatorsAsA(c, a);
+      RowProductAdd(a, sv_tile + 2 * t * sv + g, sv, dv, acc);
     }
     __syncthreads();
     if (jn < end) LoadKeysAt(p, s, kv, v, dv, sv, jn, sv_tile, nullptr);  // the next V
@@ -516,36 +537,12 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     }
     __syncthreads();
     if (jn < end) LoadKeysAt(p, s, kv, v, dv, sdv, jn, sv_tile, nullptr);  // V is free
-    // dQ += dS K over the warp's 16 keys: dS's accumulator is the A operand (slot t + 4x: key
-    // 2t + x of each block of 8), B reads the K rows 2t and 2t + 1.
+    // dQ += dS K over the warp's 16 keys (RowProductAdd over 2 key blocks): dS's accumulator is
+    // the A operand, B reads the K rows 2t and 2t + 1.
     {
-      const double* kb = sk_tile + (k0w + 2 * t) * sd + g;
-      ATTEST_UNROLL
-      for (int y0 = 0; y0 < ND; y0 += kChains) {
-        if (8 * y0 < dd) {
-          double part[kChains][4];
-          ATTEST_UNROLL
-          for (int z = 0; z < kChains; ++z) {
-            ATTEST_UNROLL
-            for (int e = 0; e < 4; ++e) part[z][e] = 0;
-          }
-          ATTEST_UNROLL
-          for (int x8 = 0; x8 < 2; ++x8) {
-            const double a[4] = {cs[x8][0], cs[x8][2], cs[x8][1], cs[x8][3]};
-            ATTEST_UNROLL
-            for (int z = 0; z < kChains; ++z) {
-              const int y = y0 + z;
-              const double bb[2] = {kb[8 * x8 * sd + 8 * y], kb[(8 * x8 + 1) * sd + 8 * y]};
-              Mma1688(part[z], a, bb);
-            }
-          }
-          ATTEST_UNROLL
-          for (int z = 0; z < kChains; ++z) {
-            ATTEST_UNROLL
-            for (int e = 0; e < 4; ++e) acc[y0 + z][e] += part[z][e];
-          }
-        }
-      }
+      double a[2][4];
+      AccumulatorsAsA(cs, a);
+      RowProductAdd(a, sk_tile + (k0w + 2 * t) * sd + g, sd, dd, acc);
     }
     __syncthreads();
     if (jn < end) LoadKeysAt(p, s, kv, k, dd, sd, jn, sk_tile, cn);  // K is free
@@ -596,8 +593,8 @@ __host__ __device__ int64_t RowDkDvShared(int64_t d, int64_t dv, int tq, int tk,
          3 * tq + 2 * tq + tk + 256 * warps;
 }
 
-// The tile product acc[y] += A B over the 32 query rows of the tile (4 k steps, a chain from zero
-// per block, then added: DkDvKernel's chain), with A (P^T or dS^T, 16 keys x 32 queries) from
+// The tile product acc[y] += A B over the 32 query rows of the tile (RowProductAdd over 4 k
+// steps: DkDvKernel's chain), with A (P^T or dS^T, 16 keys x 32 queries) from
 // the warps' fragments in xb (step kb from warp pair_base + kb / 2, its block kb % 2) and B the
 // tile's rows (queries 2t + x of each step, columns col0 + 8y + g) at row stride sb, for the
 // blocks 8y < w.
@@ -612,32 +609,7 @@ __device__ void RowKeyProduct(const double* xb, int pair_base, const double* bt,
     ATTEST_UNROLL
     for (int x = 0; x < 4; ++x) a[kb][x] = src[32 * x];
   }
-  const double* pb = bt + 2 * t * sb + col0 + g;
-  ATTEST_UNROLL
-  for (int y0 = 0; y0 < NH; y0 += kChains) {
-    if (8 * y0 < w) {
-      double part[kChains][4];
-      ATTEST_UNROLL
-      for (int z = 0; z < kChains; ++z) {
-        ATTEST_UNROLL
-        for (int e = 0; e < 4; ++e) part[z][e] = 0;
-      }
-      ATTEST_UNROLL
-      for (int kb = 0; kb < 4; ++kb) {
-        ATTEST_UNROLL
-        for (int z = 0; z < kChains; ++z) {
-          const int y = y0 + z;
-          const double bb[2] = {pb[8 * kb * sb + 8 * y], pb[(8 * kb + 1) * sb + 8 * y]};
-          Mma1688(part[z], a[kb], bb);
-        }
-      }
-      ATTEST_UNROLL
-      for (int z = 0; z < kChains; ++z) {
-        ATTEST_UNROLL
-        for (int e = 0; e < 4; ++e) acc[y0 + z][e] += part[z][e];
-      }
-    }
-  }
+  RowProductAdd(a, bt + 2 * t * sb + col0 + g, sb, w, acc);
 }
 
 // dK and dV with a pair of warps per 16 keys (p.tk = 16 per pair, p.tq = 32; d and dv multiples
@@ -778,13 +750,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     // The A fragments (slot t + 4x: query 2t + x of each block) of P^T, then of dS^T, to the
     // pair through xb; dV += P^T dO, then dK += dS^T Q, over the tile's 32 queries.
     auto hand = [&](const double (&c)[2][4]) {
+      double a[2][4];
+      AccumulatorsAsA(c, a);
       ATTEST_UNROLL
       for (int y = 0; y < 2; ++y) {
         double* dst = xb + (warp * 2 + y) * 128 + lane;
-        dst[0] = c[y][0];
-        dst[32] = c[y][2];
-        dst[64] = c[y][1];
-        dst[96] = c[y][3];
+        ATTEST_UNROLL
+        for (int x = 0; x < 4; ++x) dst[32 * x] = a[y][x];
       }
     };
     hand(cs);
