@@ -54,7 +54,7 @@ __host__ __device__ int64_t RowVStride(int64_t width) { return width + (10 - wid
 // Shared memory of RowForwardKernel, in doubles: the Q tile (A fragments: LoadFragTile), one K
 // tile (with its norms), one V tile, the Q norms and the rows' key bounds.
 __host__ __device__ int64_t RowForwardShared(int64_t d, int64_t dv, int tq) {
-  return tq * PairStride(d) + kRowTileKeys * PairStride(d) + kRowTileKeys * RowVStride(dv) +
+  return tq * d + kRowTileKeys * PairStride(d) + kRowTileKeys * RowVStride(dv) +
          kRowTileKeys + tq + 2 * tq;
 }
 
@@ -103,6 +103,21 @@ __device__ void LoadFragTile(const double* x, int64_t heads, int64_t head, int64
 // row kernels skip ScoreOf per entry.
 __device__ bool PlainTile(const Dev& p, bool whole, double slope) {
   return whole && slope == 0 && !(p.softcap > 0);
+}
+
+// A plain tile's score magnitude statistic for a thread (PlainTile): fl(fl(|scale| nq) nk) at its
+// largest q norm and its largest k norm, with one side given (`one`: the largest of its own
+// rows' norms) and the other the largest of norms[8y + 2t], norms[8y + 2t + 1] over y < NB (the
+// lane's columns of the tile's blocks of 8). keys_given: `one` holds the k norms.
+template <int NB>
+__device__ double PlainTileMag(const Dev& p, double one, const double* norms, int t,
+                               bool keys_given) {
+  double other = 0;
+  ATTEST_UNROLL
+  for (int y = 0; y < NB; ++y) {
+    other = fmax(other, fmax(norms[8 * y + 2 * t], norms[8 * y + 2 * t + 1]));
+  }
+  return keys_given ? fabs(p.scale) * other * one : fabs(p.scale) * one * other;
 }
 
 // Sum2's combination of the (sum, compensation) pairs of the 4 lanes of a row (lanes g * 4 + t,
@@ -182,7 +197,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   const int tq = p.tq;
   const int64_t dv = p.dv, sq = PairStride(p.d), sv = RowVStride(dv);
   double* sq_tile = smem;
-  double* sk_tile = sq_tile + tq * sq;
+  double* sk_tile = sq_tile + tq * p.d;  // Q as A fragments: tq * d doubles
   double* sv_tile = sk_tile + tk * sq;
   double* cn = sv_tile + tk * sv;
   double* rn = cn + tk;
@@ -247,10 +262,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     const bool whole = WholeTile(p, s, i0, j0, range);
     const bool plain = PlainTile(p, whole, slope);
     if (plain) {
-      double nq = fmax(rn[r0 + g], rn[r0 + g + 8]), nk = 0;
-      ATTEST_UNROLL
-      for (int y = 0; y < kNb; ++y) nk = fmax(nk, fmax(cn[8 * y + 2 * t], cn[8 * y + 2 * t + 1]));
-      mag = fmax(mag, fabs(p.scale) * nq * nk);
+      mag = fmax(mag, PlainTileMag<kNb>(p, fmax(rn[r0 + g], rn[r0 + g + 8]), cn, t, false));
     }
     ATTEST_UNROLL
     for (int y = 0; y < kNb; ++y) {
@@ -508,12 +520,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     const bool whole = WholeTile(p, s, i0, j0, range);
     const bool plain = PlainTile(p, whole, slope);
     if (plain) {
-      double nk = 0;
-      ATTEST_UNROLL
-      for (int y = 0; y < 2; ++y) {
-        nk = fmax(nk, fmax(cn[k0w + 8 * y + 2 * t], cn[k0w + 8 * y + 2 * t + 1]));
-      }
-      mag = fmax(mag, fabs(p.scale) * fmax(row_n[0], row_n[1]) * nk);
+      mag = fmax(mag, PlainTileMag<2>(p, fmax(row_n[0], row_n[1]), cn + k0w, t, false));
     }
     ATTEST_UNROLL
     for (int y = 0; y < 2; ++y) {
@@ -717,12 +724,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     const bool whole = WholeTile(p, s, i0, j0, range);
     const bool plain = PlainTile(p, whole, slope);
     if (plain) {
-      double nq = 0;
-      ATTEST_UNROLL
-      for (int y = 0; y < 2; ++y) {
-        nq = fmax(nq, fmax(rn[qm + 8 * y + 2 * t], rn[qm + 8 * y + 2 * t + 1]));
-      }
-      mag = fmax(mag, fabs(p.scale) * nq * fmax(key_n[0], key_n[1]));
+      mag = fmax(mag, PlainTileMag<2>(p, fmax(key_n[0], key_n[1]), rn + qm, t, true));
     }
     ATTEST_UNROLL
     for (int y = 0; y < 2; ++y) {
