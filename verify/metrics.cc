@@ -256,20 +256,45 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
   const double* ref = m.reference.data<double>();
   double sum_err = 0;
   int64_t flat = 0;
-  std::vector<int64_t> prev_key, key;
+  // A new row starts where an index other than the row axis's changes, or, on a packed token
+  // axis, the sequence (Locate's b): tracked per element without building a Location, which
+  // is made only where one is stored.
+  std::vector<int64_t> prev_key(static_cast<size_t>(rank), -1);
+  int64_t prev_b = -1;
+  int64_t token_axis = -1;
+  for (int64_t a = 0; a < rank; ++a) {
+    if (lay.axes[static_cast<size_t>(a)] == AxisRole::kToken) token_axis = a;
+  }
+  const std::vector<int32_t>& cu = lay.cu_seqlens;
+  size_t cb = 0;  // cached sequence of the token axis: cu[cb] <= token < cu[cb + 1]
   ForEachIndex(m.shape, [&](std::span<const int64_t> index) {
     const double o = obs[flat];
     const double r = ref[flat];
-    Location loc = Locate(lay, index);
-    loc.flat = flat;
+    const auto locate = [&] {
+      Location loc = Locate(lay, index);
+      loc.flat = flat;
+      return loc;
+    };
 
-    // Row bookkeeping.
-    key.assign(index.begin(), index.end());
-    if (row_axis >= 0) key[static_cast<size_t>(row_axis)] = 0;
-    key.push_back(loc.b);  // a packed token axis changes sequence inside the row axis
-    if (m.rows.empty() || key != prev_key) {
+    // Row bookkeeping. The sequence of a token axis as Locate finds it: the last b with
+    // cu[b] <= token (sequences of zero length own no token).
+    int64_t b_key = -1;
+    if (token_axis >= 0) {
+      const int64_t v = index[static_cast<size_t>(token_axis)];
+      if (!(cb + 1 < cu.size() && cu[cb] <= v && v < cu[cb + 1])) {
+        const auto it = std::upper_bound(cu.begin(), cu.end(), v);
+        cb = it == cu.begin() || it == cu.end() ? cu.size()
+                                                : static_cast<size_t>(it - cu.begin()) - 1;
+      }
+      b_key = cb < cu.size() ? static_cast<int64_t>(cb) : -1;
+    }
+    bool new_row = m.rows.empty() || b_key != prev_b;
+    for (int64_t a = 0; a < rank && !new_row; ++a) {
+      new_row = a != row_axis && index[static_cast<size_t>(a)] != prev_key[static_cast<size_t>(a)];
+    }
+    if (new_row) {
       RowMetrics row;
-      row.where = loc;
+      row.where = locate();
       row.where.flat = -1;
       row.where.observed = row.where.reference = std::numeric_limits<double>::quiet_NaN();
       if (row_axis >= 0) {
@@ -287,16 +312,21 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
       }
       m.rows.push_back(row);
       m.row_begin.push_back(flat);
-      prev_key = key;
+      std::copy(index.begin(), index.end(), prev_key.begin());
+      prev_b = b_key;
     }
     RowMetrics& row = m.rows.back();
     ++row.length;
 
-    loc.observed = o;
-    loc.reference = r;
+    const auto where = [&] {
+      Location loc = locate();
+      loc.observed = o;
+      loc.reference = r;
+      return loc;
+    };
     switch (ClassifyPair(o, r, options)) {
       case PairKind::kMismatch:
-        if (m.nonfinite_mismatches == 0) m.first_nonfinite = loc;
+        if (m.nonfinite_mismatches == 0) m.first_nonfinite = where();
         ++m.nonfinite_mismatches;
         ++row.nonfinite_mismatches;
         if (std::isnan(r)) ++m.reference_nans;
@@ -310,13 +340,13 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
         const double ae = std::fabs(e);
         if (ae > m.max_abs_error || m.compared == 1) {
           m.max_abs_error = ae;
-          m.worst_abs = loc;
+          m.worst_abs = where();
         }
         m.ref_max_abs = std::max(m.ref_max_abs, std::fabs(r));
         const double ulp = UlpDistance(o, r, output_format);
         if (ulp > m.max_ulp || m.compared == 1) {
           m.max_ulp = ulp;
-          m.worst_ulp = loc;
+          m.worst_ulp = where();
         }
         sum_err += e;
         m.err_l2 += e * e;
