@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "reference/formats/format.h"
+#include "reference/oracle/oracle_internal.h"
 #include "reference/problem/mask.h"
 #include "reference/problem/tile_walk.h"
 
@@ -33,9 +36,18 @@ Tensor FromFloats(const Shape& shape, const std::vector<float>& values) {
 // one row at a time (O(Sk) memory instead of O(Sq x Sk)); the other rows stay o = 0, lse =
 // -inf. A computed row is bitwise the whole run's: the same operations in the same order
 // (scores outside the row's key bounds are never read, so they are not computed).
+//
+// threads (0: all cores): every element's operations and their order are the documented ones
+// whatever the count, so the result is bitwise the same for any count. The forward runs its
+// query rows in parallel (each row's outputs are its own); the backward takes blocks of
+// kRowBlock rows: their dP, dS and dq rows in parallel, then dk and dv in parallel over key
+// chunks, each key's sums running over the block's rows in order (sequential in i, as before).
+constexpr int64_t kRowBlock = 64;
+constexpr int64_t kKeyChunk = 512;
+
 Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor* dout, BaselineMode mode,
-                          const std::vector<uint8_t>* query_rows = nullptr) {
+                          const std::vector<uint8_t>* query_rows = nullptr, int threads = 1) {
   if (Status s = Validate(p); !s.ok()) return s.error();
   if (Status s = ValidateInputShapes(p, q, k, v, dout); !s.ok()) return s.error();
   const auto format = FormatOf(p.dtype);
@@ -59,6 +71,17 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
     return Error{"baseline: sampled rows need a forward and one flag per query row"};
   }
   const bool rowwise = query_rows != nullptr;
+  const int workers =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto parallel = [workers](int64_t items, const std::function<void(int64_t, int)>& fn) {
+    oracle_internal::ParallelFor(items, static_cast<int>(std::min<int64_t>(workers, items)), fn);
+  };
+  // fn(j0, j1) over [0, n) in chunks of kKeyChunk, in parallel.
+  const auto chunked = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    parallel((n + kKeyChunk - 1) / kKeyChunk, [&](int64_t c, int) {
+      fn(c * kKeyChunk, std::min(n, (c + 1) * kKeyChunk));
+    });
+  };
   const int64_t H = p.heads_q, Hk = p.heads_kv, D = p.head_dim, Dv = p.head_dim_v;
   const int64_t TQ = p.TotalQ(), TK = p.TotalK();
   const std::vector<float> qf = ToFloats(q), kf = ToFloats(k), vf = ToFloats(v);
@@ -84,15 +107,34 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
     return lse[static_cast<size_t>(off)];
   };
 
+  // Per-worker buffers: a row's scores (s, s32), an output row's sums (acc_d) and, row-wise,
+  // the row's visibility, probabilities and tanh values.
+  struct Scratch {
+    std::vector<float> s, s32, acc_d, pr, p32, th;
+    std::vector<uint8_t> vis;
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView mask(p, b);
     const Sequence seq = mask.sequence();
     const int64_t nq = seq.q_len, nk = seq.k_len;
+    for (Scratch& w : scratch) {
+      w.s.assign(static_cast<size_t>(nk), 0.0f);
+      w.s32.assign(static_cast<size_t>(nk), 0.0f);
+      w.acc_d.assign(static_cast<size_t>(std::max(D, Dv)), 0.0f);
+      if (rowwise) {
+        w.pr.assign(static_cast<size_t>(nk), 0.0f);
+        w.vis.assign(static_cast<size_t>(nk), 0);
+        if (alibi) w.p32.assign(static_cast<size_t>(nk), 0.0f);
+        if (cap > 0) w.th.assign(static_cast<size_t>(nk), 0.0f);
+      }
+    }
     // Per-head buffers, reused: scaled q', softmax output (rounded, and fp32 for ALiBi),
-    // tanh values for the softcap backward, visibility.
+    // tanh values for the softcap backward, visibility (whole runs; row-wise they are the
+    // workers' rows).
     std::vector<float> qs(static_cast<size_t>(nq * D));
-    // Row-wise (sampled): one row's visibility, probabilities and tanh at a time.
-    const int64_t area = rowwise ? nk : nq * nk;
+    const int64_t area = rowwise ? 0 : nq * nk;
     std::vector<float> pr(static_cast<size_t>(area)), p32, th;
     std::vector<uint8_t> vis(static_cast<size_t>(area));
     if (!rowwise) TileVisibility(mask, 0, nq, 0, nk, vis);  // the same for every head
@@ -101,14 +143,14 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
         dv_group(static_cast<size_t>(nk * Dv));
     if (alibi) p32.assign(static_cast<size_t>(area), 0.0f);
     if (cap > 0) th.assign(static_cast<size_t>(area), 0.0f);
+    // dS of a block of rows (backward).
+    std::vector<float> dsb(backward ? static_cast<size_t>(std::min(nq, kRowBlock) * nk) : 0);
     // Per-head copies of k and v in both orientations, so that every sum below runs over
     // contiguous memory with independent accumulators per output element (vectorisable while
     // each element's own sum stays sequential in its index, the order documented above).
     std::vector<float> kh(static_cast<size_t>(nk * D)), kt(static_cast<size_t>(D * nk));
     std::vector<float> vh(static_cast<size_t>(nk * Dv)), vt(static_cast<size_t>(Dv * nk));
     std::vector<float> qs32(static_cast<size_t>(nq * D));
-    std::vector<float> s(static_cast<size_t>(nk)), s32(static_cast<size_t>(nk));
-    std::vector<float> acc_d(static_cast<size_t>(std::max(D, Dv)));
     int64_t loaded_kv = -1;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = p.KvHead(h);
@@ -120,18 +162,20 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
         return &dof[static_cast<size_t>(((seq.q_begin + i) * H + h) * Dv)];
       };
       if (hk != loaded_kv) {
-        for (int64_t j = 0; j < nk; ++j) {
-          const float* kr = &kf[static_cast<size_t>(((seq.k_begin + j) * Hk + hk) * D)];
-          const float* vr = &vf[static_cast<size_t>(((seq.k_begin + j) * Hk + hk) * Dv)];
-          for (int64_t d = 0; d < D; ++d) {
-            kh[static_cast<size_t>(j * D + d)] = kr[d];
-            kt[static_cast<size_t>(d * nk + j)] = kr[d];
+        chunked(nk, [&](int64_t j0, int64_t j1) {
+          for (int64_t j = j0; j < j1; ++j) {
+            const float* kr = &kf[static_cast<size_t>(((seq.k_begin + j) * Hk + hk) * D)];
+            const float* vr = &vf[static_cast<size_t>(((seq.k_begin + j) * Hk + hk) * Dv)];
+            for (int64_t d = 0; d < D; ++d) {
+              kh[static_cast<size_t>(j * D + d)] = kr[d];
+              kt[static_cast<size_t>(d * nk + j)] = kr[d];
+            }
+            for (int64_t e = 0; e < Dv; ++e) {
+              vh[static_cast<size_t>(j * Dv + e)] = vr[e];
+              vt[static_cast<size_t>(e * nk + j)] = vr[e];
+            }
           }
-          for (int64_t e = 0; e < Dv; ++e) {
-            vh[static_cast<size_t>(j * Dv + e)] = vr[e];
-            vt[static_cast<size_t>(e * nk + j)] = vr[e];
-          }
-        }
+        });
         loaded_kv = hk;
       }
       // q' (dtype-rounded in every-op mode) and its fp32 counterpart for lse.
@@ -144,16 +188,23 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
         }
       }
       std::fill(pr.begin(), pr.end(), 0.0f);
-      // ---- forward ----
-      for (int64_t i = 0; i < nq; ++i) {
+      // ---- forward: one row at a time, rows in parallel ----
+      parallel(nq, [&](int64_t i, int worker) {
+        Scratch& w = scratch[static_cast<size_t>(worker)];
+        std::vector<float>& s = w.s;
+        std::vector<float>& s32 = w.s32;
         const int64_t t = seq.q_begin + i;
-        if (rowwise && !(*query_rows)[static_cast<size_t>(t)]) continue;
-        // Row i's offset in vis, pr, p32, th; and the keys whose scores are read.
-        const int64_t ro = rowwise ? 0 : i * nk;
+        if (rowwise && !(*query_rows)[static_cast<size_t>(t)]) return;
+        // Row i's visibility, probabilities, fp32 probabilities and tanh values; and the keys
+        // whose scores are read.
+        uint8_t* vis_i = rowwise ? w.vis.data() : vis.data() + i * nk;
+        float* pr_i = rowwise ? w.pr.data() : pr.data() + i * nk;
+        float* p32_i = !alibi ? nullptr : rowwise ? w.p32.data() : p32.data() + i * nk;
+        float* th_i = cap <= 0 ? nullptr : rowwise ? w.th.data() : th.data() + i * nk;
         int64_t j_lo = 0, j_hi = nk;
         if (rowwise) {
           std::tie(j_lo, j_hi) = mask.KeyBounds(i);
-          RowVisibility(mask, i, 0, nk, vis.data());
+          RowVisibility(mask, i, 0, nk, vis_i);
         }
         // Raw scores of row i against every key: s_j = sum_d q'_d k_jd, sequential in d.
         std::fill(s.begin(), s.end(), 0.0f);
@@ -174,12 +225,12 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
         }
         float m = kNegInf, m32 = kNegInf;
         for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(ro + j)]) continue;
+          if (!vis_i[j]) continue;
           float sj = Ri(s[static_cast<size_t>(j)]);
           float sj32 = s32[static_cast<size_t>(j)];
           if (cap > 0) {
             const float tj = Ri(std::tanh(Ri(sj / cap)));
-            th[static_cast<size_t>(ro + j)] = tj;
+            th_i[j] = tj;
             sj = Ri(tj * cap);
             sj32 = cap * std::tanh(sj32 / cap);
           }
@@ -193,105 +244,122 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
           m = std::max(m, sj);
           m32 = std::max(m32, sj32);
         }
-        if (m == kNegInf) continue;  // empty row: p = 0, o = 0, lse = -inf
+        if (m == kNegInf) return;  // empty row: p = 0, o = 0, lse = -inf
         float sum = 0, sum32 = 0;
         for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(ro + j)]) continue;
+          if (!vis_i[j]) continue;
           const float e = std::exp(s[static_cast<size_t>(j)] - m);
           s[static_cast<size_t>(j)] = e;
           sum += e;
           sum32 += std::exp(s32[static_cast<size_t>(j)] - m32);
         }
         for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(ro + j)]) continue;
+          if (!vis_i[j]) continue;
           const float pj = s[static_cast<size_t>(j)] / sum;
-          if (alibi) p32[static_cast<size_t>(ro + j)] = pj;
-          pr[static_cast<size_t>(ro + j)] = Ri(pj);
+          if (alibi) p32_i[j] = pj;
+          pr_i[j] = Ri(pj);
         }
         lse_at(b, h, t, i) = m32 + std::log(sum32);
         // o_e = sum_j p_j v_je, sequential in j (masked keys add exact zeros: skipped).
+        std::vector<float>& acc_d = w.acc_d;
         std::fill(acc_d.begin(), acc_d.begin() + Dv, 0.0f);
         for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(ro + j)]) continue;
-          const float pj = pr[static_cast<size_t>(ro + j)];
+          if (!vis_i[j]) continue;
+          const float pj = pr_i[j];
           const float* vr = &vh[static_cast<size_t>(j * Dv)];
           for (int64_t e = 0; e < Dv; ++e) acc_d[static_cast<size_t>(e)] += pj * vr[e];
         }
         for (int64_t e = 0; e < Dv; ++e) {
           o[static_cast<size_t>((t * H + h) * Dv + e)] = R(acc_d[static_cast<size_t>(e)]);
         }
-      }
+      });
       if (!backward) continue;
       // ---- backward ----
       std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
       std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
-      std::vector<float> ds(static_cast<size_t>(nk));
       const std::vector<float>& pout = alibi ? p32 : pr;
-      for (int64_t i = 0; i < nq; ++i) {
-        const int64_t t = seq.q_begin + i;
-        const float* g = dorow(i);
-        // dP_j = sum_e dO_e v_je (sequential in e), then the softmax backward from its
-        // (rounded, or fp32 with ALiBi) output.
-        std::fill(ds.begin(), ds.end(), 0.0f);
-        for (int64_t e = 0; e < Dv; ++e) {
-          const float a = g[e];
-          const float* ve = vt.data() + e * nk;
-          for (int64_t j = 0; j < nk; ++j) ds[static_cast<size_t>(j)] += a * ve[j];
-        }
-        float rowdot = 0;
-        for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(i * nk + j)]) {
-            ds[static_cast<size_t>(j)] = 0;
-            continue;
+      for (int64_t i0 = 0; i0 < nq; i0 += kRowBlock) {
+        const int64_t i1 = std::min(nq, i0 + kRowBlock);
+        parallel(i1 - i0, [&](int64_t r, int worker) {
+          const int64_t i = i0 + r;
+          const int64_t t = seq.q_begin + i;
+          const float* g = dorow(i);
+          float* ds = dsb.data() + r * nk;
+          // dP_j = sum_e dO_e v_je (sequential in e), then the softmax backward from its
+          // (rounded, or fp32 with ALiBi) output.
+          std::fill(ds, ds + nk, 0.0f);
+          for (int64_t e = 0; e < Dv; ++e) {
+            const float a = g[e];
+            const float* ve = vt.data() + e * nk;
+            for (int64_t j = 0; j < nk; ++j) ds[j] += a * ve[j];
           }
-          ds[static_cast<size_t>(j)] = Ri(ds[static_cast<size_t>(j)]);  // dP
-          rowdot += ds[static_cast<size_t>(j)] * pout[static_cast<size_t>(i * nk + j)];
-        }
-        for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(i * nk + j)]) continue;
-          const float pj = pout[static_cast<size_t>(i * nk + j)];
-          float dsj = Ri(pj * (ds[static_cast<size_t>(j)] - rowdot));
-          if (cap > 0) {
-            const float tj = th[static_cast<size_t>(i * nk + j)];
-            dsj = Ri(Ri(Ri(dsj * cap) * (1.0f - tj * tj)) / cap);
+          float rowdot = 0;
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!vis[static_cast<size_t>(i * nk + j)]) {
+              ds[j] = 0;
+              continue;
+            }
+            ds[j] = Ri(ds[j]);  // dP
+            rowdot += ds[j] * pout[static_cast<size_t>(i * nk + j)];
           }
-          ds[static_cast<size_t>(j)] = dsj;
-        }
-        // dq'_d = sum_j dS_j k_jd (sequential in j), then the scale's backward.
-        std::fill(acc_d.begin(), acc_d.begin() + D, 0.0f);
-        for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(i * nk + j)]) continue;
-          const float dsj = ds[static_cast<size_t>(j)];
-          const float* kr = &kh[static_cast<size_t>(j * D)];
-          for (int64_t d = 0; d < D; ++d) acc_d[static_cast<size_t>(d)] += dsj * kr[d];
-        }
-        for (int64_t d = 0; d < D; ++d) {
-          const float gq = Ri(acc_d[static_cast<size_t>(d)]);
-          dq[static_cast<size_t>((t * H + h) * D + d)] =
-              default_scale ? R(gq / sqrt_d) : R(gq * scale_f);
-        }
-        // dk_jd += dS_j q'_d and dv_je += p_j dO_e, sequential in i.
-        for (int64_t j = 0; j < nk; ++j) {
-          if (!vis[static_cast<size_t>(i * nk + j)]) continue;
-          const float dsj = ds[static_cast<size_t>(j)];
-          const float pj = pr[static_cast<size_t>(i * nk + j)];
-          float* dkr = &dk_acc[static_cast<size_t>(j * D)];
-          float* dvr = &dv_acc[static_cast<size_t>(j * Dv)];
-          const float* qr = &qs[static_cast<size_t>(i * D)];
-          for (int64_t d = 0; d < D; ++d) dkr[d] += dsj * qr[d];
-          for (int64_t e = 0; e < Dv; ++e) dvr[e] += pj * g[e];
-        }
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!vis[static_cast<size_t>(i * nk + j)]) continue;
+            const float pj = pout[static_cast<size_t>(i * nk + j)];
+            float dsj = Ri(pj * (ds[j] - rowdot));
+            if (cap > 0) {
+              const float tj = th[static_cast<size_t>(i * nk + j)];
+              dsj = Ri(Ri(Ri(dsj * cap) * (1.0f - tj * tj)) / cap);
+            }
+            ds[j] = dsj;
+          }
+          // dq'_d = sum_j dS_j k_jd (sequential in j), then the scale's backward.
+          std::vector<float>& acc_d = scratch[static_cast<size_t>(worker)].acc_d;
+          std::fill(acc_d.begin(), acc_d.begin() + D, 0.0f);
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!vis[static_cast<size_t>(i * nk + j)]) continue;
+            const float dsj = ds[j];
+            const float* kr = &kh[static_cast<size_t>(j * D)];
+            for (int64_t d = 0; d < D; ++d) acc_d[static_cast<size_t>(d)] += dsj * kr[d];
+          }
+          for (int64_t d = 0; d < D; ++d) {
+            const float gq = Ri(acc_d[static_cast<size_t>(d)]);
+            dq[static_cast<size_t>((t * H + h) * D + d)] =
+                default_scale ? R(gq / sqrt_d) : R(gq * scale_f);
+          }
+        });
+        // dk_jd += dS_j q'_d and dv_je += p_j dO_e, sequential in i (the block's rows in
+        // order, blocks in order), keys in parallel.
+        chunked(nk, [&](int64_t j0, int64_t j1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const float* g = dorow(i);
+            const float* qr = &qs[static_cast<size_t>(i * D)];
+            const float* ds = dsb.data() + (i - i0) * nk;
+            for (int64_t j = j0; j < j1; ++j) {
+              if (!vis[static_cast<size_t>(i * nk + j)]) continue;
+              const float dsj = ds[j];
+              const float pj = pr[static_cast<size_t>(i * nk + j)];
+              float* dkr = &dk_acc[static_cast<size_t>(j * D)];
+              float* dvr = &dv_acc[static_cast<size_t>(j * Dv)];
+              for (int64_t d = 0; d < D; ++d) dkr[d] += dsj * qr[d];
+              for (int64_t e = 0; e < Dv; ++e) dvr[e] += pj * g[e];
+            }
+          }
+        });
       }
       // Per-head gradients are tensors of the dtype; repeat's backward sums them in fp32.
       const bool first_of_group = h % p.gqa_ratio() == 0;
-      if (first_of_group) {
-        std::fill(dk_group.begin(), dk_group.end(), 0.0f);
-        std::fill(dv_group.begin(), dv_group.end(), 0.0f);
-      }
-      for (size_t x = 0; x < dk_acc.size(); ++x) dk_group[x] += Ri(dk_acc[x]);
-      for (size_t x = 0; x < dv_acc.size(); ++x) dv_group[x] += Ri(dv_acc[x]);
-      if (h % p.gqa_ratio() == p.gqa_ratio() - 1) {
-        for (int64_t j = 0; j < nk; ++j) {
+      const bool last_of_group = h % p.gqa_ratio() == p.gqa_ratio() - 1;
+      chunked(nk, [&](int64_t j0, int64_t j1) {
+        const auto kd0 = static_cast<size_t>(j0 * D), kd1 = static_cast<size_t>(j1 * D);
+        const auto vd0 = static_cast<size_t>(j0 * Dv), vd1 = static_cast<size_t>(j1 * Dv);
+        if (first_of_group) {
+          std::fill(dk_group.begin() + kd0, dk_group.begin() + kd1, 0.0f);
+          std::fill(dv_group.begin() + vd0, dv_group.begin() + vd1, 0.0f);
+        }
+        for (size_t x = kd0; x < kd1; ++x) dk_group[x] += Ri(dk_acc[x]);
+        for (size_t x = vd0; x < vd1; ++x) dv_group[x] += Ri(dv_acc[x]);
+        if (!last_of_group) return;
+        for (int64_t j = j0; j < j1; ++j) {
           const int64_t tk = seq.k_begin + j;
           for (int64_t d = 0; d < D; ++d) {
             dk[static_cast<size_t>((tk * Hk + hk) * D + d)] =
@@ -302,7 +370,7 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
                 R(dv_group[static_cast<size_t>(j * Dv + e)]);
           }
         }
-      }
+      });
     }
   }
 
@@ -320,13 +388,14 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
 }  // namespace
 
 Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const Tensor& k,
-                                      const Tensor& v, BaselineMode mode) {
-  return Run(p, q, k, v, nullptr, mode);
+                                      const Tensor& v, BaselineMode mode, int threads) {
+  return Run(p, q, k, v, nullptr, mode, nullptr, threads);
 }
 
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, const Tensor& dout, BaselineMode mode) {
-  return Run(p, q, k, v, &dout, mode);
+                                       const Tensor& v, const Tensor& dout, BaselineMode mode,
+                                       int threads) {
+  return Run(p, q, k, v, &dout, mode, nullptr, threads);
 }
 
 // ---- The recipe reference (see baseline.h) ----
@@ -594,17 +663,19 @@ Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& re
 
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor* dout,
-                                      const std::vector<uint8_t>* query_rows) {
+                                      const std::vector<uint8_t>* query_rows, int threads) {
   if (query_rows != nullptr) {
     if (!profile.baseline_recipe.empty() || dout != nullptr) {
       // (JudgeAgainstOracle names the profile.)
       return Error{"sampled rows have a baseline only for the forward of the same-precision "
                    "path (verify/baseline.h); this profile's baseline needs every row"};
     }
-    return Run(p, q, k, v, nullptr, BaselineMode::kSdpaMath, query_rows);
+    return Run(p, q, k, v, nullptr, BaselineMode::kSdpaMath, query_rows, threads);
   }
   if (profile.baseline_recipe.empty()) {
-    return dout != nullptr ? BaselineBackward(p, q, k, v, *dout) : BaselineForward(p, q, k, v);
+    return dout != nullptr
+               ? BaselineBackward(p, q, k, v, *dout, BaselineMode::kSdpaMath, threads)
+               : BaselineForward(p, q, k, v, BaselineMode::kSdpaMath, threads);
   }
   const Recipe* r = FindRecipe(profile.baseline_recipe);
   if (r == nullptr) {

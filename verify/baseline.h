@@ -53,11 +53,15 @@ struct BaselineOut {
 
 // Inputs are f64 tensors of the problem's shapes holding values of its dtype (any strides).
 // Dtypes with a PyTorch math path: f32, bf16, f16; others are an Error naming the dtype.
+// threads (0: all cores): the result is bitwise the same for every count (each element's
+// operations keep the order above; the work is split by query rows and by keys).
 Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const Tensor& k,
-                                      const Tensor& v, BaselineMode mode = BaselineMode::kSdpaMath);
+                                      const Tensor& v, BaselineMode mode = BaselineMode::kSdpaMath,
+                                      int threads = 1);
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& dout,
-                                       BaselineMode mode = BaselineMode::kSdpaMath);
+                                       BaselineMode mode = BaselineMode::kSdpaMath,
+                                       int threads = 1);
 
 // ---- The recipe reference: the "pt" of a low-precision recipe ----
 //
@@ -101,9 +105,12 @@ Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& re
 // reference of profile.baseline_recipe when it names one, else the kSdpaMath "pt". dout
 // nullptr: forward only. query_rows ([total_q] flags, verify/sample.h; forward of the kSdpaMath
 // path only): only the flagged rows are computed, one at a time, each bitwise as in the whole
-// run; the others are o = 0, lse = -inf. The Error names the profile.
+// run; the others are o = 0, lse = -inf. The Error names the profile. threads (0: all
+// cores) splits the same-precision path's work (bitwise the same result for every count); the
+// recipe reference runs on the calling thread.
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor* dout,
-                                      const std::vector<uint8_t>* query_rows = nullptr);
+                                      const std::vector<uint8_t>* query_rows = nullptr,
+                                      int threads = 1);
 
 }  // namespace attest

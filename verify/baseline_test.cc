@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <variant>
 
 #include "kernels/builtin.h"
@@ -112,6 +114,78 @@ void ExpectCloseToOracle(const Problem& p, double rel, BaselineMode mode) {
   EXPECT_LE(MaxDiff(b->dq, r.dq), rel * MaxAbs(r.dq));
   EXPECT_LE(MaxDiff(b->dk, r.dk), rel * MaxAbs(r.dk));
   EXPECT_LE(MaxDiff(b->dv, r.dv), rel * MaxAbs(r.dv));
+}
+
+
+// Bitwise equality of every defined output.
+void ExpectSameBits(const BaselineOut& a, const BaselineOut& b, const std::string& what) {
+  const Tensor* x[] = {&a.o, &a.lse, &a.dq, &a.dk, &a.dv};
+  const Tensor* y[] = {&b.o, &b.lse, &b.dq, &b.dk, &b.dv};
+  for (int t = 0; t < 5; ++t) {
+    ASSERT_EQ(x[t]->defined(), y[t]->defined()) << what << " output " << t;
+    if (!x[t]->defined()) continue;
+    const auto u = x[t]->span<const double>(), v = y[t]->span<const double>();
+    ASSERT_EQ(u.size(), v.size());
+    ASSERT_EQ(std::memcmp(u.data(), v.data(), u.size() * sizeof(double)), 0)
+        << what << " output " << t;
+  }
+}
+
+TEST(Baseline, ThreadCountDoesNotChangeTheBits) {
+  // The forward splits by query rows, the backward by row blocks of 64 and key chunks of 512:
+  // shapes across those boundaries, every feature, packed sequences, one query row.
+  std::vector<Problem> ps;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) ps.push_back(Featureful(dt));
+  Problem packed = Featureful(DType::kBF16);
+  packed.batch = 3;
+  packed.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 19};
+  packed.cu_seqlens_k = std::vector<int32_t>{0, 12, 20, 33};
+  packed.seqlen_q = 14;
+  packed.seqlen_k = 13;
+  ps.push_back(packed);
+  Problem big;
+  big.batch = 2;
+  big.heads_q = 4;
+  big.heads_kv = 1;
+  big.seqlen_q = 150;
+  big.seqlen_k = 1100;
+  big.head_dim = 32;
+  big.head_dim_v = 40;
+  big.dtype = DType::kBF16;
+  big.causal = true;
+  ps.push_back(big);
+  Problem one = big;
+  one.seqlen_q = 1;
+  one.seqlen_k = 3000;
+  one.causal = false;
+  ps.push_back(one);
+  Problem window = big;
+  window.causal = false;
+  window.window_left = 100;
+  window.window_right = 7;
+  window.dtype = DType::kF16;
+  ps.push_back(window);
+  for (size_t n = 0; n < ps.size(); ++n) {
+    const CaseInputs in = Inputs(ps[n], 11 + n);
+    for (BaselineMode m : {BaselineMode::kSdpaMath, BaselineMode::kEveryOp}) {
+      const std::string what = "problem " + std::to_string(n) + " mode " +
+                               std::to_string(static_cast<int>(m));
+      auto f1 = BaselineForward(ps[n], in.q, in.k, in.v, m, 1);
+      auto f3 = BaselineForward(ps[n], in.q, in.k, in.v, m, 3);
+      auto b1 = BaselineBackward(ps[n], in.q, in.k, in.v, in.dout, m, 1);
+      auto b3 = BaselineBackward(ps[n], in.q, in.k, in.v, in.dout, m, 3);
+      ASSERT_TRUE(f1.ok() && f3.ok() && b1.ok() && b3.ok()) << what;
+      ExpectSameBits(*f1, *f3, what + " forward");
+      ExpectSameBits(*b1, *b3, what + " backward");
+    }
+    std::vector<uint8_t> rows(static_cast<size_t>(ps[n].TotalQ()), 0);
+    for (size_t i = 0; i < rows.size(); i += 3) rows[i] = 1;
+    const Profile profile;  // the same-precision path
+    auto s1 = ProfileBaseline(profile, ps[n], in.q, in.k, in.v, nullptr, &rows, 1);
+    auto s3 = ProfileBaseline(profile, ps[n], in.q, in.k, in.v, nullptr, &rows, 3);
+    ASSERT_TRUE(s1.ok() && s3.ok()) << (s1.ok() ? s3.error().message : s1.error().message);
+    ExpectSameBits(*s1, *s3, "problem " + std::to_string(n) + " sampled rows");
+  }
 }
 
 TEST(Baseline, Fp32AgreesWithTheOracleOnEveryFeature) {

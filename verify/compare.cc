@@ -93,6 +93,9 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     }
     points = RoundingPointsOf(*recipe, p.dtype);
   }
+  // The oracle's thread count for the terms, floors, bounds and baseline too (their results do
+  // not depend on it).
+  const int threads = options.oracle.threads;
   auto start = Clock::now();
   try {
     if (any_grad) {
@@ -106,19 +109,19 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
       // dq / dk floors on the terms' magnitude (tolerance.h FloorScale::kTerms).
       if (profile->needs_term_scale()) {
         auto t = ComputeGradientTermScales(p, inputs->q, inputs->k, inputs->v, inputs->dout,
-                                           b.lse);
+                                           b.lse, threads);
         if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
         terms = std::move(t).value();
       }
       if (profile->needs_format_bound()) {
         auto f = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
-                                     inputs->v, inputs->dout, b.lse);
+                                     inputs->v, inputs->dout, b.lse, threads);
         if (!f.ok()) return Error{fmt::format("format bounds: {}", f.error().message)};
         format_bounds = std::move(f).value();
       }
       if (points) {
         auto f = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v,
-                                       inputs->dout, b.lse, b.o, b.delta);
+                                       inputs->dout, b.lse, b.o, b.delta, nullptr, threads);
         if (!f.ok()) return Error{fmt::format("rounding floors: {}", f.error().message)};
         floors = std::move(f).value();
       }
@@ -128,13 +131,13 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
       ref[1] = f.lse;
       if (profile->needs_format_bound()) {
         auto r = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
-                                     inputs->v, Tensor(), f.lse);
+                                     inputs->v, Tensor(), f.lse, threads);
         if (!r.ok()) return Error{fmt::format("format bounds: {}", r.error().message)};
         format_bounds = std::move(r).value();
       }
       if (points) {
         auto r = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v, Tensor(),
-                                       f.lse, Tensor(), Tensor());
+                                       f.lse, Tensor(), Tensor(), nullptr, threads);
         if (!r.ok()) return Error{fmt::format("rounding floors: {}", r.error().message)};
         floors = std::move(r).value();
       }
@@ -149,7 +152,7 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   if (with_baseline) {
     start = Clock::now();
     auto b = ProfileBaseline(*profile, p, inputs->q, inputs->k, inputs->v,
-                             any_grad ? &inputs->dout : nullptr);
+                             any_grad ? &inputs->dout : nullptr, nullptr, threads);
     if (!b.ok()) {
       return Error{fmt::format("profile {}: {}", profile->name, b.error().message)};
     }

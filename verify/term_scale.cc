@@ -10,13 +10,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
 #include "reference/oracle/oracle_gemm.h"
+#include "reference/oracle/oracle_internal.h"
 #include "reference/problem/mask.h"
 #include "reference/problem/tile_walk.h"
 
@@ -26,6 +30,9 @@ namespace {
 // The oracle's tiles (oracle.h AutoTiles; the tile sizes do not depend on the problem).
 const int64_t kTileQ = AutoTiles(Problem{}).q;
 const int64_t kTileK = AutoTiles(Problem{}).k;
+// A key tile's sums are one k block of the oracle's product (ComputeRoundingFloors adds each
+// tile's product to its running sum as the product itself would).
+static_assert(oracle_internal::kGemmKc >= 128);
 
 // C = alpha op(A) op(B) (beta 0) or C += op(A) op(B) (beta 1, alpha 1), row-major, by the
 // oracle's own product (reference/oracle/oracle_gemm.h): its rounding sequence is fixed and
@@ -81,14 +88,16 @@ int64_t LseIndex(const Problem& p, int64_t b, int64_t h, const Sequence& seq, in
 
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
-                                                       const Tensor& dout, const Tensor& lse) {
-  return ComputeGradientTermScales(p, q, k, v, dout, lse, nullptr);
+                                                       const Tensor& dout, const Tensor& lse,
+                                                       int threads) {
+  return ComputeGradientTermScales(p, q, k, v, dout, lse, nullptr, threads);
 }
 
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
                                                        const Tensor& dout, const Tensor& lse,
-                                                       const QuantisedScoreModel* model) {
+                                                       const QuantisedScoreModel* model,
+                                                       int threads) {
   if (Status st = Validate(p); !st.ok()) return st.error();
   const bool backward = dout.defined() || model == nullptr;
   auto qt = F64Input(q, "q", p.QShape());
@@ -157,17 +166,46 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
     row_stats(abs_q, p.TotalQ() * hq, q_max, q_l1);
     row_stats(abs_k, p.TotalK() * hkv, k_max, k_l1);
   }
+  // Each worker's tile buffers.
+  struct Scratch {
+    std::vector<double> s, dp, aqk, prob;
+    std::vector<uint8_t> vis;
+  };
+  const int workers = std::max(
+      1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  const auto area = static_cast<size_t>(kTileQ * kTileK);
+  for (Scratch& w : scratch) {
+    w.s.resize(area);
+    w.dp.resize(area);
+    if (model != nullptr) {
+      w.aqk.resize(area);
+      w.prob.resize(area);
+    }
+    w.vis.resize(static_cast<size_t>(kTileK));
+  }
+  // The key tiles of a query tile run in waves, the tiles of a wave in parallel
+  // (ComputeRoundingFloors does the same): sums over keys take each tile's product from zero
+  // and add it to the running sum in tile order after the wave (C = C + t, what the product
+  // does when it accumulates one k block: oracle_gemm.h); Dabs_i, a scalar sum over keys, takes
+  // each tile's terms in order after the wave; the row maxima of the score error, of
+  // non-negative terms, take each tile's maximum (from 0) in order. Sums over queries
+  // accumulate in place: each tile owns its key rows. So the bits do not depend on the count.
+  const int64_t wave = std::max<int64_t>(1, 4 * static_cast<int64_t>(workers));
+  const auto o_size = static_cast<size_t>(kTileQ * dv), q_size = static_cast<size_t>(kTileQ * d);
+  // Per wave slot: the tile's Dabs terms [tq x tk] and score-error maxima [tq] (pass 0), or
+  // its dq and o products (pass 1).
+  const size_t slot_size = std::max(area + static_cast<size_t>(kTileQ), q_size + o_size);
+  std::vector<double> part(static_cast<size_t>(wave) * slot_size);
+  std::vector<double> o_acc, dv_acc, delta_row(static_cast<size_t>(kTileQ));
   const double rel2 = model != nullptr ? 2 * model->rel + model->rel * model->rel : 0.0;
-  std::vector<double> aqk, prob_tile, o_acc, dv_acc, delta_row(static_cast<size_t>(kTileQ));
 
   // Row r of a [rows, H, X] input, head h: (r * H + h) * X; consecutive rows are H * X apart.
   const int64_t ldq = hq * d, ldk = hkv * d, ldv = hkv * dv, ldo = hq * dv;
-  std::vector<double> s(static_cast<size_t>(kTileQ * kTileK));
-  std::vector<double> dp(s.size());
-  std::vector<double> dq_acc(static_cast<size_t>(kTileQ * d));
+  std::vector<double> dq_acc(q_size);
   std::vector<double> dabs(static_cast<size_t>(kTileQ));
-  std::vector<uint8_t> vis(static_cast<size_t>(kTileK));
   std::vector<double> dk_acc;
+  std::vector<std::pair<int64_t, int64_t>> tiles;  // (j0, tk) of a query tile's key tiles
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView mask(p, b);
     const TileWalk walk(mask, kTileK);
@@ -186,80 +224,127 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
           // (>= sum_d |dO_id| |o_id|, the size of D's own fp32 terms); pass 1 forms A.
           std::fill(dabs.begin(), dabs.end(), 0.0);
           std::fill(delta_row.begin(), delta_row.end(), 0.0);
-          if (model != nullptr) {
-            o_acc.assign(static_cast<size_t>(kTileQ * dv), 0.0);
-            aqk.resize(s.size());
-            prob_tile.resize(s.size());
-          }
+          if (model != nullptr) o_acc.assign(o_size, 0.0);
+          tiles.clear();
+          walk.ForEachKeyTile(i0, tq, [&](int64_t, int64_t j0, int64_t tk) {
+            tiles.emplace_back(j0, tk);
+          });
+          const auto key_tile = [&](int pass, int64_t slot, int64_t j0, int64_t tk, Scratch& w) {
+            double* slot_data = part.data() + static_cast<size_t>(slot) * slot_size;
+            double* terms_d = slot_data;          // pass 0: Dabs terms, [tq x tk]
+            double* err_max = slot_data + area;   // pass 0: score-error maxima, [tq]
+            double* dq_part = slot_data;          // pass 1: dq product, [tq x d]
+            double* o_part = slot_data + q_size;  // pass 1: o product, [tq x dv]
+            std::vector<double>& s = w.s;
+            std::vector<double>& dp = w.dp;
+            const int64_t krow0 = seq.k_begin + j0;
+            Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
+                 K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
+            // |dO| |V|^T: the size of dP's fp32 terms, not the possibly cancelled |dP|.
+            if (backward) {
+              Gemm(false, true, tq, tk, dv, 1.0, abs_do.data() + (qrow0 * hq + h) * dv, ldo,
+                   abs_v.data() + (krow0 * hkv + g) * dv, ldv, 0.0, dp.data(), tk);
+            }
+            if (model != nullptr && pass == 0) {
+              Gemm(false, true, tq, tk, d, 1.0, abs_q.data() + (qrow0 * hq + h) * d, ldq,
+                   abs_k.data() + (krow0 * hkv + g) * d, ldk, 0.0, w.aqk.data(), tk);
+            }
+            // s becomes P (pass 0) or A = P (|dO||v| + Dabs) (pass 1), 0 where masked.
+            for (int64_t r = 0; r < tq; ++r) {
+              const int64_t i = i0 + r;
+              const double row_lse = LSE[LseIndex(p, b, h, seq, i)];
+              double* srow = s.data() + r * tk;
+              const double* dprow = dp.data() + r * tk;
+              double* trow = terms_d + r * tk;
+              if (pass == 0) err_max[r] = 0;
+              walk.TransformRow(i, j0, tk, p.softcap, slope, srow, static_cast<double*>(nullptr),
+                                w.vis.data());
+              for (int64_t c = 0; c < tk; ++c) {
+                if (row_lse == kNegInf || !w.vis[static_cast<size_t>(c)]) {
+                  srow[c] = 0;
+                  if (pass == 0) trow[c] = 0;  // adds nothing to Dabs (a sum of terms >= 0)
+                  if (model != nullptr) w.prob[static_cast<size_t>(r * tk + c)] = 0;
+                  continue;
+                }
+                const double sc = srow[c];
+                const double prob = std::exp(sc - row_lse);
+                if (pass == 0) {
+                  trow[c] = backward ? prob * dprow[c] : 0.0;
+                  if (model != nullptr) {
+                    const size_t qi = static_cast<size_t>((qrow0 + r) * hq + h);
+                    const size_t kj = static_cast<size_t>((krow0 + c) * hkv + g);
+                    const double err =
+                        abs_scale *
+                        (rel2 * w.aqk[static_cast<size_t>(r * tk + c)] +
+                         model->abs * (1 + model->rel) *
+                             (q_max[qi] * k_l1[kj] + k_max[kj] * q_l1[qi]) +
+                         model->abs * model->abs * static_cast<double>(d) * q_max[qi] *
+                             k_max[kj]);
+                    err_max[r] = std::max(err_max[r], err);
+                  }
+                } else {
+                  if (model != nullptr) w.prob[static_cast<size_t>(r * tk + c)] = prob;
+                  if (backward) srow[c] = prob * (dprow[c] + dabs[static_cast<size_t>(r)]);
+                }
+              }
+            }
+            if (pass == 0) return;
+            if (model != nullptr) {
+              Gemm(false, false, tq, dv, tk, 1.0, w.prob.data(), tk,
+                   abs_v.data() + (krow0 * hkv + g) * dv, ldv, 0.0, o_part, dv);
+              if (dv_terms != nullptr) {
+                Gemm(true, false, tk, dv, tq, 1.0, w.prob.data(), tk,
+                     abs_do.data() + (qrow0 * hq + h) * dv, ldo, 1.0,
+                     dv_acc.data() + j0 * dv, dv);
+              }
+            }
+            if (!backward) return;
+            Gemm(false, false, tq, d, tk, 1.0, s.data(), tk,
+                 abs_k.data() + (krow0 * hkv + g) * d, ldk, 0.0, dq_part, d);
+            Gemm(true, false, tk, d, tq, 1.0, s.data(), tk,
+                 abs_q.data() + (qrow0 * hq + h) * d, ldq, 1.0, dk_acc.data() + j0 * d, d);
+          };
+          const auto n_tiles = static_cast<int64_t>(tiles.size());
           for (int pass = 0; pass < 2; ++pass) {
             // Forward only: pass 0 is the score error alone.
             if (pass == 0 && !backward && model == nullptr) continue;
-            walk.ForEachKeyTile(i0, tq, [&](int64_t, int64_t j0, int64_t tk) {
-              const int64_t krow0 = seq.k_begin + j0;
-              Gemm(false, true, tq, tk, d, scale, Q + (qrow0 * hq + h) * d, ldq,
-                   K + (krow0 * hkv + g) * d, ldk, 0.0, s.data(), tk);
-              // |dO| |V|^T: the size of dP's fp32 terms, not the possibly cancelled |dP|.
-              if (backward) {
-                Gemm(false, true, tq, tk, dv, 1.0, abs_do.data() + (qrow0 * hq + h) * dv, ldo,
-                     abs_v.data() + (krow0 * hkv + g) * dv, ldv, 0.0, dp.data(), tk);
-              }
-              if (model != nullptr && pass == 0) {
-                Gemm(false, true, tq, tk, d, 1.0, abs_q.data() + (qrow0 * hq + h) * d, ldq,
-                     abs_k.data() + (krow0 * hkv + g) * d, ldk, 0.0, aqk.data(), tk);
-              }
-              // s becomes P (pass 0) or A = P (|dO||v| + Dabs) (pass 1), 0 where masked.
-              for (int64_t r = 0; r < tq; ++r) {
-                const int64_t i = i0 + r;
-                const double row_lse = LSE[LseIndex(p, b, h, seq, i)];
-                double* srow = s.data() + r * tk;
-                const double* dprow = dp.data() + r * tk;
-                walk.TransformRow(i, j0, tk, p.softcap, slope, srow, static_cast<double*>(nullptr),
-                                  vis.data());
-                for (int64_t c = 0; c < tk; ++c) {
-                  if (row_lse == kNegInf || !vis[static_cast<size_t>(c)]) {
-                    srow[c] = 0;
-                    if (model != nullptr) prob_tile[static_cast<size_t>(r * tk + c)] = 0;
-                    continue;
-                  }
-                  const double sc = srow[c];
-                  const double prob = std::exp(sc - row_lse);
-                  if (pass == 0) {
-                    if (backward) dabs[static_cast<size_t>(r)] += prob * dprow[c];
-                    if (model != nullptr) {
-                      const size_t qi = static_cast<size_t>((qrow0 + r) * hq + h);
-                      const size_t kj = static_cast<size_t>((krow0 + c) * hkv + g);
-                      const double err =
-                          abs_scale *
-                          (rel2 * aqk[static_cast<size_t>(r * tk + c)] +
-                           model->abs * (1 + model->rel) *
-                               (q_max[qi] * k_l1[kj] + k_max[kj] * q_l1[qi]) +
-                           model->abs * model->abs * static_cast<double>(d) * q_max[qi] *
-                               k_max[kj]);
-                      delta_row[static_cast<size_t>(r)] =
-                          std::max(delta_row[static_cast<size_t>(r)], err);
+            for (int64_t w0 = 0; w0 < n_tiles; w0 += wave) {
+              const int64_t nw = std::min(wave, n_tiles - w0);
+              oracle_internal::ParallelFor(
+                  nw, static_cast<int>(std::min<int64_t>(workers, nw)),
+                  [&](int64_t x, int worker) {
+                    const auto [j0, tk] = tiles[static_cast<size_t>(w0 + x)];
+                    key_tile(pass, x, j0, tk, scratch[static_cast<size_t>(worker)]);
+                  });
+              for (int64_t x = 0; x < nw; ++x) {
+                const double* slot_data = part.data() + static_cast<size_t>(x) * slot_size;
+                const int64_t tk = tiles[static_cast<size_t>(w0 + x)].second;
+                if (pass == 0) {
+                  for (int64_t r = 0; r < tq; ++r) {
+                    const double* trow = slot_data + r * tk;
+                    double& acc = dabs[static_cast<size_t>(r)];
+                    if (backward) {
+                      for (int64_t c = 0; c < tk; ++c) acc += trow[c];
                     }
-                  } else {
-                    if (model != nullptr) prob_tile[static_cast<size_t>(r * tk + c)] = prob;
-                    if (backward) srow[c] = prob * (dprow[c] + dabs[static_cast<size_t>(r)]);
+                    if (model != nullptr) {
+                      delta_row[static_cast<size_t>(r)] =
+                          std::max(delta_row[static_cast<size_t>(r)], slot_data[area + r]);
+                    }
+                  }
+                  continue;
+                }
+                if (backward) {
+                  for (size_t e = 0; e < static_cast<size_t>(tq * d); ++e) {
+                    dq_acc[e] = dq_acc[e] + slot_data[e];
+                  }
+                }
+                if (model != nullptr) {
+                  for (size_t e = 0; e < static_cast<size_t>(tq * dv); ++e) {
+                    o_acc[e] = o_acc[e] + slot_data[q_size + e];
                   }
                 }
               }
-              if (pass == 0) return;
-              if (model != nullptr) {
-                Gemm(false, false, tq, dv, tk, 1.0, prob_tile.data(), tk,
-                     abs_v.data() + (krow0 * hkv + g) * dv, ldv, 1.0, o_acc.data(), dv);
-                if (dv_terms != nullptr) {
-                  Gemm(true, false, tk, dv, tq, 1.0, prob_tile.data(), tk,
-                       abs_do.data() + (qrow0 * hq + h) * dv, ldo, 1.0,
-                       dv_acc.data() + j0 * dv, dv);
-                }
-              }
-              if (!backward) return;
-              Gemm(false, false, tq, d, tk, 1.0, s.data(), tk,
-                   abs_k.data() + (krow0 * hkv + g) * d, ldk, 1.0, dq_acc.data(), d);
-              Gemm(true, false, tk, d, tq, 1.0, s.data(), tk,
-                   abs_q.data() + (qrow0 * hq + h) * d, ldq, 1.0, dk_acc.data() + j0 * d, d);
-            });
+            }
           }
           for (int64_t r = 0; r < tq; ++r) {
             const double* row = dq_acc.data() + r * d;
@@ -354,7 +439,8 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& dout, const Tensor& lse,
                                                const Tensor& o, const Tensor& delta,
-                                               const std::vector<uint8_t>* query_rows) {
+                                               const std::vector<uint8_t>* query_rows,
+                                               int threads) {
   if (Status st = Validate(p); !st.ok()) return st.error();
   const bool backward = dout.defined();
   if (query_rows != nullptr &&
@@ -417,18 +503,38 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
 
   const int64_t ldq = hq * d, ldk = hkv * d, ldv = hkv * dv, ldo = hq * dv;
   const size_t area = static_cast<size_t>(kTileQ * kTileK);
-  std::vector<double> s(area), dp(area), e1(area), e2(area), e3(area), e4(area), e5(area);
-  std::vector<double> o1(static_cast<size_t>(kTileQ * dv)), o2(o1.size());
-  std::vector<double> q1(static_cast<size_t>(kTileQ * d)), q2(q1.size()), qc(q1.size());
+  // Each worker's tile buffers.
+  struct Scratch {
+    std::vector<double> s, dp, e1, e2, e3, e4, e5, sq, th;
+    std::vector<uint8_t> vis;
+  };
+  const int workers = std::max(
+      1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  for (Scratch& w : scratch) {
+    for (auto* x : {&w.s, &w.dp, &w.e1, &w.e2, &w.e3, &w.e4, &w.e5, &w.sq}) x->resize(area);
+    w.th.resize(static_cast<size_t>(kTileK));
+    w.vis.resize(static_cast<size_t>(kTileK));
+  }
+  // The key tiles of a query tile run in waves of up to kWave tiles, the tiles of a wave in
+  // parallel. The sums over keys (o1, o2, q1, q2, qc) take, per tile, the product of the tile
+  // from zero (one k block of the oracle's product: tk <= kGemmKc) and add it to the running
+  // sum in tile order, after the wave: C = C + t, what the product does when it accumulates
+  // (oracle_gemm.h), so the bits do not depend on the thread count. The sums over queries (k1,
+  // k2, v1, v2) accumulate in place: each tile owns its key rows, and query tiles and heads run
+  // in order.
+  const int64_t wave = std::max<int64_t>(1, 4 * static_cast<int64_t>(workers));
+  const auto o_size = static_cast<size_t>(kTileQ * dv), q_size = static_cast<size_t>(kTileQ * d);
+  std::vector<double> o1(o_size), o2(o_size), q1(q_size), q2(q_size), qc(q_size);
+  // Per wave slot: the tile's o1, o2, q1, q2, qc products.
+  std::vector<double> part(static_cast<size_t>(wave) * (2 * o_size + 3 * q_size));
   std::vector<double> dd(static_cast<size_t>(kTileQ));
   std::vector<double> k1, k2, v1, v2;
   // Squares of the weights, for the sqrt(sum b^2) part.
   const auto square = [](const std::vector<double>& a, std::vector<double>& b, size_t n) {
     for (size_t e = 0; e < n; ++e) b[e] = a[e] * a[e];
   };
-  std::vector<double> sq(area);
-  std::vector<double> th(static_cast<size_t>(kTileK));
-  std::vector<uint8_t> vis(static_cast<size_t>(kTileK));
+  std::vector<std::pair<int64_t, int64_t>> tiles;  // (j0, tk) of a query tile's key tiles
   // The query rows of each sequence whose floors are computed, in tiles of up to kTileQ: all of
   // them, or the flagged ones of query_rows, gathered (their Q rows copied to qg when not
   // consecutive), so that the cost follows the sample. The other rows' floors stay 0.
@@ -485,7 +591,22 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             }
             dd[static_cast<size_t>(r)] = std::min(a1, kRoundingSigmas * std::sqrt(a2));
           }
-          const auto key_tile = [&](int64_t, int64_t j0, int64_t tk) {
+          // The tile's products of the sums over keys (tq rows; the slot's parts).
+          const auto parts = [&](int64_t slot) {
+            double* o1p = part.data() + static_cast<size_t>(slot) * (2 * o_size + 3 * q_size);
+            return std::array<double*, 5>{o1p, o1p + o_size, o1p + 2 * o_size,
+                                          o1p + 2 * o_size + q_size, o1p + 2 * o_size + 2 * q_size};
+          };
+          const auto key_tile = [&](int64_t slot, int64_t j0, int64_t tk, Scratch& w) {
+            const auto [o1p, o2p, q1p, q2p, qcp] = parts(slot);
+            std::vector<double>& s = w.s;
+            std::vector<double>& dp = w.dp;
+            std::vector<double>& e1 = w.e1;
+            std::vector<double>& e2 = w.e2;
+            std::vector<double>& e3 = w.e3;
+            std::vector<double>& e4 = w.e4;
+            std::vector<double>& e5 = w.e5;
+            std::vector<double>& sq = w.sq;
             const int64_t krow0 = seq.k_begin + j0;
             const size_t n = static_cast<size_t>(tq * tk);
             Gemm(false, true, tq, tk, d, scale,
@@ -503,18 +624,18 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
               const double row_lse = LSE[li];
               const double row_d = backward ? DELTA[li] : 0.0;
               const double row_dd = dd[static_cast<size_t>(r)];
-              walk.TransformRow(i, j0, tk, p.softcap, slope, s.data() + r * tk, th.data(),
-                                vis.data());
+              walk.TransformRow(i, j0, tk, p.softcap, slope, s.data() + r * tk, w.th.data(),
+                                w.vis.data());
               for (int64_t c = 0; c < tk; ++c) {
                 const size_t at = static_cast<size_t>(r * tk + c);
-                if (row_lse == kNegInf || !vis[static_cast<size_t>(c)]) {
+                if (row_lse == kNegInf || !w.vis[static_cast<size_t>(c)]) {
                   e1[at] = e2[at] = e3[at] = e4[at] = e5[at] = 0;
                   continue;
                 }
                 const double sc = s[at];
                 double tprime = 1;
                 if (p.softcap > 0) {
-                  const double t = th[static_cast<size_t>(c)];
+                  const double t = w.th[static_cast<size_t>(c)];
                   tprime = 1 - t * t;
                 }
                 const double prob = std::exp(sc - row_lse);
@@ -531,16 +652,16 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             }
             const double* av = abs_v.data() + (krow0 * hkv + g) * dv;
             const double* sv = sq_v.data() + (krow0 * hkv + g) * dv;
-            Gemm(false, false, tq, dv, tk, 1.0, e5.data(), tk, av, ldv, 1.0, o1.data(), dv);
+            Gemm(false, false, tq, dv, tk, 1.0, e5.data(), tk, av, ldv, 0.0, o1p, dv);
             square(e5, sq, n);
-            Gemm(false, false, tq, dv, tk, 1.0, sq.data(), tk, sv, ldv, 1.0, o2.data(), dv);
+            Gemm(false, false, tq, dv, tk, 1.0, sq.data(), tk, sv, ldv, 0.0, o2p, dv);
             if (!backward) return;
             const double* ak = abs_k.data() + (krow0 * hkv + g) * d;
             const double* sk = sq_k.data() + (krow0 * hkv + g) * d;
-            Gemm(false, false, tq, d, tk, 1.0, e1.data(), tk, ak, ldk, 1.0, q1.data(), d);
+            Gemm(false, false, tq, d, tk, 1.0, e1.data(), tk, ak, ldk, 0.0, q1p, d);
             square(e1, sq, n);
-            Gemm(false, false, tq, d, tk, 1.0, sq.data(), tk, sk, ldk, 1.0, q2.data(), d);
-            Gemm(false, false, tq, d, tk, 1.0, e2.data(), tk, ak, ldk, 1.0, qc.data(), d);
+            Gemm(false, false, tq, d, tk, 1.0, sq.data(), tk, sk, ldk, 0.0, q2p, d);
+            Gemm(false, false, tq, d, tk, 1.0, e2.data(), tk, ak, ldk, 0.0, qcp, d);
             const double* aq = abs_q.data() + (qrow0 * hq + h) * d;
             const double* sqq = sq_q.data() + (qrow0 * hq + h) * d;
             Gemm(true, false, tk, d, tq, 1.0, e3.data(), tk, aq, ldq, 1.0, k1.data() + j0 * d, d);
@@ -554,10 +675,33 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             Gemm(true, false, tk, dv, tq, 1.0, sq.data(), tk, sdo, ldo, 1.0, v2.data() + j0 * dv,
                  dv);
           };
+          tiles.clear();
+          const auto collect = [&](int64_t, int64_t j0, int64_t tk) { tiles.emplace_back(j0, tk); };
           if (consecutive) {
-            walk.ForEachKeyTile(i0, tq, key_tile);
+            walk.ForEachKeyTile(i0, tq, collect);
           } else {
-            walk.ForEachKeyTileOfRows(rw, tq, key_tile);
+            walk.ForEachKeyTileOfRows(rw, tq, collect);
+          }
+          const auto add = [](std::vector<double>& acc, const double* t, size_t n) {
+            for (size_t e = 0; e < n; ++e) acc[e] = acc[e] + t[e];
+          };
+          const auto n_tiles = static_cast<int64_t>(tiles.size());
+          for (int64_t w0 = 0; w0 < n_tiles; w0 += wave) {
+            const int64_t nw = std::min(wave, n_tiles - w0);
+            oracle_internal::ParallelFor(
+                nw, static_cast<int>(std::min<int64_t>(workers, nw)), [&](int64_t x, int worker) {
+                  const auto [j0, tk] = tiles[static_cast<size_t>(w0 + x)];
+                  key_tile(x, j0, tk, scratch[static_cast<size_t>(worker)]);
+                });
+            for (int64_t x = 0; x < nw; ++x) {
+              const auto [o1p, o2p, q1p, q2p, qcp] = parts(x);
+              add(o1, o1p, static_cast<size_t>(tq * dv));
+              add(o2, o2p, static_cast<size_t>(tq * dv));
+              if (!backward) continue;
+              add(q1, q1p, static_cast<size_t>(tq * d));
+              add(q2, q2p, static_cast<size_t>(tq * d));
+              add(qc, qcp, static_cast<size_t>(tq * d));
+            }
           }
           double* of = out.o.data<double>();
           for (int64_t r = 0; r < tq; ++r) {
@@ -621,10 +765,10 @@ Tensor Broadcast(const Shape& shape, const std::vector<double>& per_row, int64_t
 
 Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors& e,
                                            const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& dout, const Tensor& lse) {
+                                           const Tensor& dout, const Tensor& lse, int threads) {
   const bool backward = dout.defined();
   const QuantisedScoreModel model{.rel = e.qk_rel, .abs = e.qk_abs};
-  auto t = ComputeGradientTermScales(p, q, k, v, dout, lse, &model);
+  auto t = ComputeGradientTermScales(p, q, k, v, dout, lse, &model, threads);
   if (!t.ok()) return t.error();
   const int64_t hq = p.heads_q, hkv = p.heads_kv;
   const auto n_q = static_cast<size_t>(p.TotalQ() * hq);

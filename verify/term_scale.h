@@ -85,16 +85,19 @@ struct QuantisedScoreModel {
 // the tiles of reference/problem/tile_walk.h with the oracle's products (oracle_gemm.h: the
 // same bits on every machine): memory beyond the inputs is one tile plus one [k_len, D]
 // accumulator per kv head. Errors name the tensor whose shape or
-// dtype is wrong.
+// dtype is wrong. threads (0: all cores) runs a query tile's key tiles in parallel; the result
+// is bitwise the same for every count.
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
-                                                       const Tensor& dout, const Tensor& lse);
+                                                       const Tensor& dout, const Tensor& lse,
+                                                       int threads = 1);
 // The same walk with the family rows' quantities: `model` set fills score_error, o and (with
 // dout) dv; dout undefined computes the forward quantities alone (dq, dk undefined).
 Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const Tensor& q,
                                                        const Tensor& k, const Tensor& v,
                                                        const Tensor& dout, const Tensor& lse,
-                                                       const QuantisedScoreModel* model);
+                                                       const QuantisedScoreModel* model,
+                                                       int threads = 1);
 
 // ---- Rounding floors ----
 
@@ -141,12 +144,14 @@ struct RoundingFloors {
 // query_rows ([total_q] flags, verify/sample.h; forward only): floors of o for the flagged rows
 // only, gathered into tiles, at a cost that follows their number (0 on the other rows; lse
 // may be NaN there, as a sampled oracle leaves it). Errors name the tensor whose shape or
-// dtype is wrong, or query_rows of the wrong length.
+// dtype is wrong, or query_rows of the wrong length. threads (0: all cores) runs a query
+// tile's key tiles in parallel; the floors are bitwise the same for every count.
 Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingPoints& points,
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& dout, const Tensor& lse,
                                                const Tensor& o, const Tensor& delta,
-                                               const std::vector<uint8_t>* query_rows = nullptr);
+                                               const std::vector<uint8_t>* query_rows = nullptr,
+                                               int threads = 1);
 
 // ---- Format bounds (the family rows fp8 / mxfp8 / nvfp4; verify/tolerance.cc) ----
 
@@ -188,7 +193,8 @@ struct FormatBounds {
 // ComputeGradientTermScales. Per-element bounds in the shapes of o, lse, dq, dk, dv.
 Expected<FormatBounds> ComputeFormatBounds(const Problem& p, const FormatErrors& errors,
                                            const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& dout, const Tensor& lse);
+                                           const Tensor& dout, const Tensor& lse,
+                                           int threads = 1);
 
 // What the profile's policies scale by, into m, the metrics of slot k of (o, lse, dq, dk,
 // dv): the term magnitudes of dq and dk (SetRowTermScales), then the format bound and the

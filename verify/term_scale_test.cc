@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <limits>
 #include <vector>
 
@@ -323,6 +326,96 @@ void ExpectMatchesNaive(const Problem& p, const char* what) {
     for (int64_t x = 0; x < p.head_dim; ++x) {
       EXPECT_LE(std::fabs(dk[r * p.head_dim + x]), c.terms.dk.data<double>()[r] * (1 + 1e-12));
     }
+  }
+}
+
+
+void ExpectSameBits(std::initializer_list<std::pair<const Tensor*, const Tensor*>> pairs,
+                    const std::string& what) {
+  int n = 0;
+  for (const auto& [x, y] : pairs) {
+    ASSERT_EQ(x->defined(), y->defined()) << what << " tensor " << n;
+    if (x->defined()) {
+      const auto u = x->span<const double>(), v = y->span<const double>();
+      ASSERT_EQ(u.size(), v.size()) << what << " tensor " << n;
+      ASSERT_EQ(std::memcmp(u.data(), v.data(), u.size() * sizeof(double)), 0)
+          << what << " tensor " << n;
+    }
+    ++n;
+  }
+}
+
+TEST(TermsAndFloors, ThreadCountDoesNotChangeTheBits) {
+  // A query tile's key tiles run in parallel waves; the sums over keys are added in tile order
+  // after each wave. Several query and key tiles (128 x 128), every mask feature, packed
+  // sequences, a few rows against many keys; the family quantities too.
+  std::vector<Problem> ps;
+  Problem p = Base();
+  p.seqlen_q = 300;
+  p.seqlen_k = 700;
+  p.causal = true;
+  ps.push_back(p);
+  p.causal = false;
+  p.window_left = 90;
+  p.window_right = 200;
+  p.softcap = 3.0;
+  p.alibi_slopes = std::vector<double>(static_cast<size_t>(p.heads_q), 0.125);
+  ps.push_back(p);
+  Problem packed = Base();
+  packed.batch = 3;
+  packed.seqlen_q = 200;
+  packed.seqlen_k = 400;
+  packed.causal = true;
+  packed.cu_seqlens_q = std::vector<int32_t>{0, 100, 101, 290};
+  packed.cu_seqlens_k = std::vector<int32_t>{0, 300, 301, 700};
+  ps.push_back(packed);
+  Problem few = Base();
+  few.seqlen_q = 3;
+  few.seqlen_k = 2000;
+  ps.push_back(few);
+  const RoundingPoints pts = TestPoints();
+  const QuantisedScoreModel model{.rel = 0.0625, .abs = 1e-3};
+  for (size_t n = 0; n < ps.size(); ++n) {
+    const Problem& q = ps[n];
+    const std::string what = "problem " + std::to_string(n);
+    const Computed c = RunCase(q, 100 + n);
+    std::vector<uint8_t> flags(static_cast<size_t>(q.TotalQ()));
+    for (size_t t = 0; t < flags.size(); ++t) flags[t] = t % 3 == 0 || t % 7 == 5;
+    std::vector<RoundingFloors> full, fwd, sampled;
+    std::vector<GradientTermScales> terms, family, family_fwd;
+    for (int threads : {1, 3}) {
+      auto f = ComputeRoundingFloors(q, pts, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse,
+                                     c.ref.o, c.ref.delta, nullptr, threads);
+      auto g = ComputeRoundingFloors(q, pts, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse,
+                                     Tensor(), Tensor(), nullptr, threads);
+      auto s = ComputeRoundingFloors(q, pts, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse,
+                                     Tensor(), Tensor(), &flags, threads);
+      auto t = ComputeGradientTermScales(q, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse,
+                                         threads);
+      auto m = ComputeGradientTermScales(q, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse,
+                                         &model, threads);
+      auto mf = ComputeGradientTermScales(q, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse,
+                                          &model, threads);
+      ASSERT_TRUE(f.ok() && g.ok() && s.ok() && t.ok() && m.ok() && mf.ok()) << what;
+      full.push_back(*f);
+      fwd.push_back(*g);
+      sampled.push_back(*s);
+      terms.push_back(*t);
+      family.push_back(*m);
+      family_fwd.push_back(*mf);
+    }
+    ExpectSameBits({{&full[0].o, &full[1].o}, {&full[0].dq, &full[1].dq},
+                    {&full[0].dk, &full[1].dk}, {&full[0].dv, &full[1].dv},
+                    {&fwd[0].o, &fwd[1].o}, {&sampled[0].o, &sampled[1].o}},
+                   what + " floors");
+    ExpectSameBits({{&terms[0].dq, &terms[1].dq}, {&terms[0].dk, &terms[1].dk}},
+                   what + " terms");
+    ExpectSameBits({{&family[0].dq, &family[1].dq}, {&family[0].dk, &family[1].dk},
+                    {&family[0].score_error, &family[1].score_error},
+                    {&family[0].o, &family[1].o}, {&family[0].dv, &family[1].dv},
+                    {&family_fwd[0].score_error, &family_fwd[1].score_error},
+                    {&family_fwd[0].o, &family_fwd[1].o}},
+                   what + " family terms");
   }
 }
 

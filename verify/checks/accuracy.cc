@@ -111,7 +111,8 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   if (with_baseline) {
     const CaseInputs& in = ctx.inputs;
     auto b = ProfileBaseline(*ctx.profile, p, in.q, in.k, in.v, bwd != nullptr ? &in.dout : nullptr,
-                             sample != nullptr ? &sample->query_rows : nullptr);
+                             sample != nullptr ? &sample->query_rows : nullptr,
+                             ctx.oracle_options.threads);
     if (!b.ok()) {
       out.push_back(Failure(check, "", "a baseline for the profile",
                             fmt::format("profile {}: {}", ctx.profile->name, b.error().message)));
@@ -143,7 +144,8 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   if (bwd != nullptr && ctx.profile->needs_term_scale()) {
     const BackwardOut& b = ctx.OracleBackward();
     const CaseInputs& in = ctx.inputs;
-    auto t = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, b.lse);
+    auto t = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, b.lse,
+                                       ctx.oracle_options.threads);
     if (!t.ok()) {
       out.push_back(Failure(check, "dq", "gradient term magnitudes", t.error().message));
       return out;
@@ -168,10 +170,12 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     Expected<RoundingFloors> f =
         bwd != nullptr
             ? ComputeRoundingFloors(p, points, in.q, in.k, in.v, in.dout, ctx.OracleBackward().lse,
-                                    ctx.OracleBackward().o, ctx.OracleBackward().delta)
+                                    ctx.OracleBackward().o, ctx.OracleBackward().delta, nullptr,
+                                    ctx.oracle_options.threads)
             : ComputeRoundingFloors(p, points, in.q, in.k, in.v, Tensor(),
                                     ctx.OracleForward().lse, Tensor(), Tensor(),
-                                    sample != nullptr ? &sample->query_rows : nullptr);
+                                    sample != nullptr ? &sample->query_rows : nullptr,
+                                    ctx.oracle_options.threads);
     if (!f.ok()) {
       out.push_back(Failure(check, "", "rounding floors", f.error().message));
       return out;
@@ -185,7 +189,8 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     const Tensor& lse = bwd != nullptr ? ctx.OracleBackward().lse : ctx.OracleForward().lse;
     const CaseInputs& in = ctx.inputs;
     auto f = ComputeFormatBounds(p, *ctx.profile->format_errors, in.q, in.k, in.v,
-                                 bwd != nullptr ? in.dout : Tensor(), lse);
+                                 bwd != nullptr ? in.dout : Tensor(), lse,
+                                 ctx.oracle_options.threads);
     if (!f.ok()) {
       out.push_back(Failure(check, "", "format bounds", f.error().message));
       return out;

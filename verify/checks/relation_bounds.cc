@@ -260,7 +260,8 @@ RecomputeAllowance RecomputeBound(CheckContext& ctx, const Problem& p, const Cas
   if (!in.dout.defined() || !o_a.defined() || !o_b.defined()) return out;
   const bool seen = JudgesLse(*ctx.kernel) && lse_a.defined() && lse_b.defined();
   const Tensor lse_mag = seen ? lse_a : oracle_lse();
-  auto terms = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, lse_mag);
+  auto terms =
+      ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, lse_mag, ctx.oracle_options.threads);
   if (!terms.ok()) return out;
   const bool rounds = ctx.profile != nullptr && ctx.profile->needs_rounding_floor();
   const Format ds = rounds ? FormatOf(p.dtype).value_or(Format::kF32) : Format::kF32;
