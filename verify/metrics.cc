@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <thread>
+
+#include "reference/oracle/oracle_internal.h"
 
 namespace attest {
 namespace {
@@ -254,116 +257,184 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
 
   const double* obs = m.observed.data<double>();
   const double* ref = m.reference.data<double>();
-  double sum_err = 0;
-  int64_t flat = 0;
-  // A new row starts where an index other than the row axis's changes, or, on a packed token
-  // axis, the sequence (Locate's b): tracked per element without building a Location, which
-  // is made only where one is stored.
-  std::vector<int64_t> prev_key(static_cast<size_t>(rank), -1);
-  int64_t prev_b = -1;
   int64_t token_axis = -1;
   for (int64_t a = 0; a < rank; ++a) {
     if (lay.axes[static_cast<size_t>(a)] == AxisRole::kToken) token_axis = a;
   }
   const std::vector<int32_t>& cu = lay.cu_seqlens;
-  size_t cb = 0;  // cached sequence of the token axis: cu[cb] <= token < cu[cb + 1]
-  ForEachIndex(m.shape, [&](std::span<const int64_t> index) {
+
+  // The per-element pass over flat elements [f0, f1): rows, counts, maxima and their
+  // locations. A new row starts where an index other than the row axis's changes, or, on a
+  // packed token axis, the sequence (Locate's b); a Location is built only where one is stored.
+  struct Part {
+    std::vector<RowMetrics> rows;
+    std::vector<int64_t> row_begin;
+    int64_t compared = 0, nonfinite_mismatches = 0, reference_nans = 0, matched_nonfinite = 0;
+    double max_abs_error = 0, ref_max_abs = 0, max_ulp = 0;
+    Location worst_abs, worst_ulp, first_nonfinite;
+  };
+  const auto run = [&](int64_t f0, int64_t f1, Part& part) {
+    if (f0 >= f1) return;  // (an empty tensor may have an extent 0)
+    std::vector<int64_t> index(static_cast<size_t>(rank), 0);
+    for (int64_t a = rank - 1, f = f0; a >= 0; --a) {
+      const int64_t extent = m.shape[static_cast<size_t>(a)];
+      index[static_cast<size_t>(a)] = f % extent;
+      f /= extent;
+    }
+    std::vector<int64_t> prev_key(static_cast<size_t>(rank), -1);
+    int64_t prev_b = -1;
+    size_t cb = 0;  // cached sequence of the token axis: cu[cb] <= token < cu[cb + 1]
+    for (int64_t flat = f0; flat < f1; ++flat) {
+      const double o = obs[flat];
+      const double r = ref[flat];
+      const auto locate = [&] {
+        Location loc = Locate(lay, index);
+        loc.flat = flat;
+        return loc;
+      };
+      // The sequence of a token axis as Locate finds it: the last b with cu[b] <= token
+      // (sequences of zero length own no token).
+      int64_t b_key = -1;
+      if (token_axis >= 0) {
+        const int64_t v = index[static_cast<size_t>(token_axis)];
+        if (!(cb + 1 < cu.size() && cu[cb] <= v && v < cu[cb + 1])) {
+          const auto it = std::upper_bound(cu.begin(), cu.end(), v);
+          cb = it == cu.begin() || it == cu.end() ? cu.size()
+                                                  : static_cast<size_t>(it - cu.begin()) - 1;
+        }
+        b_key = cb < cu.size() ? static_cast<int64_t>(cb) : -1;
+      }
+      bool new_row = part.rows.empty() || b_key != prev_b;
+      for (int64_t a = 0; a < rank && !new_row; ++a) {
+        const auto ua = static_cast<size_t>(a);
+        new_row = a != row_axis && index[ua] != prev_key[ua];
+      }
+      if (new_row) {
+        RowMetrics row;
+        row.where = locate();
+        row.where.flat = -1;
+        row.where.observed = row.where.reference = std::numeric_limits<double>::quiet_NaN();
+        if (row_axis >= 0) {
+          switch (lay.axes[static_cast<size_t>(row_axis)]) {
+            case AxisRole::kDim:
+              row.where.d = -1;
+              break;
+            case AxisRole::kSeq:
+            case AxisRole::kToken:
+              row.where.i = -1;
+              break;
+            default:
+              break;
+          }
+        }
+        part.rows.push_back(row);
+        part.row_begin.push_back(flat);
+        prev_key = index;
+        prev_b = b_key;
+      }
+      RowMetrics& row = part.rows.back();
+      ++row.length;
+
+      const auto where = [&] {
+        Location loc = locate();
+        loc.observed = o;
+        loc.reference = r;
+        return loc;
+      };
+      switch (ClassifyPair(o, r, options)) {
+        case PairKind::kMismatch:
+          if (part.nonfinite_mismatches == 0) part.first_nonfinite = where();
+          ++part.nonfinite_mismatches;
+          ++row.nonfinite_mismatches;
+          if (std::isnan(r)) ++part.reference_nans;
+          break;
+        case PairKind::kMatchedNonFinite:
+          ++part.matched_nonfinite;
+          break;
+        case PairKind::kFinite: {
+          ++part.compared;
+          const double e = o - r;
+          const double ae = std::fabs(e);
+          if (ae > part.max_abs_error || part.compared == 1) {
+            part.max_abs_error = ae;
+            part.worst_abs = where();
+          }
+          part.ref_max_abs = std::max(part.ref_max_abs, std::fabs(r));
+          const double ulp = UlpDistance(o, r, output_format);
+          if (ulp > part.max_ulp || part.compared == 1) {
+            part.max_ulp = ulp;
+            part.worst_ulp = where();
+          }
+          row.max_abs_error = std::max(row.max_abs_error, ae);
+          row.ref_max_abs = std::max(row.ref_max_abs, std::fabs(r));
+          row.err_l2 += e * e;
+          row.ref_l2 += r * r;
+          row.obs_l2 += o * o;
+          row.dot += o * r;
+          break;
+        }
+      }
+      for (int64_t a = rank - 1; a >= 0; --a) {
+        if (++index[static_cast<size_t>(a)] < m.shape[static_cast<size_t>(a)]) break;
+        index[static_cast<size_t>(a)] = 0;
+      }
+    }
+  };
+
+  // Where rows run along the last axis, no row crosses a line of it: the pass runs on
+  // options.threads workers over pieces of whole lines, merged in order (maxima: the first
+  // element holding the largest value, as one pass finds it). One piece otherwise.
+  const int64_t line = rank > 0 ? m.shape[static_cast<size_t>(rank - 1)] : 1;
+  const int64_t lines = line > 0 ? m.elements / line : 0;
+  const int workers = std::max(1, options.threads > 0
+                                      ? options.threads
+                                      : static_cast<int>(std::thread::hardware_concurrency()));
+  const bool split = workers > 1 && row_axis == rank - 1 && lines > 1 &&
+                     m.elements >= (int64_t{1} << 16);
+  const int64_t pieces = split ? std::min<int64_t>(lines, 8 * static_cast<int64_t>(workers)) : 1;
+  std::vector<Part> parts(static_cast<size_t>(pieces));
+  if (pieces == 1) {
+    run(0, m.elements, parts[0]);
+  } else {
+    oracle_internal::ParallelFor(
+        pieces, static_cast<int>(std::min<int64_t>(workers, pieces)), [&](int64_t x, int) {
+          run(lines * x / pieces * line, lines * (x + 1) / pieces * line,
+              parts[static_cast<size_t>(x)]);
+        });
+  }
+  for (Part& part : parts) {
+    if (part.nonfinite_mismatches > 0 && m.nonfinite_mismatches == 0) {
+      m.first_nonfinite = part.first_nonfinite;
+    }
+    if (part.compared > 0 && (m.compared == 0 || part.max_abs_error > m.max_abs_error)) {
+      m.max_abs_error = part.max_abs_error;
+      m.worst_abs = part.worst_abs;
+    }
+    if (part.compared > 0 && (m.compared == 0 || part.max_ulp > m.max_ulp)) {
+      m.max_ulp = part.max_ulp;
+      m.worst_ulp = part.worst_ulp;
+    }
+    m.ref_max_abs = std::max(m.ref_max_abs, part.ref_max_abs);
+    m.compared += part.compared;
+    m.nonfinite_mismatches += part.nonfinite_mismatches;
+    m.reference_nans += part.reference_nans;
+    m.matched_nonfinite += part.matched_nonfinite;
+    m.rows.insert(m.rows.end(), part.rows.begin(), part.rows.end());
+    m.row_begin.insert(m.row_begin.end(), part.row_begin.begin(), part.row_begin.end());
+  }
+  // The whole tensor's sums, in element order.
+  double sum_err = 0;
+  for (int64_t flat = 0; flat < m.elements; ++flat) {
     const double o = obs[flat];
     const double r = ref[flat];
-    const auto locate = [&] {
-      Location loc = Locate(lay, index);
-      loc.flat = flat;
-      return loc;
-    };
-
-    // Row bookkeeping. The sequence of a token axis as Locate finds it: the last b with
-    // cu[b] <= token (sequences of zero length own no token).
-    int64_t b_key = -1;
-    if (token_axis >= 0) {
-      const int64_t v = index[static_cast<size_t>(token_axis)];
-      if (!(cb + 1 < cu.size() && cu[cb] <= v && v < cu[cb + 1])) {
-        const auto it = std::upper_bound(cu.begin(), cu.end(), v);
-        cb = it == cu.begin() || it == cu.end() ? cu.size()
-                                                : static_cast<size_t>(it - cu.begin()) - 1;
-      }
-      b_key = cb < cu.size() ? static_cast<int64_t>(cb) : -1;
-    }
-    bool new_row = m.rows.empty() || b_key != prev_b;
-    for (int64_t a = 0; a < rank && !new_row; ++a) {
-      new_row = a != row_axis && index[static_cast<size_t>(a)] != prev_key[static_cast<size_t>(a)];
-    }
-    if (new_row) {
-      RowMetrics row;
-      row.where = locate();
-      row.where.flat = -1;
-      row.where.observed = row.where.reference = std::numeric_limits<double>::quiet_NaN();
-      if (row_axis >= 0) {
-        switch (lay.axes[static_cast<size_t>(row_axis)]) {
-          case AxisRole::kDim:
-            row.where.d = -1;
-            break;
-          case AxisRole::kSeq:
-          case AxisRole::kToken:
-            row.where.i = -1;
-            break;
-          default:
-            break;
-        }
-      }
-      m.rows.push_back(row);
-      m.row_begin.push_back(flat);
-      std::copy(index.begin(), index.end(), prev_key.begin());
-      prev_b = b_key;
-    }
-    RowMetrics& row = m.rows.back();
-    ++row.length;
-
-    const auto where = [&] {
-      Location loc = locate();
-      loc.observed = o;
-      loc.reference = r;
-      return loc;
-    };
-    switch (ClassifyPair(o, r, options)) {
-      case PairKind::kMismatch:
-        if (m.nonfinite_mismatches == 0) m.first_nonfinite = where();
-        ++m.nonfinite_mismatches;
-        ++row.nonfinite_mismatches;
-        if (std::isnan(r)) ++m.reference_nans;
-        break;
-      case PairKind::kMatchedNonFinite:
-        ++m.matched_nonfinite;
-        break;
-      case PairKind::kFinite: {
-        ++m.compared;
-        const double e = o - r;
-        const double ae = std::fabs(e);
-        if (ae > m.max_abs_error || m.compared == 1) {
-          m.max_abs_error = ae;
-          m.worst_abs = where();
-        }
-        m.ref_max_abs = std::max(m.ref_max_abs, std::fabs(r));
-        const double ulp = UlpDistance(o, r, output_format);
-        if (ulp > m.max_ulp || m.compared == 1) {
-          m.max_ulp = ulp;
-          m.worst_ulp = where();
-        }
-        sum_err += e;
-        m.err_l2 += e * e;
-        m.ref_l2 += r * r;
-        m.obs_l2 += o * o;
-        m.dot += o * r;
-        row.max_abs_error = std::max(row.max_abs_error, ae);
-        row.ref_max_abs = std::max(row.ref_max_abs, std::fabs(r));
-        row.err_l2 += e * e;
-        row.ref_l2 += r * r;
-        row.obs_l2 += o * o;
-        row.dot += o * r;
-        break;
-      }
-    }
-    ++flat;
-  });
+    if (ClassifyPair(o, r, options) != PairKind::kFinite) continue;
+    const double e = o - r;
+    sum_err += e;
+    m.err_l2 += e * e;
+    m.ref_l2 += r * r;
+    m.obs_l2 += o * o;
+    m.dot += o * r;
+  }
 
   // Squared sums become norms.
   const auto finish = [](auto& x) {

@@ -98,6 +98,9 @@ struct CompareOptions {
   // A kernel may declare lse = +inf for empty rows (docs/design.md "Empty rows"): then +inf
   // observed against a -inf reference is a match.
   bool allow_pos_inf_for_neg_inf = false;
+  // Worker threads for the per-element pass (0: all cores); the metrics are the same for
+  // every count.
+  int threads = 1;
 };
 
 struct TensorMetrics {

@@ -5,9 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 namespace attest {
 namespace {
@@ -264,6 +268,91 @@ TEST(Compare, CosineAndZeroRows) {
   EXPECT_DOUBLE_EQ(m->min_row_cosine, -1.0);
   EXPECT_EQ(m->worst_row_cosine.Coordinates(), "(i=2)");
   EXPECT_EQ(m->rows[1].RelL2(), kInf);
+}
+
+// Every field Compare fills, bitwise (doubles by their bits: NaN rows compare equal).
+void ExpectSameMetrics(const TensorMetrics& a, const TensorMetrics& b) {
+  const auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  const auto same_loc = [](const Location& x, const Location& y) {
+    EXPECT_EQ(x.ToString(), y.ToString());
+    EXPECT_EQ(x.flat, y.flat);
+  };
+  EXPECT_EQ(a.compared, b.compared);
+  EXPECT_EQ(bits(a.max_abs_error), bits(b.max_abs_error));
+  same_loc(a.worst_abs, b.worst_abs);
+  EXPECT_EQ(bits(a.max_ulp), bits(b.max_ulp));
+  same_loc(a.worst_ulp, b.worst_ulp);
+  EXPECT_EQ(bits(a.ref_max_abs), bits(b.ref_max_abs));
+  for (auto [x, y] : {std::pair{a.err_l2, b.err_l2}, {a.ref_l2, b.ref_l2}, {a.obs_l2, b.obs_l2},
+                      {a.dot, b.dot}, {a.rel_l2, b.rel_l2}, {a.cosine, b.cosine},
+                      {a.mean_error, b.mean_error}, {a.rms_error, b.rms_error},
+                      {a.bias, b.bias}, {a.min_row_cosine, b.min_row_cosine},
+                      {a.max_row_rel_l2, b.max_row_rel_l2}}) {
+    EXPECT_EQ(bits(x), bits(y));
+  }
+  EXPECT_EQ(a.nonfinite_mismatches, b.nonfinite_mismatches);
+  EXPECT_EQ(a.reference_nans, b.reference_nans);
+  EXPECT_EQ(a.matched_nonfinite, b.matched_nonfinite);
+  same_loc(a.first_nonfinite, b.first_nonfinite);
+  same_loc(a.worst_row_cosine, b.worst_row_cosine);
+  same_loc(a.worst_row_rel_l2, b.worst_row_rel_l2);
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  EXPECT_EQ(a.row_begin, b.row_begin);
+  for (size_t r = 0; r < a.rows.size(); ++r) {
+    const RowMetrics& x = a.rows[r];
+    const RowMetrics& y = b.rows[r];
+    EXPECT_EQ(x.where.ToString(), y.where.ToString()) << "row " << r;
+    EXPECT_EQ(x.length, y.length) << "row " << r;
+    EXPECT_EQ(x.nonfinite_mismatches, y.nonfinite_mismatches) << "row " << r;
+    for (auto [u, v] : {std::pair{x.max_abs_error, y.max_abs_error},
+                        {x.ref_max_abs, y.ref_max_abs}, {x.err_l2, y.err_l2},
+                        {x.ref_l2, y.ref_l2}, {x.obs_l2, y.obs_l2}, {x.dot, y.dot}}) {
+      ASSERT_EQ(bits(u), bits(v)) << "row " << r;
+    }
+  }
+}
+
+TEST(Compare, ThreadCountDoesNotChangeTheMetrics) {
+  // Large enough to be split (pieces of whole lines of the last axis), with ties for the
+  // largest error in different pieces, non-finite pairs, and a packed lse whose rows end at
+  // sequence boundaries inside a line (a zero-length sequence among them).
+  Problem p = SmallProblem();
+  p.batch = 2;
+  p.seqlen_q = 700;
+  p.heads_q = 4;
+  p.heads_kv = 4;
+  p.head_dim = p.head_dim_v = 64;
+  Tensor ref = Iota(p.OShape());
+  ref.at<double>({0, 5, 0, 0}) = 1;  // two equal largest errors (100): the first is named
+  ref.at<double>({1, 650, 3, 63}) = 1;
+  Tensor obs = ref.Clone();
+  uint64_t x = 12345;
+  for (double& v : obs.span<double>()) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    v += static_cast<double>(static_cast<int64_t>(x >> 40) % 7 - 3) * 0.25;
+  }
+  obs.at<double>({0, 10, 1, 3}) = kNan;
+  obs.at<double>({1, 600, 2, 5}) = kInf;
+  obs.at<double>({0, 5, 0, 0}) = 101;
+  obs.at<double>({1, 650, 3, 63}) = 101;
+  Problem v = SmallProblem();
+  v.batch = 4;
+  v.heads_q = v.heads_kv = 4;
+  v.cu_seqlens_q = std::vector<int32_t>{0, 9000, 9000, 15000, 20000};
+  v.cu_seqlens_k = v.cu_seqlens_q;
+  Tensor lref = Iota(v.LseShape());  // [4, 20000]
+  Tensor lobs = lref.Clone();
+  for (double& e : lobs.span<double>()) e *= 1 + 1e-7;
+  lobs.at<double>({2, 14999}) = -kInf;
+  for (const auto& [o, r, layout] :
+       {std::tuple{&obs, &ref, LayoutOf(p, "o")}, std::tuple{&lobs, &lref, LayoutOf(v, "lse")}}) {
+    auto one = Compare("t", *o, *r, Format::kBF16, layout, {.threads = 1});
+    auto three = Compare("t", *o, *r, Format::kBF16, layout, {.threads = 3});
+    ASSERT_TRUE(one.ok() && three.ok());
+    ExpectSameMetrics(*one, *three);
+    EXPECT_GE(one->rows.size(), 12u);
+    if (layout.axes.size() == 4) EXPECT_EQ(one->worst_abs.flat, ref.dim(3) * ref.dim(2) * 5);
+  }
 }
 
 TEST(Compare, ShapeMismatchIsAnErrorNamingTheTensor) {

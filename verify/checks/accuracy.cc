@@ -251,7 +251,8 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     if (sample != nullptr) s.observed = &sampled_observed[k];
     const Format format = FormatOf(slots[k].observed->dtype()).value_or(Format::kF64);
     const Layout layout = LayoutOf(p, s.name);
-    auto m = Compare(s.name, *s.observed, ref[k], format, layout);
+    const CompareOptions copts{.threads = ctx.oracle_options.threads};
+    auto m = Compare(s.name, *s.observed, ref[k], format, layout, copts);
     if (!m.ok()) {
       out.push_back(Failure(check, s.name, "comparable outputs", m.error().message));
       continue;
@@ -296,7 +297,7 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     }
     std::optional<TensorMetrics> bm;
     if (with_baseline) {
-      auto b = Compare(s.name, base[k], ref[k], format, layout);
+      auto b = Compare(s.name, base[k], ref[k], format, layout, copts);
       if (!b.ok()) {
         out.push_back(Failure(check, s.name, "comparable baseline", b.error().message));
         continue;
