@@ -17,7 +17,10 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build/default}"
 cd "$root"
 cache="${ATTEST_WHEEL_CACHE:-/tmp/attest-wheels}"
-part_a_mb="${ATTEST_PART_A_MB:-26}"
+# Each call carries the tracked tree too (about 21 MB) within the device tool's 64 MiB: with
+# the 71 MB wheel split at 25 MiB, .devA (attest, zstd, the small wheels, part 0) is about
+# 44 MB and .devB about 45 MB. A tracked tree past about 22 MB no longer fits two calls.
+part_a_mb="${ATTEST_PART_A_MB:-25}"
 
 wheels=(flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
         nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
