@@ -110,16 +110,20 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
   // Per-worker buffers: a row's scores (s, s32), an output row's sums (acc_d) and, row-wise,
   // the row's visibility, probabilities and tanh values.
   struct Scratch {
+    int64_t batch = -1;  // the sequence the buffers are sized for
     std::vector<float> s, s32, acc_d, pr, p32, th;
     std::vector<uint8_t> vis;
   };
-  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));  // sized on first use
 
   for (int64_t b = 0; b < p.batch; ++b) {
     const MaskView mask(p, b);
     const Sequence seq = mask.sequence();
     const int64_t nq = seq.q_len, nk = seq.k_len;
-    for (Scratch& w : scratch) {
+    const auto ready = [&](int worker) -> Scratch& {
+      Scratch& w = scratch[static_cast<size_t>(worker)];
+      if (w.batch == b) return w;
+      w.batch = b;
       w.s.assign(static_cast<size_t>(nk), 0.0f);
       w.s32.assign(static_cast<size_t>(nk), 0.0f);
       w.acc_d.assign(static_cast<size_t>(std::max(D, Dv)), 0.0f);
@@ -129,7 +133,8 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
         if (alibi) w.p32.assign(static_cast<size_t>(nk), 0.0f);
         if (cap > 0) w.th.assign(static_cast<size_t>(nk), 0.0f);
       }
-    }
+      return w;
+    };
     // Per-head buffers, reused: scaled q', softmax output (rounded, and fp32 for ALiBi),
     // tanh values for the softcap backward, visibility (whole runs; row-wise they are the
     // workers' rows).
@@ -190,7 +195,7 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
       std::fill(pr.begin(), pr.end(), 0.0f);
       // ---- forward: one row at a time, rows in parallel ----
       parallel(nq, [&](int64_t i, int worker) {
-        Scratch& w = scratch[static_cast<size_t>(worker)];
+        Scratch& w = ready(worker);
         std::vector<float>& s = w.s;
         std::vector<float>& s32 = w.s32;
         const int64_t t = seq.q_begin + i;
@@ -313,7 +318,7 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
             ds[j] = dsj;
           }
           // dq'_d = sum_j dS_j k_jd (sequential in j), then the scale's backward.
-          std::vector<float>& acc_d = scratch[static_cast<size_t>(worker)].acc_d;
+          std::vector<float>& acc_d = ready(worker).acc_d;
           std::fill(acc_d.begin(), acc_d.begin() + D, 0.0f);
           for (int64_t j = 0; j < nk; ++j) {
             if (!vis[static_cast<size_t>(i * nk + j)]) continue;

@@ -173,17 +173,20 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   };
   const int workers = std::max(
       1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));  // allocated on first use
   const auto area = static_cast<size_t>(kTileQ * kTileK);
-  for (Scratch& w : scratch) {
-    w.s.resize(area);
-    w.dp.resize(area);
-    if (model != nullptr) {
-      w.aqk.resize(area);
-      w.prob.resize(area);
+  const auto ready = [&](Scratch& w) -> Scratch& {
+    if (w.s.empty()) {
+      w.s.resize(area);
+      w.dp.resize(area);
+      if (model != nullptr) {
+        w.aqk.resize(area);
+        w.prob.resize(area);
+      }
+      w.vis.resize(static_cast<size_t>(kTileK));
     }
-    w.vis.resize(static_cast<size_t>(kTileK));
-  }
+    return w;
+  };
   // The key tiles of a query tile run in waves, the tiles of a wave in parallel
   // (ComputeRoundingFloors does the same): sums over keys take each tile's product from zero
   // and add it to the running sum in tile order after the wave (C = C + t, what the product
@@ -191,7 +194,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   // each tile's terms in order after the wave; the row maxima of the score error, of
   // non-negative terms, take each tile's maximum (from 0) in order. Sums over queries
   // accumulate in place: each tile owns its key rows. So the bits do not depend on the count.
-  const int64_t wave = std::max<int64_t>(1, 4 * static_cast<int64_t>(workers));
+  const int64_t wave = std::max<int64_t>(workers, std::min<int64_t>(4 * int64_t{workers}, 64));
   const auto o_size = static_cast<size_t>(kTileQ * dv), q_size = static_cast<size_t>(kTileQ * d);
   // Per wave slot: the tile's Dabs terms [tq x tk] and score-error maxima [tq] (pass 0), or
   // its dq and o products (pass 1).
@@ -314,7 +317,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
                   nw, static_cast<int>(std::min<int64_t>(workers, nw)),
                   [&](int64_t x, int worker) {
                     const auto [j0, tk] = tiles[static_cast<size_t>(w0 + x)];
-                    key_tile(pass, x, j0, tk, scratch[static_cast<size_t>(worker)]);
+                    key_tile(pass, x, j0, tk, ready(scratch[static_cast<size_t>(worker)]));
                   });
               for (int64_t x = 0; x < nw; ++x) {
                 const double* slot_data = part.data() + static_cast<size_t>(x) * slot_size;
@@ -510,20 +513,23 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
   };
   const int workers = std::max(
       1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-  std::vector<Scratch> scratch(static_cast<size_t>(workers));
-  for (Scratch& w : scratch) {
-    for (auto* x : {&w.s, &w.dp, &w.e1, &w.e2, &w.e3, &w.e4, &w.e5, &w.sq}) x->resize(area);
-    w.th.resize(static_cast<size_t>(kTileK));
-    w.vis.resize(static_cast<size_t>(kTileK));
-  }
-  // The key tiles of a query tile run in waves of up to kWave tiles, the tiles of a wave in
-  // parallel. The sums over keys (o1, o2, q1, q2, qc) take, per tile, the product of the tile
-  // from zero (one k block of the oracle's product: tk <= kGemmKc) and add it to the running
-  // sum in tile order, after the wave: C = C + t, what the product does when it accumulates
-  // (oracle_gemm.h), so the bits do not depend on the thread count. The sums over queries (k1,
-  // k2, v1, v2) accumulate in place: each tile owns its key rows, and query tiles and heads run
-  // in order.
-  const int64_t wave = std::max<int64_t>(1, 4 * static_cast<int64_t>(workers));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));  // allocated on first use
+  const auto ready = [&](Scratch& w) -> Scratch& {
+    if (w.s.empty()) {
+      for (auto* x : {&w.s, &w.dp, &w.e1, &w.e2, &w.e3, &w.e4, &w.e5, &w.sq}) x->resize(area);
+      w.th.resize(static_cast<size_t>(kTileK));
+      w.vis.resize(static_cast<size_t>(kTileK));
+    }
+    return w;
+  };
+  // The key tiles of a query tile run in waves (4 tiles per worker, at most 64 unless there
+  // are more workers), the tiles of a wave in parallel. The sums over keys (o1, o2, q1, q2,
+  // qc) take, per tile, the product of the tile from zero (one k block of the oracle's
+  // product: tk <= kGemmKc) and add it to the running sum in tile order, after the wave:
+  // C = C + t, what the product does when it accumulates (oracle_gemm.h), so the bits do not
+  // depend on the thread count. The sums over queries (k1, k2, v1, v2) accumulate in place:
+  // each tile owns its key rows, and query tiles and heads run in order.
+  const int64_t wave = std::max<int64_t>(workers, std::min<int64_t>(4 * int64_t{workers}, 64));
   const auto o_size = static_cast<size_t>(kTileQ * dv), q_size = static_cast<size_t>(kTileQ * d);
   std::vector<double> o1(o_size), o2(o_size), q1(q_size), q2(q_size), qc(q_size);
   // Per wave slot: the tile's o1, o2, q1, q2, qc products.
@@ -691,7 +697,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             oracle_internal::ParallelFor(
                 nw, static_cast<int>(std::min<int64_t>(workers, nw)), [&](int64_t x, int worker) {
                   const auto [j0, tk] = tiles[static_cast<size_t>(w0 + x)];
-                  key_tile(x, j0, tk, scratch[static_cast<size_t>(worker)]);
+                  key_tile(x, j0, tk, ready(scratch[static_cast<size_t>(worker)]));
                 });
             for (int64_t x = 0; x < nw; ++x) {
               const auto [o1p, o2p, q1p, q2p, qcp] = parts(x);
