@@ -7,7 +7,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -71,10 +70,9 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
     return Error{"baseline: sampled rows need a forward and one flag per query row"};
   }
   const bool rowwise = query_rows != nullptr;
-  const int workers =
-      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto parallel = [workers](int64_t items, const std::function<void(int64_t, int)>& fn) {
-    oracle_internal::ParallelFor(items, static_cast<int>(std::min<int64_t>(workers, items)), fn);
+  const int workers = oracle_internal::ThreadCount(threads);
+  const auto parallel = [threads](int64_t items, const std::function<void(int64_t, int)>& fn) {
+    oracle_internal::ParallelFor(items, oracle_internal::ThreadCount(threads, items), fn);
   };
   // fn(j0, j1) over [0, n) in chunks of kKeyChunk, in parallel.
   const auto chunked = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {

@@ -104,6 +104,16 @@ Problem Featureful(DType dtype) {
   return p;
 }
 
+// p packed into three sequences (the middle one with no queries).
+Problem Packed(Problem p) {
+  p.batch = 3;
+  p.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 19};
+  p.cu_seqlens_k = std::vector<int32_t>{0, 12, 20, 33};
+  p.seqlen_q = 14;
+  p.seqlen_k = 13;
+  return p;
+}
+
 void ExpectCloseToOracle(const Problem& p, double rel, BaselineMode mode) {
   const CaseInputs in = Inputs(p, 7);
   auto b = BaselineBackward(p, in.q, in.k, in.v, in.dout, mode);
@@ -136,13 +146,7 @@ TEST(Baseline, ThreadCountDoesNotChangeTheBits) {
   // shapes across those boundaries, every feature, packed sequences, one query row.
   std::vector<Problem> ps;
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) ps.push_back(Featureful(dt));
-  Problem packed = Featureful(DType::kBF16);
-  packed.batch = 3;
-  packed.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 19};
-  packed.cu_seqlens_k = std::vector<int32_t>{0, 12, 20, 33};
-  packed.seqlen_q = 14;
-  packed.seqlen_k = 13;
-  ps.push_back(packed);
+  ps.push_back(Packed(Featureful(DType::kBF16)));
   Problem big;
   big.batch = 2;
   big.heads_q = 4;
@@ -194,13 +198,7 @@ TEST(Baseline, Fp32AgreesWithTheOracleOnEveryFeature) {
 }
 
 TEST(Baseline, Fp32AgreesWithTheOracleWhenPacked) {
-  Problem p = Featureful(DType::kF32);
-  p.batch = 3;
-  p.cu_seqlens_q = std::vector<int32_t>{0, 5, 5, 19};
-  p.cu_seqlens_k = std::vector<int32_t>{0, 12, 20, 33};
-  p.seqlen_q = 14;
-  p.seqlen_k = 13;
-  ExpectCloseToOracle(p, 1e-5, BaselineMode::kSdpaMath);
+  ExpectCloseToOracle(Packed(Featureful(DType::kF32)), 1e-5, BaselineMode::kSdpaMath);
 }
 
 TEST(Baseline, Bf16ErrorHasTheMeasuredOrder) {

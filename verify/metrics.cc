@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <thread>
 
 #include "reference/oracle/oracle_internal.h"
 
@@ -386,9 +385,7 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
   // element holding the largest value, as one pass finds it). One piece otherwise.
   const int64_t line = rank > 0 ? m.shape[static_cast<size_t>(rank - 1)] : 1;
   const int64_t lines = line > 0 ? m.elements / line : 0;
-  const int workers = std::max(1, options.threads > 0
-                                      ? options.threads
-                                      : static_cast<int>(std::thread::hardware_concurrency()));
+  const int workers = oracle_internal::ThreadCount(options.threads);
   const bool split = workers > 1 && row_axis == rank - 1 && lines > 1 &&
                      m.elements >= (int64_t{1} << 16);
   const int64_t pieces = split ? std::min<int64_t>(lines, 8 * static_cast<int64_t>(workers)) : 1;
@@ -397,7 +394,7 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
     run(0, m.elements, parts[0]);
   } else {
     oracle_internal::ParallelFor(
-        pieces, static_cast<int>(std::min<int64_t>(workers, pieces)), [&](int64_t x, int) {
+        pieces, oracle_internal::ThreadCount(workers, pieces), [&](int64_t x, int) {
           run(lines * x / pieces * line, lines * (x + 1) / pieces * line,
               parts[static_cast<size_t>(x)]);
         });

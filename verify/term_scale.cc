@@ -13,7 +13,6 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -55,6 +54,24 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
   PackPanels(b, k, n, trans_b ? 1 : ldb, trans_b ? ldb : 1, panels.data());
   GemmPanels(m, n, k, a, trans_a ? 1 : lda, trans_a ? lda : 1,
              Panels{panels.data(), k * kPanelWidth}, alpha, /*accumulate=*/beta != 0, c, ldc);
+}
+
+// Tiles per wave of InWaves: 4 per worker, at most 64 unless there are more workers.
+int64_t WaveSize(int workers) {
+  return std::max<int64_t>(workers, std::min<int64_t>(4 * int64_t{workers}, 64));
+}
+
+// tile(x, i, worker) for the tiles i in [0, n), in waves of `wave` tiles run on up to `workers`
+// threads (x < wave: the tile's slot in its wave); after each wave, merge(x, i) for its tiles
+// in order. Sums merged there keep one order whatever the thread count.
+template <class Tile, class Merge>
+void InWaves(int64_t n, int64_t wave, int workers, Tile&& tile, Merge&& merge) {
+  for (int64_t w0 = 0; w0 < n; w0 += wave) {
+    const int64_t nw = std::min(wave, n - w0);
+    oracle_internal::ParallelFor(nw, oracle_internal::ThreadCount(workers, nw),
+                                 [&](int64_t x, int worker) { tile(x, w0 + x, worker); });
+    for (int64_t x = 0; x < nw; ++x) merge(x, w0 + x);
+  }
 }
 
 Expected<Tensor> F64Input(const Tensor& t, const char* name, const Shape& shape) {
@@ -171,8 +188,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
     std::vector<double> s, dp, aqk, prob;
     std::vector<uint8_t> vis;
   };
-  const int workers = std::max(
-      1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  const int workers = oracle_internal::ThreadCount(threads);
   std::vector<Scratch> scratch(static_cast<size_t>(workers));  // allocated on first use
   const auto area = static_cast<size_t>(kTileQ * kTileK);
   const auto ready = [&](Scratch& w) -> Scratch& {
@@ -194,7 +210,7 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
   // each tile's terms in order after the wave; the row maxima of the score error, of
   // non-negative terms, take each tile's maximum (from 0) in order. Sums over queries
   // accumulate in place: each tile owns its key rows. So the bits do not depend on the count.
-  const int64_t wave = std::max<int64_t>(workers, std::min<int64_t>(4 * int64_t{workers}, 64));
+  const int64_t wave = WaveSize(workers);
   const auto o_size = static_cast<size_t>(kTileQ * dv), q_size = static_cast<size_t>(kTileQ * d);
   // Per wave slot: the tile's Dabs terms [tq x tk] and score-error maxima [tq] (pass 0), or
   // its dq and o products (pass 1).
@@ -311,43 +327,39 @@ Expected<GradientTermScales> ComputeGradientTermScales(const Problem& p, const T
           for (int pass = 0; pass < 2; ++pass) {
             // Forward only: pass 0 is the score error alone.
             if (pass == 0 && !backward && model == nullptr) continue;
-            for (int64_t w0 = 0; w0 < n_tiles; w0 += wave) {
-              const int64_t nw = std::min(wave, n_tiles - w0);
-              oracle_internal::ParallelFor(
-                  nw, static_cast<int>(std::min<int64_t>(workers, nw)),
-                  [&](int64_t x, int worker) {
-                    const auto [j0, tk] = tiles[static_cast<size_t>(w0 + x)];
-                    key_tile(pass, x, j0, tk, ready(scratch[static_cast<size_t>(worker)]));
-                  });
-              for (int64_t x = 0; x < nw; ++x) {
-                const double* slot_data = part.data() + static_cast<size_t>(x) * slot_size;
-                const int64_t tk = tiles[static_cast<size_t>(w0 + x)].second;
-                if (pass == 0) {
-                  for (int64_t r = 0; r < tq; ++r) {
-                    const double* trow = slot_data + r * tk;
-                    double& acc = dabs[static_cast<size_t>(r)];
-                    if (backward) {
-                      for (int64_t c = 0; c < tk; ++c) acc += trow[c];
-                    }
-                    if (model != nullptr) {
-                      delta_row[static_cast<size_t>(r)] =
-                          std::max(delta_row[static_cast<size_t>(r)], slot_data[area + r]);
-                    }
+            const auto tile = [&](int64_t x, int64_t i, int worker) {
+              const auto [j0, tk] = tiles[static_cast<size_t>(i)];
+              key_tile(pass, x, j0, tk, ready(scratch[static_cast<size_t>(worker)]));
+            };
+            const auto merge = [&](int64_t x, int64_t i) {
+              const double* slot_data = part.data() + static_cast<size_t>(x) * slot_size;
+              const int64_t tk = tiles[static_cast<size_t>(i)].second;
+              if (pass == 0) {
+                for (int64_t r = 0; r < tq; ++r) {
+                  const double* trow = slot_data + r * tk;
+                  double& acc = dabs[static_cast<size_t>(r)];
+                  if (backward) {
+                    for (int64_t c = 0; c < tk; ++c) acc += trow[c];
                   }
-                  continue;
-                }
-                if (backward) {
-                  for (size_t e = 0; e < static_cast<size_t>(tq * d); ++e) {
-                    dq_acc[e] = dq_acc[e] + slot_data[e];
+                  if (model != nullptr) {
+                    delta_row[static_cast<size_t>(r)] =
+                        std::max(delta_row[static_cast<size_t>(r)], slot_data[area + r]);
                   }
                 }
-                if (model != nullptr) {
-                  for (size_t e = 0; e < static_cast<size_t>(tq * dv); ++e) {
-                    o_acc[e] = o_acc[e] + slot_data[q_size + e];
-                  }
+                return;
+              }
+              if (backward) {
+                for (size_t e = 0; e < static_cast<size_t>(tq * d); ++e) {
+                  dq_acc[e] = dq_acc[e] + slot_data[e];
                 }
               }
-            }
+              if (model != nullptr) {
+                for (size_t e = 0; e < static_cast<size_t>(tq * dv); ++e) {
+                  o_acc[e] = o_acc[e] + slot_data[q_size + e];
+                }
+              }
+            };
+            InWaves(n_tiles, wave, workers, tile, merge);
           }
           for (int64_t r = 0; r < tq; ++r) {
             const double* row = dq_acc.data() + r * d;
@@ -511,8 +523,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
     std::vector<double> s, dp, e1, e2, e3, e4, e5, sq, th;
     std::vector<uint8_t> vis;
   };
-  const int workers = std::max(
-      1, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  const int workers = oracle_internal::ThreadCount(threads);
   std::vector<Scratch> scratch(static_cast<size_t>(workers));  // allocated on first use
   const auto ready = [&](Scratch& w) -> Scratch& {
     if (w.s.empty()) {
@@ -529,7 +540,7 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
   // C = C + t, what the product does when it accumulates (oracle_gemm.h), so the bits do not
   // depend on the thread count. The sums over queries (k1, k2, v1, v2) accumulate in place:
   // each tile owns its key rows, and query tiles and heads run in order.
-  const int64_t wave = std::max<int64_t>(workers, std::min<int64_t>(4 * int64_t{workers}, 64));
+  const int64_t wave = WaveSize(workers);
   const auto o_size = static_cast<size_t>(kTileQ * dv), q_size = static_cast<size_t>(kTileQ * d);
   std::vector<double> o1(o_size), o2(o_size), q1(q_size), q2(q_size), qc(q_size);
   // Per wave slot: the tile's o1, o2, q1, q2, qc products.
@@ -692,23 +703,21 @@ Expected<RoundingFloors> ComputeRoundingFloors(const Problem& p, const RoundingP
             for (size_t e = 0; e < n; ++e) acc[e] = acc[e] + t[e];
           };
           const auto n_tiles = static_cast<int64_t>(tiles.size());
-          for (int64_t w0 = 0; w0 < n_tiles; w0 += wave) {
-            const int64_t nw = std::min(wave, n_tiles - w0);
-            oracle_internal::ParallelFor(
-                nw, static_cast<int>(std::min<int64_t>(workers, nw)), [&](int64_t x, int worker) {
-                  const auto [j0, tk] = tiles[static_cast<size_t>(w0 + x)];
-                  key_tile(x, j0, tk, ready(scratch[static_cast<size_t>(worker)]));
-                });
-            for (int64_t x = 0; x < nw; ++x) {
-              const auto [o1p, o2p, q1p, q2p, qcp] = parts(x);
-              add(o1, o1p, static_cast<size_t>(tq * dv));
-              add(o2, o2p, static_cast<size_t>(tq * dv));
-              if (!backward) continue;
-              add(q1, q1p, static_cast<size_t>(tq * d));
-              add(q2, q2p, static_cast<size_t>(tq * d));
-              add(qc, qcp, static_cast<size_t>(tq * d));
-            }
-          }
+          InWaves(
+              n_tiles, wave, workers,
+              [&](int64_t x, int64_t i, int worker) {
+                const auto [j0, tk] = tiles[static_cast<size_t>(i)];
+                key_tile(x, j0, tk, ready(scratch[static_cast<size_t>(worker)]));
+              },
+              [&](int64_t x, int64_t) {
+                const auto [o1p, o2p, q1p, q2p, qcp] = parts(x);
+                add(o1, o1p, static_cast<size_t>(tq * dv));
+                add(o2, o2p, static_cast<size_t>(tq * dv));
+                if (!backward) return;
+                add(q1, q1p, static_cast<size_t>(tq * d));
+                add(q2, q2p, static_cast<size_t>(tq * d));
+                add(qc, qcp, static_cast<size_t>(tq * d));
+              });
           double* of = out.o.data<double>();
           for (int64_t r = 0; r < tq; ++r) {
             for (int64_t c = 0; c < dv; ++c) {

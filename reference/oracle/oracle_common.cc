@@ -106,8 +106,11 @@ std::vector<MaskView> MaskViews(const Problem& p) {
 }
 
 int ThreadCount(const OracleOptions& options, int64_t items) {
-  int64_t t = options.threads > 0 ? options.threads
-                                  : static_cast<int64_t>(std::thread::hardware_concurrency());
+  return ThreadCount(options.threads, items);
+}
+
+int ThreadCount(int threads, int64_t items) {
+  int64_t t = threads > 0 ? threads : static_cast<int64_t>(std::thread::hardware_concurrency());
   t = std::clamp<int64_t>(t, 1, std::max<int64_t>(items, 1));
   return static_cast<int>(t);
 }

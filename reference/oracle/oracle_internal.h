@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "reference/oracle/oracle.h"
@@ -55,6 +56,9 @@ inline double AlibiSlope(const Problem& p, int64_t h) {
 
 // Worker count for `options` (0: hardware concurrency), at most `items`, at least 1.
 int ThreadCount(const OracleOptions& options, int64_t items);
+// The same for a bare thread count (0: hardware concurrency); the default `items` leaves it
+// unclamped.
+int ThreadCount(int threads, int64_t items = std::numeric_limits<int64_t>::max());
 // Runs fn(item, worker) for every item in [0, items) on `threads` std::threads (the
 // calling thread included). Items are claimed dynamically, so results must depend only on
 // the item, never on the worker: every item writes disjoint outputs, and per-worker
