@@ -25,7 +25,8 @@
 //   order: the same S, P, dS; dV += P^T dO, dK += dS^T Q; dk = scale dK. Q and dO tiles stream
 //   through one buffer each, the next requested as soon as the product that reads it is done.
 //   No atomics on outputs: every output element has one owner block, so results are
-//   deterministic (run to run bitwise equal); the per-key count of visible entries is read off
+//   deterministic (run to run bitwise equal; the row kernels' fused dQ below adds in a fixed
+//   order); the per-key count of visible entries is read off
 //   the sign of P on the mma path (masked entries hold -0.0, ScoresBackwardMma).
 // Memory: O(tile) shared memory per block plus the inputs, outputs and per-row norms; never
 // O(Sq Sk). Shared-memory row strides avoid bank conflicts: odd on the fma path, 4 (mod 8) on
@@ -43,7 +44,10 @@
 // (dK, dV); its scores, P, dS and its accumulators stay in registers, in the mma fragments. Key
 // tiles of 32 in the forward and dQ, query tiles of 32 in dK/dV: the same expressions and the
 // same kinds of chains (a tile's product summed apart, then added), with the chain lengths each
-// kernel reports (dQ: 16 + tiles + 1, its two warps per row adding at the end).
+// kernel reports (dQ: 16 + tiles + 1, its two warps per row adding at the end). With 64 keys a
+// block, the dK/dV kernel also forms dQ and RowDqKernel does not run (FusedDq: each block's share
+// added to dq by red.global.add.f64 in ascending key order, turn by turn, then scaled; no
+// atomics in an arbitrary order, so two runs still give the same bits).
 // Compiled with -DATTEST_ORACLE_CUDA_EMULATE by a C++ compiler (oracle_cuda_emulated.cc), the
 // kernels run on CPU threads (oracle_cuda_emulate.h, cp.async included) for tests without a GPU.
 //
@@ -415,15 +419,16 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     // dQ with a pair of warps per 16 query rows (RowDqKernel, oracle_cuda_rows.cuh) where it
     // applies: 16 x 8 x 8 blocks, d and dv multiples of 8, d <= 128 (dQ's accumulator in
     // registers), and 16 query rows per pair of warps that fit shared memory.
-    int dq_pairs = 0;
-    if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dd <= 128) {
-      for (int w = kThreads / 64; w >= 1 && dq_pairs == 0; w /= 2) {
-        if (8 * RowDqShared(dd, dvw, 16 * w) <= limit) dq_pairs = w;
+    auto launch_dq = [&] {
+      int dq_pairs = 0;
+      if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dd <= 128) {
+        for (int w = kThreads / 64; w >= 1 && dq_pairs == 0; w /= 2) {
+          if (8 * RowDqShared(dd, dvw, 16 * w) <= limit) dq_pairs = w;
+        }
       }
-    }
-    const int64_t dq_tiles =
-        dq_pairs > 0 ? (max_q + 16 * dq_pairs - 1) / (16 * dq_pairs) : q_tiles;
-    if (dq_tiles > 0) {
+      const int64_t dq_tiles =
+          dq_pairs > 0 ? (max_q + 16 * dq_pairs - 1) / (16 * dq_pairs) : q_tiles;
+      if (dq_tiles <= 0) return;
       const dim3 grid(static_cast<unsigned>(dq_tiles), static_cast<unsigned>(hq),
                       static_cast<unsigned>(batch));
       if (dq_pairs > 0) {
@@ -443,7 +448,7 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         Launch(DqKernel, "DqKernel", grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in,
                d_lse, d_delta, d_dq, dstats);
       }
-    }
+    };
     // dK and dV with a pair of warps per 16 keys (RowDkDvKernel, oracle_cuda_rows.cuh) where it
     // applies: 16 x 8 x 8 blocks, d and dv multiples of 16 and at most 128 (each warp holds half
     // of the columns of dK and dV in registers), query tiles of 32 rows, and 16 keys per pair of
@@ -454,6 +459,16 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         if (8 * RowDkDvShared(dd, dvw, 32, 16 * w, 2 * w) <= limit) kv_pairs = w;
       }
     }
+    // With a whole block of pairs (kPairs: 64 keys a block), RowDkDvKernel also computes dQ
+    // (kFused: FusedDq in oracle_cuda_rows.cuh), unless ATTEST_ORACLE_CUDA_FUSED=0 (the bench
+    // compares); RowDqKernel or DqKernel otherwise, and again if a fused block gave up waiting
+    // for its turn.
+    const char* fused_env = std::getenv("ATTEST_ORACLE_CUDA_FUSED");
+    const int64_t fused_tiles = (max_q + 31) / 32;
+    const bool fused = kv_pairs == kPairs &&
+                       !(fused_env != nullptr && std::string(fused_env) == "0") &&
+                       batch * hq * fused_tiles <= 0x7fffffff && max_k / 16 < 0x7fffffff;
+    if (!fused) launch_dq();
     const int64_t kv_tiles =
         kv_pairs > 0 ? (max_k + 16 * kv_pairs - 1) / (16 * kv_pairs) : k_tiles;
     if (kv_tiles > 0) {
@@ -467,16 +482,49 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         const size_t bytes =
             8 * static_cast<size_t>(RowDkDvShared(dd, dvw, pk.tq, pk.tk, 2 * kv_pairs));
         const unsigned block = 64 * kv_pairs;
-        if (std::max(dd, dvw) <= 64) {
-          Launch(RowDkDvKernel<4>, "RowDkDvKernel<4>", grid, block, bytes, pk, dq_in, dk_in,
-                 dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
+        FusedDq fz{};
+        if (fused && fused_tiles > 0) {
+          fz.dq = d_dq;
+          fz.q_tiles = fused_tiles;
+          fz.turn = arena.Alloc<int>(batch * hq * fused_tiles, "dQ turns");
+          const dim3 tiles(static_cast<unsigned>(fused_tiles), static_cast<unsigned>(hq),
+                           static_cast<unsigned>(batch));
+          Launch(FirstTurnKernel, "FirstTurnKernel", tiles, 32, 0, pk, fz);
+        }
+        const bool wide = std::max(dd, dvw) > 64;
+        if (fused) {
+          if (wide) {
+            Launch(RowDkDvKernel<8, true>, "RowDkDvKernel<8, fused>", grid, block, bytes, pk,
+                   dq_in, dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
+          } else {
+            Launch(RowDkDvKernel<4, true>, "RowDkDvKernel<4, fused>", grid, block, bytes, pk,
+                   dq_in, dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
+          }
+        } else if (wide) {
+          Launch(RowDkDvKernel<8, false>, "RowDkDvKernel<8>", grid, block, bytes, pk, dq_in,
+                 dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
         } else {
-          Launch(RowDkDvKernel<8>, "RowDkDvKernel<8>", grid, block, bytes, pk, dq_in, dk_in,
-                 dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
+          Launch(RowDkDvKernel<4, false>, "RowDkDvKernel<4>", grid, block, bytes, pk, dq_in,
+                 dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
         }
       } else {
         Launch(DkDvKernel, "DkDvKernel", grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in,
                ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
+      }
+    }
+    if (fused) {
+      // A block that waited kTurnTimeoutNs for its turn gave up (the GPU did not start the
+      // blocks in index order): dQ again, without turns. Else dq = scale dQ.
+      unsigned long long timeouts = 0;
+      Check(cudaMemcpy(&timeouts, &dstats->order_timeouts, sizeof timeouts,
+                       cudaMemcpyDeviceToHost),
+            "cudaMemcpy statistics");
+      if (timeouts != 0) {
+        Check(cudaMemset(d_dq, 0, static_cast<size_t>(nq_el) * 8), "cudaMemset(dq)");
+        launch_dq();
+      } else if (nq_el > 0) {
+        Launch(ScaleKernel, "ScaleKernel", blocks_for(nq_el), kThreads, 0, d_dq, nq_el,
+               p.scale);
       }
     }
   }

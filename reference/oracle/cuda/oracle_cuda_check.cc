@@ -66,6 +66,15 @@ std::vector<NamedProblem> CheckProblems() {
     out.push_back({"varlen_rows", p});
   }
   {
+    // The fused dQ's turns (RowDkDvKernel with FusedDq) across several key blocks and query
+    // tiles of a band: GQA 2, a window on both sides, head dims of 16 (emulated: key blocks of
+    // 16; on the GPU of 64).
+    Problem p = Base(1, 4, 2, 70, 90, 16, 16);
+    p.window_left = 25;
+    p.window_right = 6;
+    out.push_back({"rows_window_gqa", p});
+  }
+  {
     // No mask, whole tiles (the row kernels' plain-score path, PlainTile), small enough to
     // emulate: 2 query tiles of the emulated forward (32 rows) and 4 of its dK/dV (16 keys).
     Problem p = Base(1, 2, 1, 64, 64, 16, 16);

@@ -59,6 +59,7 @@ struct DevStats {
   unsigned long long score_abs_max, v_abs_max, v_norm_max, k_abs_max, lse_abs_max;
   unsigned long long q_abs_max, do_abs_max, do_norm_max, col_mass_max;
   unsigned long long max_keys, sum_len_k, empty_rows, max_queries, sum_len_q, unseen_keys;
+  unsigned long long order_timeouts;  // fused dQ blocks that gave up waiting (AwaitTurn)
 };
 
 __device__ void MaxDouble(unsigned long long* at, double x) {

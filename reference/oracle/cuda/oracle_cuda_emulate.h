@@ -136,6 +136,8 @@ using std::signbit;
 
 inline void __syncthreads() { attest_emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { attest_emu::WarpBarrier().arrive_and_wait(); }
+// Memory fences: the emulation is sequentially consistent (blocks run one after another).
+inline void __threadfence() {}
 inline double __shfl_xor_sync(unsigned, double v, int lane_mask) {
   using namespace attest_emu;
   warp_doubles[thread_index.x] = v;

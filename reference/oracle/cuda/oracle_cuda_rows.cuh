@@ -592,6 +592,134 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   if (threadIdx.x == 0) MaxInt(&stats->sum_len_k, kHalf + visited + 1);
 }
 
+// ---------------------------------------------------------------------------------------------
+// dQ inside RowDkDvKernel (kFused): the dK/dV kernel has P and dS of every (query tile, key
+// block) pair it visits, so it also forms that pair's share of dQ, dS K over its keys, and adds
+// it to dq in global memory, instead of RowDqKernel computing the scores, P and dS a second
+// time (FlashAttention-2's backward, Dao 2023, algorithm 2, does the same with atomic adds).
+// Atomic adds in whatever order the blocks come would make dq's bits change from run to run;
+// here the key blocks that may see a query tile add their shares in ascending key order, one
+// after another: a turn per (batch, query head, query tile) in global memory holds the key
+// block whose turn it is (FirstTurnKernel sets the first, each block passes it to the next one
+// that may see the tile, -1 after the last). The adds themselves are red.global.add.f64
+// (AddGlobal: IEEE round to nearest even, subnormals kept; PTX ISA, "red"), which return
+// nothing, so a block does not wait for them; its fence before passing the turn orders them
+// before the next block's. Each dq element is then ((0 + s_0) + s_1) + ..., then scaled
+// (ScaleKernel: dq = scale dQ), s_j two chains of 32 keys (RowProductAdd) added: a chain of at
+// most tk + (key blocks) + 1, the sum_len_k the kernel reports. Blocks start in the order of
+// their index on the GPUs this runs on, so a block's predecessors on a tile have started before
+// it; and the blocks walk query tiles in descending order (heads of the group innermost), so
+// that with causal or banded masks a block's predecessor reaches each tile no later than it
+// does. A block that waits more than kTurnTimeoutNs gives up (order_timeouts), and the host
+// computes dQ again with RowDqKernel.
+constexpr unsigned long long kTurnTimeoutNs = 4000000000ull;
+
+// The arguments of the fused dQ: dq (zeroed by the host), the turns (q_tiles per (batch, head)).
+struct FusedDq {
+  double* dq;
+  int* turn;
+  int64_t q_tiles;
+};
+
+// The keys that some row of query tile i0 (p.tq rows) may see: [*a, *z), empty when *a >= *z.
+// Every lane of the warp gets it.
+__device__ void QueryTileHull(const Dev& p, const Seq& s, int64_t i0, int64_t* a, int64_t* z) {
+  long long lo = s.k_len, hi = 0;
+  for (int r = threadIdx.x % 32; r < p.tq; r += 32) {
+    if (i0 + r < s.q_len) {
+      int64_t x = 0, y = 0;
+      KeyBounds(p, s, i0 + r, &x, &y);
+      if (x < y) {
+        lo = min(lo, static_cast<long long>(x));
+        hi = max(hi, static_cast<long long>(y));
+      }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  *a = lo;
+  *z = hi;
+}
+
+// The first key block (of p.tk keys) after kb that may see query tile i0 (QueryTileMaySee; the
+// tile's keys end at z: QueryTileHull), or -1. Every lane of the warp gets it.
+__device__ int NextKeyBlock(const Dev& p, const Seq& s, int64_t i0, int64_t kb, int64_t z) {
+  for (int64_t j = kb + 1; j * p.tk < min(z, s.k_len); ++j) {
+    if (QueryTileMaySee(p, s, i0, j * p.tk, min(static_cast<int64_t>(p.tk), s.k_len - j * p.tk))) {
+      return static_cast<int>(j);
+    }
+  }
+  return -1;
+}
+
+// The first turn of every query tile (a warp per tile): the key block holding the first key
+// that some row of the tile may see (that block may see it), or -1.
+__global__ void FirstTurnKernel(Dev p, FusedDq fz) {
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * p.tq;
+  const Seq s = SeqOf(p, b);
+  int first = -1;
+  if (i0 < s.q_len) {
+    int64_t a = 0, z = 0;
+    QueryTileHull(p, s, i0, &a, &z);
+    if (a < z) first = static_cast<int>(a / p.tk);
+  }
+  if (threadIdx.x == 0) fz.turn[(b * p.hq + h) * fz.q_tiles + blockIdx.x] = first;
+}
+
+// By one thread: waits until the turn at `at` is `mine` (acquire), or gives up after
+// kTurnTimeoutNs or once another block has (stats->order_timeouts).
+__device__ void AwaitTurn(const int* at, int mine, DevStats* stats) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  // Blocks run one after another in index order: a turn not ours now never will be.
+  if (*at != mine) atomicAdd(&stats->order_timeouts, 1ull);
+#else
+  // The acquiring load before the caller's __syncthreads (the wait of CUTLASS's
+  // cutlass/barrier.h, GenericBarrier::wait_eq).
+  int now = 0;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(now) : "l"(at) : "memory");
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (now != mine) {
+    __nanosleep(100);
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(now) : "l"(at) : "memory");
+    if (now == mine) break;
+    if (*static_cast<volatile unsigned long long*>(&stats->order_timeouts) != 0) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > kTurnTimeoutNs) {
+      atomicAdd(&stats->order_timeouts, 1ull);
+      return;
+    }
+  }
+#endif
+}
+
+// By one thread, after the block's writes and a __syncthreads: a fence, then the turn at `at`
+// becomes `next` (the arrival of CUTLASS's cutlass/barrier.h, GenericBarrier::arrive_inc).
+__device__ void PassTurn(int* at, int next) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  *at = next;
+#else
+  __threadfence();
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(at), "r"(next) : "memory");
+#endif
+}
+
+// dq += x at L2 (red.global.add.f64: no value comes back).
+__device__ void AddGlobal(double* at, double x) {
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+  *at += x;
+#else
+  atomicAdd(at, x);
+#endif
+}
+// x *= scale for n doubles.
+__global__ void ScaleKernel(double* x, int64_t n, double scale) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = scale * x[i];
+}
+
 // Shared memory of RowDkDvKernel, in doubles: the K and V tiles of tk keys, one Q and one dO
 // tile of tq rows with their norms, lse and delta, the rows' key bounds, the key norms and the
 // fragments each warp hands its partner (256 per warp).
@@ -619,6 +747,44 @@ __device__ void RowKeyProduct(const double* xb, int pair_base, const double* bt,
   RowProductAdd(a, bt + 2 * t * sb + col0 + g, sb, w, acc);
 }
 
+// The pairs of warps of a whole block: the fused dQ (FusedDq) runs with every pair, 16 kPairs
+// keys per block.
+constexpr int kPairs = kThreads / 64;
+
+// A block's share of dQ for the 32 queries of a tile (kFused RowDkDvKernel, kPairs pairs of
+// warps, 16 kPairs keys): acc = dS K for queries q0 + [0, 16) and the columns [col0, col0 + w)
+// (w <= 8 NQ), over the block's keys in groups of at most 32 (RowProductAdd: a chain of at most
+// 4 steps of 8 from zero per group, each added). dS is read from the warps' dS^T fragments in
+// xb (hand in RowDkDvKernel: the fragment of warp 2 (key / 16) + query / 16, block y, holds
+// (key 8u + gk, query 8y + 2tq + xq) in lane 4 gk + tq, element u + 2 xq), transposed into the
+// A operand (slot t + 4x: key 2t + x), and K from the block's tile (rows 2t, 2t + 1 of each
+// step).
+template <int NQ>
+__device__ void FusedDqShare(const double* xb, const double* sk_tile, int64_t sd, int q0,
+                             int64_t col0, int64_t w, double (&acc)[NQ][4]) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  ATTEST_UNROLL
+  for (int y = 0; y < NQ; ++y) {
+    ATTEST_UNROLL
+    for (int e = 0; e < 4; ++e) acc[y][e] = 0;
+  }
+  if (w <= 0) return;
+  constexpr int kSteps = 2 * kPairs, kGroup = kSteps < 4 ? kSteps : 4;
+  ATTEST_UNROLL
+  for (int group = 0; group < kSteps / kGroup; ++group) {
+    double a[kGroup][4];
+    ATTEST_UNROLL
+    for (int kb = 0; kb < kGroup; ++kb) {
+      const int kk = 8 * (kGroup * group + kb);  // the step's first key
+      const double* src = xb + (2 * (kk / 16) + q0 / 16) * 256 + (g >> 1) + 64 * (g & 1) +
+                          32 * ((kk % 16) / 8) + 8 * t;
+      ATTEST_UNROLL
+      for (int x = 0; x < 4; ++x) a[kb][x] = src[128 * (x & 1) + 4 * (x >> 1)];
+    }
+    RowProductAdd(a, sk_tile + (8 * kGroup * group + 2 * t) * sd + col0 + g, sd, w, acc);
+  }
+}
+
 // dK and dV with a pair of warps per 16 keys (p.tk = 16 per pair, p.tq = 32; d and dv multiples
 // of 16, each at most 16 NH): for every (query head, query tile) that may see the key tile, in
 // DkDvKernel's order, the pair computes dP^T = V dO^T and S^T = K Q^T for its 16 keys, each warp
@@ -627,11 +793,13 @@ __device__ void RowKeyProduct(const double* xb, int pair_base, const double* bt,
 // shared memory, and accumulates dV += P^T dO and dK += dS^T Q over the tile's 32 queries for its
 // half of the columns, in registers. Per key, the column mass and the count of visible entries
 // are summed over the lane's entries, then over the 4 lanes of the row and the pair.
-template <int NH>
+// kFused (kPairs pairs): the block also adds its share of dQ, dS K over its keys, to dq in the
+// order of the turns (FusedDq above); it then walks the query tiles in descending order.
+template <int NH, bool kFused>
 __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     RowDkDvKernel(Dev p, const double* q, const double* k, const double* v, const double* dout,
                   const double* lse, const double* delta, double* dk, double* dvo,
-                  DevStats* stats) {
+                  DevStats* stats, FusedDq fz) {
   ATTEST_DYNAMIC_SHARED(smem);
   const int64_t b = blockIdx.z, kvh = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * p.tk;
   const Seq s = SeqOf(p, b);
@@ -687,8 +855,32 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     LoadRows(delta, 1, 0, at, n, tq, 0.0, row_delta);
     CopyCommit();
   };
+  // The walk: (query head, query tile) pairs in NextQueryTile's order, or with kFused the
+  // tiles that may see the keys in descending order, each with every head of the group.
+  auto next_pair = [&](int64_t* hh, int64_t* ii) {
+    if constexpr (kFused) {
+      if (*hh + 1 < (kvh + 1) * ratio) {
+        ++*hh;
+        return true;
+      }
+      for (int64_t x = *ii - tq; x >= 0; x -= tq) {
+        if (QueryTileMaySee(p, s, x, j0, nk)) {
+          *hh = kvh * ratio;
+          *ii = x;
+          return true;
+        }
+      }
+      return false;
+    } else {
+      return NextQueryTile(p, s, kvh, j0, nk, hh, ii);
+    }
+  };
   int64_t h = kvh * ratio, i0 = -tq;
-  bool more = NextQueryTile(p, s, kvh, j0, nk, &h, &i0);
+  if constexpr (kFused) {
+    h = (kvh + 1) * ratio - 1;
+    i0 = (s.q_len + tq - 1) / tq * tq;
+  }
+  bool more = next_pair(&h, &i0);
   if (more) {
     load_do(h, i0);
     load_q(h, i0);
@@ -699,7 +891,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   while (more) {
     ++adds;
     int64_t hn = h, in = i0;
-    const bool next = NextQueryTile(p, s, kvh, j0, nk, &hn, &in);  // the same in every thread
+    const bool next = next_pair(&hn, &in);  // the same in every thread
     TileRowBounds(p, s, i0, lo, hi, range);
     const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
     double cs[2][4], cp[2][4];
@@ -769,8 +961,46 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     hand(cp);
     __syncthreads();
     RowKeyProduct(xb, pair_base, sq_tile, sd, kcol, dd / 2, acc_k);
-    __syncthreads();  // Q and the dS fragments are read
+    // kFused: this block's share of dQ for the tile's 32 queries, dS K over its keys, each
+    // warp 16 queries and 1 / kPairs of the columns; then the turn.
+    constexpr int NQ = 2 * NH / kPairs;  // D <= 16 NH: blocks of 8 columns per warp
+    static_assert(NQ >= kChains && NQ % kChains == 0, "RowProductAdd's column blocks");
+    [[maybe_unused]] double acc_q[NQ][4];
+    [[maybe_unused]] int turn_next = -1;
+    [[maybe_unused]] int* turn_at = nullptr;
+    [[maybe_unused]] const int q0 = 16 * (warp & 1);
+    [[maybe_unused]] const int64_t col_q = 8 * NQ * (warp >> 1);
+    [[maybe_unused]] const int64_t w_q = min(dd - col_q, int64_t{8 * NQ});
+    if constexpr (kFused) {
+      FusedDqShare(xb, sk_tile, sd, q0, col_q, w_q, acc_q);
+      int64_t a = 0, z = 0;
+      QueryTileHull(p, s, i0, &a, &z);
+      turn_next = NextKeyBlock(p, s, i0, blockIdx.x, z);
+      turn_at = fz.turn + (b * p.hq + h) * fz.q_tiles + i0 / tq;
+      if (threadIdx.x == 0) AwaitTurn(turn_at, static_cast<int>(blockIdx.x), stats);
+    }
+    __syncthreads();  // Q and the dS fragments are read (kFused: and dq is ours)
     if (next) load_q(hn, in);
+    if constexpr (kFused) {
+      // dq += share, element by element at L2 (AddGlobal), in the turn's order.
+      if (w_q > 0) {
+        ATTEST_UNROLL
+        for (int u = 0; u < 2; ++u) {
+          const int64_t r = i0 + q0 + g + 8 * u;
+          if (r >= s.q_len) continue;
+          double* row = fz.dq + ((s.q_begin + r) * p.hq + h) * dd + col_q;
+          ATTEST_UNROLL
+          for (int y = 0; y < NQ; ++y) {
+            if (8 * y < w_q) {
+              ATTEST_UNROLL
+              for (int x = 0; x < 2; ++x) AddGlobal(row + 8 * y + 2 * t + x, acc_q[y][2 * u + x]);
+            }
+          }
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) PassTurn(turn_at, turn_next);
+    }
     more = next;
     h = hn;
     i0 = in;
@@ -829,6 +1059,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     if (unseen > 0) atomicAdd(&stats->unseen_keys, static_cast<unsigned long long>(unseen));
   }
   if (threadIdx.x == 0) MaxInt(&stats->sum_len_q, tq + adds);
+  // dQ's chains (FusedDq): tk keys, one addition per key block and the scaling's.
+  if (kFused && threadIdx.x == 0) MaxInt(&stats->sum_len_k, tk + (s.k_len + tk - 1) / tk + 1);
 }
 
 }  // namespace
