@@ -69,9 +69,9 @@ std::vector<NamedProblem> CheckProblems() {
     // The fused dQ's turns (RowDkDvKernel with FusedDq) across several key blocks and query
     // tiles of a band: GQA 2, a window on both sides, head dims of 16 (emulated: key blocks of
     // 16; on the GPU of 64).
-    Problem p = Base(1, 4, 2, 70, 90, 16, 16);
-    p.window_left = 25;
-    p.window_right = 6;
+    Problem p = Base(1, 4, 2, 40, 64, 16, 16);
+    p.window_left = 12;
+    p.window_right = 3;
     out.push_back({"rows_window_gqa", p});
   }
   {
