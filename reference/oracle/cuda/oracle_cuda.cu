@@ -49,7 +49,8 @@
 // added to dq by red.global.add.f64 in ascending key order, turn by turn, then scaled; no
 // atomics in an arbitrary order, so two runs still give the same bits).
 // Compiled with -DATTEST_ORACLE_CUDA_EMULATE by a C++ compiler (oracle_cuda_emulated.cc), the
-// kernels run on CPU threads (oracle_cuda_emulate.h, cp.async included) for tests without a GPU.
+// kernels run on the CPU (oracle_cuda_emulate.h: a fiber per thread, cp.async included) for
+// tests without a GPU.
 //
 // Error bound. The GPU evaluates the same expressions as the CPU oracle with at most the same
 // per-operation error: additions, multiplications, divisions and sqrt are IEEE round-to-nearest
@@ -66,7 +67,7 @@
 #include "reference/oracle/cuda/oracle_cuda.h"
 
 #ifdef ATTEST_ORACLE_CUDA_EMULATE
-#include "reference/oracle/cuda/oracle_cuda_emulate.h"  // the kernels on CPU threads
+#include "reference/oracle/cuda/oracle_cuda_emulate.h"  // the kernels on the CPU
 #else
 #include <cuda_runtime.h>
 #define ATTEST_LAUNCH(kernel, grid, block, shared, ...) \

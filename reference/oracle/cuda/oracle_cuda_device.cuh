@@ -19,7 +19,7 @@ namespace {
 #endif
 
 #ifdef ATTEST_ORACLE_CUDA_EMULATE
-constexpr int kThreads = 64;  // fewer CPU threads per block; the kernels read blockDim
+constexpr int kThreads = 64;  // fewer emulated threads per block; the kernels read blockDim
 #else
 constexpr int kThreads = 256;  // 8 warps
 #endif
