@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# torch_campaign.sh — run on a CUDA host from the repository root, in two calls in a row (a third optional) on
-# one warm machine (the device tool keeps files outside the repository between calls while the
-# machine stays warm), after tools/device/pack_torch.sh filled .devA/ and .devB/ here:
+# torch_campaign.sh — run on a CUDA host from the repository root, in calls in a row on one warm
+# machine (the device tool keeps files outside the repository between calls while the machine
+# stays warm), after tools/device/pack_torch.sh filled .devA/, .devB/ (and .devC/ ...) here:
 #   A  (carry .devA): stash .devA outside the repository, unpack attest; probe and gate the four
 #      PyTorch SDPA backends and flex-triton (one process per check) in bf16 and f16; fuzz the
 #      SDPA backends.
-#   B  (carry .devB): join the large wheel, install FlashAttention-4 and its dependencies into
-#      a target folder; probe, gate and fuzz FlashAttention-4 (default and deterministic=True)
+#   S  (carry .devB, DEVS=.devB; only when pack_torch.sh made more than .devA and .devB): stash
+#      a middle part of the large wheel; again for each further middle part.
+#   B  (carry the last folder pack_torch.sh made): join the large wheel, install
+#      FlashAttention-4 and its dependencies into a target folder; probe, gate and fuzz FlashAttention-4 (default and deterministic=True)
 #      and FlexAttention's FLASH backend in bf16 and f16; repro the GQA/MHA finding.
 #   C  (nothing carried, optional): more gates (RUNS) or fuzz (FUZZ) on the warm machine.
 #   F  (carry .devF, filled by tools/device/pack_cudnn_fp8.sh; one call on its own): install
@@ -21,7 +23,7 @@
 # (flex-triton compiled static: --flex-dynamic false).
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
 # shrunk case files) and prints a summary. Commands: docs/gpu-results.md.
-# Usage: tools/device/torch_campaign.sh A|B|C|F
+# Usage: tools/device/torch_campaign.sh A|S|B|C|F
 # Environment: STASH (default /root/attest-stash), GATE_TIMEOUT (s per gate run, default 420),
 #   CALL_SECONDS (every run ends by then, default 540), FUZZ_SECONDS (per fuzz shard,
 #   shrinking included, default 150), FUZZ_MAX_FAILURES (per
@@ -34,7 +36,7 @@
 # With --device cuda the workers declare CUDA tensors, so every check's float64 oracle runs on
 # the GPU when libattest_oracle_cuda.so is packed beside attest (docs/checks.md).
 set -uo pipefail
-stage="${1:?usage: torch_campaign.sh A|B|C|F}"
+stage="${1:?usage: torch_campaign.sh A|S|B|C|F}"
 root="$(pwd)"
 out="${OUT:-$root/campaign-out}"
 stash="${STASH:-/root/attest-stash}"
@@ -61,12 +63,29 @@ case "$stage" in
     cp -r "${DEVA:-.devA}"/. "$stash/"
     zstd -d -q -c "$stash/attest-device.tar.zst" | tar -C "$stash" -xf - || exit 2
     ;;
+  S)
+    # A middle part of the large wheel (pack_torch.sh's .devB, .devC, ...: DEVS names the one
+    # carried), kept in the stash for stage B.
+    [ -f "$stash/cu13.part0" ] || { echo "no stash from stage A (machine not warm?)" >&2; exit 2; }
+    cp "${DEVS:?DEVS: the folder carried, e.g. .devB}"/cu13.part* "$stash/" || exit 2
+    ls -l "$stash"/cu13.part*
+    exit 0
+    ;;
   B)
     [ -f "$stash/cu13.part0" ] || { echo "no stash from stage A (machine not warm?)" >&2; exit 2; }
     mkdir -p "$site"
     "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
       "$stash"/wheels/*.whl || exit 2
-    cat "$stash/cu13.part0" .devB/cu13.part1 > "$stash/cu13.tar.zst"
+    # The last part is in the folder carried (.devB, or a later one when stage S ran before).
+    for d in .dev[B-E]; do [ -d "$d" ] && cp "$d"/cu13.part* "$stash/" 2> /dev/null; done
+    parts=$(cat "$stash/cu13.parts" 2> /dev/null || echo 2)
+    files=()
+    for (( i = 0; i < parts; i++ )); do
+      [ -f "$stash/cu13.part$i" ] ||
+        { echo "part $i of the large wheel is missing (stage S with DEVS first?)" >&2; exit 2; }
+      files+=("$stash/cu13.part$i")
+    done
+    cat "${files[@]}" > "$stash/cu13.tar.zst"
     [ "$(sha256sum "$stash/cu13.tar.zst" | cut -d' ' -f1)" = "$(cat "$stash/cu13.sha256")" ] \
       || { echo "the joined wheel's checksum differs" >&2; exit 2; }
     zstd -d -q --long=27 -c "$stash/cu13.tar.zst" | tar -C "$site" -xf - || exit 2
