@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -84,10 +85,12 @@ Expected<CaseInputs> MakeCaseInputs(const Case& c) {
   if (!c.generator) return Error{"case: neither 'inputs' nor 'generator' is set"};
   auto gen = GenerateInputs(c.problem, *c.generator);
   if (!gen.ok()) return gen.error();
-  // docs/design.md: generated in float64, rounded to the kernel's input dtype.
+  // docs/design.md: generated in float64, rounded to the kernel's input dtype (in place: the
+  // generated tensors are this function's own).
   const DType dtype = c.problem.dtype;
-  return CaseInputs{RoundTensor(gen->q, dtype), RoundTensor(gen->k, dtype),
-                    RoundTensor(gen->v, dtype), RoundTensor(gen->dout, dtype)};
+  for (Tensor* t : {&gen->q, &gen->k, &gen->v, &gen->dout}) RoundTensorInPlace(*t, dtype);
+  return CaseInputs{std::move(gen->q), std::move(gen->k), std::move(gen->v),
+                    std::move(gen->dout)};
 }
 
 uint64_t CaseSeed(const Case& c) {

@@ -637,6 +637,20 @@ Tensor RoundTensor(const Tensor& f64, Format to, const EncodeOptions& options) {
   return out;
 }
 
+void RoundTensorInPlace(Tensor& f64, DType to, const EncodeOptions& options) {
+  const auto format = FormatOf(to);
+  if (!format) {
+    throw std::invalid_argument("RoundTensorInPlace: target dtype " + std::string(Name(to)) +
+                                " is not a float format");
+  }
+  if (!f64.defined() || f64.dtype() != DType::kF64 || !f64.contiguous()) {
+    throw std::invalid_argument("RoundTensorInPlace: tensor must be contiguous f64, got " +
+                                f64.Describe());
+  }
+  double* x = f64.data<double>();
+  RoundContiguous(x, x, f64.numel(), *format, options);  // elementwise: in place is safe
+}
+
 Tensor RoundTensor(const Tensor& f64, DType to, const EncodeOptions& options) {
   const auto format = FormatOf(to);
   if (!format) {

@@ -221,5 +221,8 @@ DType StorageDType(Format to);
 // f64 values rounded to `to` (Decode(Encode(x)) elementwise); contiguous f64 result.
 Tensor RoundTensor(const Tensor& f64, DType to, const EncodeOptions& options = {});
 Tensor RoundTensor(const Tensor& f64, Format to, const EncodeOptions& options = {});
+// RoundTensor's values written over `f64`'s own elements (a contiguous F64 tensor; any tensor
+// sharing its storage sees them), without a second tensor's pages.
+void RoundTensorInPlace(Tensor& f64, DType to, const EncodeOptions& options = {});
 
 }  // namespace attest

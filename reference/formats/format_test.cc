@@ -353,13 +353,27 @@ TEST(FormatTensor, RoundTensorIsRoundToOnEveryElement) {
     for (const Tensor& in : {t, t.Narrow(0, 0, 999)}) {  // threaded and one-thread paths
       const Tensor r = RoundTensor(in, f);
       const auto got = r.span<const double>();
+      // In place: the same bits over a copy of the input (threaded and one-thread paths too).
+      Tensor own = Tensor::FromF64(in.shape(), std::vector<double>(x.begin(), x.begin() +
+                                                                      in.numel()));
+      RoundTensorInPlace(own, *DTypeOf(f));
+      const auto over = own.span<const double>();
       for (size_t i = 0; i < got.size(); ++i) {
         const double want = RoundTo(x[i], f);
         ASSERT_EQ(std::bit_cast<uint64_t>(got[i]), std::bit_cast<uint64_t>(want))
             << Name(f) << " x=" << std::hexfloat << x[i];
+        ASSERT_EQ(std::bit_cast<uint64_t>(over[i]), std::bit_cast<uint64_t>(want))
+            << Name(f) << " in place, x=" << std::hexfloat << x[i];
       }
     }
   }
+  // Only a contiguous f64 tensor is rounded in place.
+  Tensor f32 = Tensor::Zeros(DType::kF32, {4});
+  EXPECT_THROW(RoundTensorInPlace(f32, DType::kBF16), std::invalid_argument);
+  Tensor wide = Tensor::FromF64({2, 2}, {1.0, 2.0, 3.0, 4.0});
+  Tensor transposed = wide.Permute({1, 0});
+  EXPECT_THROW(RoundTensorInPlace(transposed, DType::kBF16), std::invalid_argument);
+  EXPECT_THROW(RoundTensorInPlace(wide, DType::kI32), std::invalid_argument);
 }
 
 TEST(FormatTensor, WidenEncodeRound) {
