@@ -10,7 +10,10 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
+#include "reference/data/element_stream.h"
 #include "reference/formats/format.h"
 
 namespace attest {
@@ -210,6 +213,75 @@ TEST(Generators, BatchedNormalsAreTheSingleStreamsBitForBit) {
     }
   }
 }
+
+// Attempts ElementStream(seed, stream, n).NextNormal() makes: one per pair of uniforms drawn
+// until s = u^2 + v^2 is in (0, 1), as in NextNormal.
+int PolarAttemptsOf(uint64_t seed, uint32_t stream, uint64_t n) {
+  ElementStream e(seed, stream, n);
+  for (int attempts = 1;; ++attempts) {
+    const double u = 2.0 * e.NextUniform() - 1.0;
+    const double v = 2.0 * e.NextUniform() - 1.0;
+    const double s = u * u + v * v;
+    if (s < 1.0 && s != 0.0) return attempts;
+  }
+}
+
+class NormalsOfEachIsa : public testing::TestWithParam<internal::NormalsIsa> {};
+
+TEST_P(NormalsOfEachIsa, IsTheSingleStreamsBitForBit) {
+  // Each instruction set of NormalsOf, forced whatever the dispatch would pick, against the
+  // scalar stream over about 1e6 elements: offsets `first` that are not multiples of the
+  // groups (16 for AVX2, 24 for AVX-512) or of the pieces of 1024, an index range that crosses
+  // 2^32 (the counter's two index words), every short last group, and elements that need
+  // seven attempts or more.
+  if (!internal::HaveNormalsIsa(GetParam())) GTEST_SKIP() << "this CPU lacks that instruction set";
+  struct Case {
+    uint64_t seed;
+    uint32_t stream;
+    uint64_t first;
+    size_t size;
+  };
+  std::vector<Case> cases = {
+      {0x0123456789abcdefULL, 0, 0, 400'009},
+      {1, 3, 13, 300'007},
+      {0xfeedfacecafebeefULL, 7, (uint64_t{1} << 40) + 3, 300'001},
+      {~uint64_t{0}, ~uint32_t{0}, (uint64_t{1} << 32) - 1'001, 2'003},
+      {2026, 1, 1'021, 1'029},
+  };
+  for (size_t size = 1; size <= 49; ++size) cases.push_back({42, 2, 5 + 3 * size, size});
+  size_t elements = 0;
+  int most_attempts = 0;
+  for (const Case& c : cases) {
+    std::vector<double> got(c.size);
+    internal::NormalsOfIsa(GetParam(), c.seed, c.stream, c.first, got);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want = ElementStream(c.seed, c.stream, c.first + i).NextNormal();
+      ASSERT_EQ(std::memcmp(&want, &got[i], sizeof want), 0)
+          << "seed " << c.seed << " stream " << c.stream << " element " << c.first + i << ": "
+          << got[i] << " instead of " << want;
+      most_attempts = std::max(most_attempts, PolarAttemptsOf(c.seed, c.stream, c.first + i));
+    }
+    elements += c.size;
+  }
+  EXPECT_GE(elements, size_t{1'000'000});
+  EXPECT_GE(most_attempts, 7);
+}
+
+INSTANTIATE_TEST_SUITE_P(Generators, NormalsOfEachIsa,
+                         testing::Values(internal::NormalsIsa::kScalar,
+                                         internal::NormalsIsa::kAvx2,
+                                         internal::NormalsIsa::kAvx512),
+                         [](const testing::TestParamInfo<internal::NormalsIsa>& info) {
+                           switch (info.param) {
+                             case internal::NormalsIsa::kScalar:
+                               return std::string("Scalar");
+                             case internal::NormalsIsa::kAvx2:
+                               return std::string("Avx2");
+                             case internal::NormalsIsa::kAvx512:
+                               return std::string("Avx512");
+                           }
+                           return std::string("Unknown");
+                         });
 
 // Kolmogorov-Smirnov statistic of `xs` against `cdf`.
 template <class Cdf>
