@@ -520,6 +520,12 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       Check(cudaMemcpy(&timeouts, &dstats->order_timeouts, sizeof timeouts,
                        cudaMemcpyDeviceToHost),
             "cudaMemcpy statistics");
+#ifdef ATTEST_ORACLE_CUDA_EMULATE
+      // Blocks run in index order here, so every turn comes before its block: one that found
+      // another block's turn means the chain skipped it, which the recomputation below would
+      // hide from the check.
+      Require(timeouts == 0, "the fused dQ's turn chain skipped a key block");
+#endif
       if (timeouts != 0) {
         Check(cudaMemset(d_dq, 0, static_cast<size_t>(nq_el) * 8), "cudaMemset(dq)");
         launch_dq();

@@ -973,9 +973,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     [[maybe_unused]] const int64_t w_q = min(dd - col_q, int64_t{8 * NQ});
     if constexpr (kFused) {
       FusedDqShare(xb, sk_tile, sd, q0, col_q, w_q, acc_q);
-      int64_t a = 0, z = 0;
-      QueryTileHull(p, s, i0, &a, &z);
-      turn_next = NextKeyBlock(p, s, i0, blockIdx.x, z);
+      // range[1]: the end of the keys the tile's rows may see (TileRowBounds, QueryTileHull's z).
+      turn_next = NextKeyBlock(p, s, i0, blockIdx.x, range[1]);
       turn_at = fz.turn + (b * p.hq + h) * fz.q_tiles + i0 / tq;
       if (threadIdx.x == 0) AwaitTurn(turn_at, static_cast<int>(blockIdx.x), stats);
     }
