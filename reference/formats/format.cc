@@ -637,27 +637,32 @@ Tensor RoundTensor(const Tensor& f64, Format to, const EncodeOptions& options) {
   return out;
 }
 
-void RoundTensorInPlace(Tensor& f64, DType to, const EncodeOptions& options) {
+namespace {
+
+// The float format of `to`, or std::invalid_argument naming the caller.
+Format RoundTarget(DType to, const char* caller) {
   const auto format = FormatOf(to);
   if (!format) {
-    throw std::invalid_argument("RoundTensorInPlace: target dtype " + std::string(Name(to)) +
-                                " is not a float format");
+    throw std::invalid_argument(std::string(caller) + ": target dtype " +
+                                std::string(Name(to)) + " is not a float format");
   }
+  return *format;
+}
+
+}  // namespace
+
+void RoundTensorInPlace(Tensor& f64, DType to, const EncodeOptions& options) {
+  const Format format = RoundTarget(to, "RoundTensorInPlace");
   if (!f64.defined() || f64.dtype() != DType::kF64 || !f64.contiguous()) {
     throw std::invalid_argument("RoundTensorInPlace: tensor must be contiguous f64, got " +
                                 f64.Describe());
   }
   double* x = f64.data<double>();
-  RoundContiguous(x, x, f64.numel(), *format, options);  // elementwise: in place is safe
+  RoundContiguous(x, x, f64.numel(), format, options);  // elementwise: in place is safe
 }
 
 Tensor RoundTensor(const Tensor& f64, DType to, const EncodeOptions& options) {
-  const auto format = FormatOf(to);
-  if (!format) {
-    throw std::invalid_argument("RoundTensor: target dtype " + std::string(Name(to)) +
-                                " is not a float format");
-  }
-  return RoundTensor(f64, *format, options);
+  return RoundTensor(f64, RoundTarget(to, "RoundTensor"), options);
 }
 
 }  // namespace attest
