@@ -80,8 +80,8 @@ offset=$first
 n=1
 folders=(.devA)
 while [ "$offset" -lt "$total" ]; do
-  d=".dev$(printf "\\$(printf %o $(( 65 + n )))")"
-  [ "$d" != .devF ] || { echo "pack_torch.sh: too many parts for the tree's size" >&2; exit 2; }
+  [ "$n" -lt 5 ] || { echo "pack_torch.sh: too many parts for the tree's size" >&2; exit 2; }
+  d=".dev$(echo ABCDE | cut -c$(( n + 1 )))"  # .devB, .devC, ... (.devF is pack_cudnn_fp8.sh's)
   mkdir -p "$d"
   dd if="$packed" of="$d/cu13.part$n" bs=1M iflag=skip_bytes,count_bytes status=none \
     skip="$offset" count="$(( call_bytes - 64 * 1024 ))"
