@@ -31,6 +31,7 @@ cat "$out/nvidia-smi.txt"
 arch="${ATTEST_CUDA_ARCH:-sm_90}"
 build="$out/build"
 mkdir -p "$build"
+# shellcheck disable=SC2054  # the commas belong to -Xcompiler and -Xlinker, not to the array
 flags=(-std=c++17 -O2 --fmad=false -Xcompiler=-fPIC,-fvisibility=hidden -I. -Ikernels/plugin/examples
        -arch="$arch" -shared -cudart shared "-Xlinker=-rpath,$cuda_root/lib64")
 t0=$(date +%s)

@@ -47,6 +47,7 @@ if [ -z "${ATTEST_CUBLAS:-}" ]; then
     found="$(find "$d/" -maxdepth 5 -name 'libcublas.so.1[0-9]*' 2>/dev/null | sort -r | head -1)"
     if [ -n "$found" ]; then
       export ATTEST_CUBLAS="$found"
+      # shellcheck disable=SC2155  # dirname of a path that exists does not fail
       export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       break
     fi

@@ -57,7 +57,9 @@ done
 # 3. The small wheels as they are; the large one unpacked, recompressed and split.
 # Only this list's wheels (the cache may hold others, e.g. pack_cudnn_fp8.sh's).
 for w in "${wheels[@]}"; do
-  name="${w%%==*}"; f="$(ls "$cache"/$(echo "$name" | tr - _)-${w##*==}-*.whl)"
+  name="${w%%==*}"
+  # shellcheck disable=SC2046  # the name is a glob pattern: unquoted on purpose
+  f="$(ls "$cache"/$(echo "$name" | tr - _)-${w##*==}-*.whl)"
   case "$f" in *libs_cu13*) continue ;; esac
   cp "$f" .devA/wheels/
 done

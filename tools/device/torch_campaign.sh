@@ -260,6 +260,7 @@ probe() {  # dtype backends...
 oracle_cuda() {
   local dev="$stash/.device" cublas
   [ -x "$dev/oracle_cuda_check" ] || { echo "no oracle_cuda_check packed (PACK_EXTRA)"; return; }
+  # shellcheck disable=SC2046  # one operand per site-packages folder: split on purpose
   cublas="$(find $("$python" -c 'import site; print(" ".join(site.getsitepackages()))') \
             -maxdepth 5 -name 'libcublas.so.1[0-9]*' 2>/dev/null | sort -r | head -1)"
   local run=(env LD_LIBRARY_PATH="$dev/lib:$dev/extra-lib${orig_ld:+:$orig_ld}"
