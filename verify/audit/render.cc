@@ -214,7 +214,7 @@ std::string AuditToMarkdown(std::span<const AuditResult> results) {
         for (const std::string& t : tensors) {
           md += fmt::format(" {} | {} |", ErrorCell(a.kernel, t), ErrorCell(a.baseline, t));
         }
-        if (!a.kernel.note.empty()) md += " " + Cell(a.kernel.note);
+        if (!a.kernel.note.empty()) md.append(" ").append(Cell(a.kernel.note));
         md += "\n";
       }
       if (sw == &r.distributions) {
