@@ -386,7 +386,17 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       if (8 * RowForwardShared(dd, dvw, 16 * w) <= limit) row_warps = w;
     }
   }
-  const int row_tq = 16 * row_warps;
+  // ATTEST_ORACLE_CUDA_FWD_PAIRS=W (12 or 16): RowForwardPairKernel with W warps a block, a pair
+  // per 16 rows, where dv is a multiple of 16 and the block's tile fits (the bench compares).
+  int pair_warps = 0;
+  if (const char* e = std::getenv("ATTEST_ORACLE_CUDA_FWD_PAIRS");
+      e != nullptr && row_warps > 0 && dvw % 16 == 0) {
+    const int w = std::atoi(e);
+    if ((w == 12 || w == 16) && 8 * (RowForwardShared(dd, dvw, 8 * w) + 384 * w) <= limit) {
+      pair_warps = w;
+    }
+  }
+  const int row_tq = pair_warps > 0 ? 8 * pair_warps : 16 * row_warps;
   const int64_t fwd_q_tiles =
       row_warps > 0 ? (max_q + row_tq - 1) / row_tq : (max_q + fwd_tq - 1) / fwd_tq;
   if (fwd_q_tiles > 0) {
@@ -399,7 +409,24 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       pf.tk = kRowTileKeys;
       const size_t bytes = 8 * static_cast<size_t>(RowForwardShared(dd, dvw, row_tq));
       const unsigned block = 32 * row_warps;
-      if (dvw <= 64) {
+      const size_t pair_bytes = bytes + 8 * 384 * static_cast<size_t>(pair_warps);
+      if (pair_warps == 16) {
+        if (dvw <= 64) {
+          Launch(RowForwardPairKernel<4, 16>, "RowForwardPairKernel<4, 16>", grid, 512,
+                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
+        } else {
+          Launch(RowForwardPairKernel<8, 16>, "RowForwardPairKernel<8, 16>", grid, 512,
+                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
+        }
+      } else if (pair_warps == 12) {
+        if (dvw <= 64) {
+          Launch(RowForwardPairKernel<4, 12>, "RowForwardPairKernel<4, 12>", grid, 384,
+                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
+        } else {
+          Launch(RowForwardPairKernel<8, 12>, "RowForwardPairKernel<8, 12>", grid, 384,
+                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
+        }
+      } else if (dvw <= 64) {
         Launch(RowForwardKernel<8>, "RowForwardKernel<8>", grid, block, bytes, pf, dq_in, dk_in,
                dv_in, d_o, d_lse, dstats);
       } else {
