@@ -410,22 +410,18 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       const size_t bytes = 8 * static_cast<size_t>(RowForwardShared(dd, dvw, row_tq));
       const unsigned block = 32 * row_warps;
       const size_t pair_bytes = bytes + 8 * 384 * static_cast<size_t>(pair_warps);
-      if (pair_warps == 16) {
-        if (dvw <= 64) {
-          Launch(RowForwardPairKernel<4, 16>, "RowForwardPairKernel<4, 16>", grid, 512,
-                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
-        } else {
-          Launch(RowForwardPairKernel<8, 16>, "RowForwardPairKernel<8, 16>", grid, 512,
-                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
-        }
+      auto pairs = [&](auto kernel, const char* name) {
+        Launch(kernel, name, grid, 32 * pair_warps, pair_bytes, pf, dq_in, dk_in, dv_in, d_o,
+               d_lse, dstats);
+      };
+      if (pair_warps == 16 && dvw <= 64) {
+        pairs(RowForwardPairKernel<4, 16>, "RowForwardPairKernel<4, 16>");
+      } else if (pair_warps == 16) {
+        pairs(RowForwardPairKernel<8, 16>, "RowForwardPairKernel<8, 16>");
+      } else if (pair_warps == 12 && dvw <= 64) {
+        pairs(RowForwardPairKernel<4, 12>, "RowForwardPairKernel<4, 12>");
       } else if (pair_warps == 12) {
-        if (dvw <= 64) {
-          Launch(RowForwardPairKernel<4, 12>, "RowForwardPairKernel<4, 12>", grid, 384,
-                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
-        } else {
-          Launch(RowForwardPairKernel<8, 12>, "RowForwardPairKernel<8, 12>", grid, 384,
-                 pair_bytes, pf, dq_in, dk_in, dv_in, d_o, d_lse, dstats);
-        }
+        pairs(RowForwardPairKernel<8, 12>, "RowForwardPairKernel<8, 12>");
       } else if (dvw <= 64) {
         Launch(RowForwardKernel<8>, "RowForwardKernel<8>", grid, block, bytes, pf, dq_in, dk_in,
                dv_in, d_o, d_lse, dstats);

@@ -135,10 +135,11 @@ __device__ void QuadSum2(double& sum, double& comp) {
 // independent chains between the dependent mma), then added (the tile's product summed apart,
 // as the CPU oracle's tiles). a[kb] is step kb's A fragment (slot t + 4x: k = 2t + x of the
 // step); B is read at pb (the lane's row 2t, column g of the first step) with row stride sb:
-// rows 2t and 2t + 1 of step kb, column 8y.
-template <int NY, int NK>
-__device__ void RowProductAdd(const double (&a)[NK][4], const double* pb, int64_t sb, int64_t w,
-                              double (&acc)[NY][4]) {
+// rows 2t and 2t + 1 of step kb, column 8y. RowProductAddOf takes the A fragments from
+// a_of(kb, a) instead (RowForwardPairKernel reads them from shared memory per column group).
+template <int NY, int NK, class AOf>
+__device__ void RowProductAddOf(AOf a_of, const double* pb, int64_t sb, int64_t w,
+                                double (&acc)[NY][4]) {
   ATTEST_UNROLL
   for (int y0 = 0; y0 < NY; y0 += kChains) {
     if (8 * y0 < w) {
@@ -150,11 +151,13 @@ __device__ void RowProductAdd(const double (&a)[NK][4], const double* pb, int64_
       }
       ATTEST_UNROLL
       for (int kb = 0; kb < NK; ++kb) {
+        double a[4];
+        a_of(kb, a);
         ATTEST_UNROLL
         for (int z = 0; z < kChains; ++z) {
           const int y = y0 + z;
           const double bb[2] = {pb[8 * kb * sb + 8 * y], pb[(8 * kb + 1) * sb + 8 * y]};
-          Mma1688(part[z], a[kb], bb);
+          Mma1688(part[z], a, bb);
         }
       }
       ATTEST_UNROLL
@@ -164,6 +167,17 @@ __device__ void RowProductAdd(const double (&a)[NK][4], const double* pb, int64_
       }
     }
   }
+}
+
+template <int NY, int NK>
+__device__ void RowProductAdd(const double (&a)[NK][4], const double* pb, int64_t sb, int64_t w,
+                              double (&acc)[NY][4]) {
+  RowProductAddOf<NY, NK>(
+      [&](int kb, double (&x)[4]) {
+        ATTEST_UNROLL
+        for (int e = 0; e < 4; ++e) x[e] = a[kb][e];
+      },
+      pb, sb, w, acc);
 }
 
 // A accumulators of NK blocks (rows g, g + 8; columns 2t, 2t + 1) as the A fragments of the next
@@ -177,6 +191,107 @@ __device__ void AccumulatorsAsA(const double (&c)[NK][4], double (&a)[NK][4]) {
     a[kb][2] = c[kb][1];
     a[kb][3] = c[kb][3];
   }
+}
+
+// The transform and mask of a row kernel's S tile in place (Scores' entry): c[y][e] becomes the
+// score of (row r0 + g + 8 (e >> 1), key col0 + 8 y + 2t + (e & 1)) of query tile i0 and key
+// tile j0, or -inf where masked; `mag` gathers the score magnitude statistic of the entries.
+template <int NB>
+__device__ void ScoreTile(const Dev& p, const Seq& s, int64_t i0, int64_t j0, int r0, int col0,
+                          const int64_t* lo, const int64_t* hi, const int64_t* range,
+                          const double* rn, const double* cn, double slope, int g, int t,
+                          double (&c)[NB][4], double& mag) {
+  const bool whole = WholeTile(p, s, i0, j0, range);
+  const bool plain = PlainTile(p, whole, slope);
+  if (plain) {
+    mag = fmax(mag, PlainTileMag<NB>(p, fmax(rn[r0 + g], rn[r0 + g + 8]), cn + col0, t, false));
+  }
+  ATTEST_UNROLL
+  for (int y = 0; y < NB; ++y) {
+    ATTEST_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int r = r0 + g + 8 * (e >> 1), col = col0 + 8 * y + 2 * t + (e & 1);
+      const int64_t j = j0 + col;
+      double sc = -INFINITY;
+      if (plain) {
+        sc = p.scale * c[y][e];
+      } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
+        double th = 0;
+        sc = ScoreOf(p, s, i0 + r, j, slope, c[y][e], rn[r], cn[col], th, mag);
+      }
+      c[y][e] = sc;
+    }
+  }
+}
+
+// The maximum and the count of visible entries of each of the lane's two rows (u: rows g and
+// g + 8) over the S tile c, combined over the row's 4 lanes.
+template <int NB>
+__device__ void RowMaxCount(const double (&c)[NB][4], double (&mx)[2], long long (&count)[2]) {
+  ATTEST_UNROLL
+  for (int u = 0; u < 2; ++u) {
+    mx[u] = -INFINITY;
+    count[u] = 0;
+    ATTEST_UNROLL
+    for (int y = 0; y < NB; ++y) {
+      ATTEST_UNROLL
+      for (int x = 0; x < 2; ++x) {
+        mx[u] = fmax(mx[u], c[y][2 * u + x]);
+        count[u] += c[y][2 * u + x] > -INFINITY ? 1 : 0;
+      }
+    }
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      mx[u] = fmax(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], o2));
+      count[u] += __shfl_xor_sync(0xffffffffu, count[u], o2);
+    }
+  }
+}
+
+// The end of a row forward: o = O / l for the lane's rows r0 + g + 8u (< nq) and the columns
+// col0 + 8y + 2t + x < col0 + w of O's accumulator, then, where `rows_owner`, lse = m + log l
+// and the rows' statistics; the score magnitude statistic from every thread.
+template <int NY>
+__device__ void RowForwardEnd(const Dev& p, const Seq& s, int64_t b, int64_t h, int64_t i0,
+                              int r0, int64_t nq, int64_t col0, int64_t w, bool rows_owner,
+                              const double (&acc)[NY][4], const double (&m)[2],
+                              const double (&l)[2], const double (&comp)[2],
+                              const long long (&keys)[2], const long long (&tiles)[2],
+                              double mag, double* o, double* lse, DevStats* stats) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  double lse_max = 0;
+  long long keys_max = 0, chain_max = 0, empty = 0;
+  ATTEST_UNROLL
+  for (int u = 0; u < 2; ++u) {
+    const int r = r0 + g + 8 * u;
+    if (r >= nq) continue;
+    double* out = o + ((s.q_begin + i0 + r) * p.hq + h) * p.dv + col0;
+    ATTEST_UNROLL
+    for (int y = 0; y < NY; ++y) {
+      if (8 * y < w) {
+        ATTEST_UNROLL
+        for (int x = 0; x < 2; ++x) {
+          out[8 * y + 2 * t + x] = m[u] == -INFINITY ? 0.0 : acc[y][2 * u + x] / (l[u] + comp[u]);
+        }
+      }
+    }
+    if (t == 0 && rows_owner) {
+      double x = -INFINITY;
+      if (m[u] == -INFINITY) {
+        ++empty;
+      } else {
+        x = m[u] + log(l[u] + comp[u]);
+        lse_max = fmax(lse_max, fabs(x));
+      }
+      lse[LseIndex(p, b, h, s, i0 + r)] = x;
+      keys_max = max(keys_max, keys[u]);
+      chain_max = max(chain_max, static_cast<long long>(kRowTileKeys) + tiles[u]);
+    }
+  }
+  MaxDouble(&stats->score_abs_max, mag);
+  MaxDouble(&stats->lse_abs_max, lse_max);
+  MaxInt(&stats->max_keys, keys_max);
+  MaxInt(&stats->sum_len_k, chain_max);
+  if (empty > 0) atomicAdd(&stats->empty_rows, static_cast<unsigned long long>(empty));
 }
 
 // The forward with a warp per 16 query rows (p.tq = 16 warps, p.tk = kRowTileKeys; d and dv
@@ -258,28 +373,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
         }
       }
     }
-    // The transformed, masked scores (Scores' entry), then K and its norms are free.
-    const bool whole = WholeTile(p, s, i0, j0, range);
-    const bool plain = PlainTile(p, whole, slope);
-    if (plain) {
-      mag = fmax(mag, PlainTileMag<kNb>(p, fmax(rn[r0 + g], rn[r0 + g + 8]), cn, t, false));
-    }
-    ATTEST_UNROLL
-    for (int y = 0; y < kNb; ++y) {
-      ATTEST_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int r = r0 + g + 8 * (e >> 1), col = 8 * y + 2 * t + (e & 1);
-        const int64_t j = j0 + col;
-        double sc = -INFINITY;
-        if (plain) {
-          sc = p.scale * c[y][e];
-        } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
-          double th = 0;
-          sc = ScoreOf(p, s, i0 + r, j, slope, c[y][e], rn[r], cn[col], th, mag);
-        }
-        c[y][e] = sc;
-      }
-    }
+    // The transformed, masked scores, then K and its norms are free.
+    ScoreTile(p, s, i0, j0, r0, 0, lo, hi, range, rn, cn, slope, g, t, c, mag);
     __syncthreads();
     if (jn < end) LoadKeysAt(p, s, kv, k, p.d, sq, jn, sk_tile, cn);  // the next K
     // The online softmax of each of the lane's two rows (OnlineSoftmax's expressions): c
@@ -287,22 +382,9 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     // 16 exps (masked entries selected to 0 after: no branch around each), then the sums.
     double mx[2], m_new[2], f[2];
     long long count[2];
+    RowMaxCount(c, mx, count);
     ATTEST_UNROLL
     for (int u = 0; u < 2; ++u) {
-      mx[u] = -INFINITY;
-      count[u] = 0;
-      ATTEST_UNROLL
-      for (int y = 0; y < kNb; ++y) {
-        ATTEST_UNROLL
-        for (int x = 0; x < 2; ++x) {
-          mx[u] = fmax(mx[u], c[y][2 * u + x]);
-          count[u] += c[y][2 * u + x] > -INFINITY ? 1 : 0;
-        }
-      }
-      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        mx[u] = fmax(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], o2));
-        count[u] += __shfl_xor_sync(0xffffffffu, count[u], o2);
-      }
       m_new[u] = fmax(m[u], mx[u]);
       f[u] = 1.0;  // a new maximum is rare after the first tiles: a branch, not a select
       if (count[u] > 0 && mx[u] > m[u] && m[u] != -INFINITY) f[u] = exp(m[u] - mx[u]);
@@ -360,40 +442,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     j0 = jn;
   }
   CopyWait<0>();  // no copy outlives the block (Q when no key tile ran)
-  double lse_max = 0;
-  long long keys_max = 0, chain_max = 0, empty = 0;
-  ATTEST_UNROLL
-  for (int u = 0; u < 2; ++u) {
-    const int r = r0 + g + 8 * u;
-    if (r >= nq) continue;
-    double* out = o + ((s.q_begin + i0 + r) * p.hq + h) * dv;
-    ATTEST_UNROLL
-    for (int y = 0; y < NDV; ++y) {
-      if (8 * y < dv) {
-        ATTEST_UNROLL
-        for (int x = 0; x < 2; ++x) {
-          out[8 * y + 2 * t + x] = m[u] == -INFINITY ? 0.0 : acc[y][2 * u + x] / (l[u] + comp[u]);
-        }
-      }
-    }
-    if (t == 0) {
-      double x = -INFINITY;
-      if (m[u] == -INFINITY) {
-        ++empty;
-      } else {
-        x = m[u] + log(l[u] + comp[u]);
-        lse_max = fmax(lse_max, fabs(x));
-      }
-      lse[LseIndex(p, b, h, s, i0 + r)] = x;
-      keys_max = max(keys_max, keys[u]);
-      chain_max = max(chain_max, static_cast<long long>(tk) + tiles[u]);
-    }
-  }
-  MaxDouble(&stats->score_abs_max, mag);
-  MaxDouble(&stats->lse_abs_max, lse_max);
-  MaxInt(&stats->max_keys, keys_max);
-  MaxInt(&stats->sum_len_k, chain_max);
-  if (empty > 0) atomicAdd(&stats->empty_rows, static_cast<unsigned long long>(empty));
+  RowForwardEnd(p, s, b, h, i0, r0, nq, 0, dv, true, acc, m, l, comp, keys, tiles, mag, o, lse,
+                stats);
 }
 
 // The forward with a pair of warps per 16 query rows (p.tq = 16 per pair, p.tk = kRowTileKeys;
@@ -486,46 +536,13 @@ __global__ void ATTEST_LAUNCH_BOUNDS(32 * kWarps, 1)
         }
       }
     }
-    const bool whole = WholeTile(p, s, i0, j0, range);
-    const bool plain = PlainTile(p, whole, slope);
-    if (plain) {
-      mag = fmax(mag, PlainTileMag<2>(p, fmax(rn[r0 + g], rn[r0 + g + 8]), cn + kh, t, false));
-    }
-    ATTEST_UNROLL
-    for (int y = 0; y < 2; ++y) {
-      ATTEST_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int r = r0 + g + 8 * (e >> 1), col = kh + 8 * y + 2 * t + (e & 1);
-        const int64_t j = j0 + col;
-        double sc = -INFINITY;
-        if (plain) {
-          sc = p.scale * c[y][e];
-        } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i0 + r, j))) {
-          double th = 0;
-          sc = ScoreOf(p, s, i0 + r, j, slope, c[y][e], rn[r], cn[col], th, mag);
-        }
-        c[y][e] = sc;
-      }
-    }
+    ScoreTile(p, s, i0, j0, r0, kh, lo, hi, range, rn, cn, slope, g, t, c, mag);
     // The rows' maximum and count over the warp's keys, to the partner.
     double mx[2];
     long long count[2];
+    RowMaxCount(c, mx, count);
     ATTEST_UNROLL
     for (int u = 0; u < 2; ++u) {
-      mx[u] = -INFINITY;
-      count[u] = 0;
-      ATTEST_UNROLL
-      for (int y = 0; y < 2; ++y) {
-        ATTEST_UNROLL
-        for (int x = 0; x < 2; ++x) {
-          mx[u] = fmax(mx[u], c[y][2 * u + x]);
-          count[u] += c[y][2 * u + x] > -INFINITY ? 1 : 0;
-        }
-      }
-      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        mx[u] = fmax(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], o2));
-        count[u] += __shfl_xor_sync(0xffffffffu, count[u], o2);
-      }
       mine[256 + 2 * lane + u] = mx[u];
       reinterpret_cast<long long*>(mine)[320 + 2 * lane + u] = count[u];
     }
@@ -599,79 +616,21 @@ __global__ void ATTEST_LAUNCH_BOUNDS(32 * kWarps, 1)
         tiles[u] += 1;
       }
     }
-    // O += P V for the warp's columns: RowProductAdd's chains, A read per column group.
-    {
-      const double* pb = sv_tile + 2 * t * sv + vc + g;
-      const int64_t w = dv / 2;
-      ATTEST_UNROLL
-      for (int y0 = 0; y0 < NH; y0 += kChains) {
-        if (8 * y0 < w) {
-          double part[kChains][4];
-          ATTEST_UNROLL
-          for (int z = 0; z < kChains; ++z) {
-            ATTEST_UNROLL
-            for (int e = 0; e < 4; ++e) part[z][e] = 0;
-          }
-          ATTEST_UNROLL
-          for (int kb = 0; kb < 4; ++kb) {
-            double a[4];
-            const double* src = pair_a + 384 * (kb / 2) + 128 * (kb % 2) + 2 * lane;
-            LoadPair(src, a[0], a[1]);
-            LoadPair(src + 64, a[2], a[3]);
-            ATTEST_UNROLL
-            for (int z = 0; z < kChains; ++z) {
-              const int y = y0 + z;
-              const double bb[2] = {pb[8 * kb * sv + 8 * y], pb[(8 * kb + 1) * sv + 8 * y]};
-              Mma1688(part[z], a, bb);
-            }
-          }
-          ATTEST_UNROLL
-          for (int z = 0; z < kChains; ++z) {
-            ATTEST_UNROLL
-            for (int e = 0; e < 4; ++e) acc[y0 + z][e] += part[z][e];
-          }
-        }
-      }
-    }
+    // O += P V for the warp's columns (RowProductAdd's chains), A read per column group.
+    RowProductAddOf<NH, 4>(
+        [&](int kb, double (&a)[4]) {
+          const double* src = pair_a + 384 * (kb / 2) + 128 * (kb % 2) + 2 * lane;
+          LoadPair(src, a[0], a[1]);
+          LoadPair(src + 64, a[2], a[3]);
+        },
+        sv_tile + 2 * t * sv + vc + g, sv, dv / 2, acc);
     __syncthreads();  // V and the pair's P are read
     if (jn < end) LoadKeysAt(p, s, kv, v, dv, sv, jn, sv_tile, nullptr);
     j0 = jn;
   }
   CopyWait<0>();
-  double lse_max = 0;
-  long long keys_max = 0, chain_max = 0, empty = 0;
-  ATTEST_UNROLL
-  for (int u = 0; u < 2; ++u) {
-    const int r = r0 + g + 8 * u;
-    if (r >= nq) continue;
-    double* out = o + ((s.q_begin + i0 + r) * p.hq + h) * dv + vc;
-    ATTEST_UNROLL
-    for (int y = 0; y < NH; ++y) {
-      if (8 * y < dv / 2) {
-        ATTEST_UNROLL
-        for (int x = 0; x < 2; ++x) {
-          out[8 * y + 2 * t + x] = m[u] == -INFINITY ? 0.0 : acc[y][2 * u + x] / (l[u] + comp[u]);
-        }
-      }
-    }
-    if (t == 0 && member == 0) {
-      double x = -INFINITY;
-      if (m[u] == -INFINITY) {
-        ++empty;
-      } else {
-        x = m[u] + log(l[u] + comp[u]);
-        lse_max = fmax(lse_max, fabs(x));
-      }
-      lse[LseIndex(p, b, h, s, i0 + r)] = x;
-      keys_max = max(keys_max, keys[u]);
-      chain_max = max(chain_max, static_cast<long long>(tk) + tiles[u]);
-    }
-  }
-  MaxDouble(&stats->score_abs_max, mag);
-  MaxDouble(&stats->lse_abs_max, lse_max);
-  MaxInt(&stats->max_keys, keys_max);
-  MaxInt(&stats->sum_len_k, chain_max);
-  if (empty > 0) atomicAdd(&stats->empty_rows, static_cast<unsigned long long>(empty));
+  RowForwardEnd(p, s, b, h, i0, r0, nq, vc, dv / 2, member == 0, acc, m, l, comp, keys, tiles,
+                mag, o, lse, stats);
 }
 
 // Shared memory of RowDqKernel, in doubles: the Q and dO tiles, one K tile (with its norms), one
