@@ -74,6 +74,7 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   if (same_head_dim_v && p.head_dim_v != p.head_dim) return fail("head_dim_v != head_dim");
   const bool diagonal = p.causal || p.window_left >= 0 || p.window_right >= 0 ||
                         p.alibi_slopes.has_value();
+  if (std::string w = ShapeViolation(shapes, p); !w.empty()) return fail("shape: " + w);
   if (causal_bottom_right_only && diagonal && p.causal_align == CausalAlign::kTopLeft &&
       AnySequenceNonSquare(p)) {
     return fail("top-left alignment with q_len != k_len");
@@ -119,6 +120,8 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   for (const auto& f : kRestrictions) {
     if (caps.*(f.member)) j[f.key] = true;
   }
+  if (caps.shapes.any()) j["shapes"] = ShapeLimitsToJson(caps.shapes);
+  if (caps.strides != "contiguous") j["strides"] = caps.strides;
   j["lse"] = caps.lse;
   return j;
 }
@@ -210,6 +213,20 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                    "kernel's tensors live)"};
     }
     caps.device = d.get<std::string>();
+  }
+  if (j.contains("strides")) {
+    const auto& s = j["strides"];
+    if (!s.is_string() || (s.get<std::string>() != "contiguous" && s.get<std::string>() != "inner" &&
+                           s.get<std::string>() != "any")) {
+      return Error{"capabilities.strides: must be \"contiguous\", \"inner\" (last dimension "
+                   "contiguous) or \"any\" (the input layouts the kernel's interface takes)"};
+    }
+    caps.strides = s.get<std::string>();
+  }
+  if (j.contains("shapes")) {
+    auto shapes = ShapeLimitsFromJson(j["shapes"]);
+    if (!shapes.ok()) return shapes.error();
+    caps.shapes = *shapes;
   }
   if (j.contains("lse")) {  // a missing key means true: every kernel returned lse before
     if (!j["lse"].is_boolean()) return Error{"capabilities.lse: not a boolean"};

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kernels/shape_limits.h"
 #include "reference/formats/format.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
@@ -77,6 +78,16 @@ struct Capabilities {
   // runs the float64 oracle on the GPU for a "cuda" kernel when the CUDA oracle
   // (reference/oracle/cuda/oracle_cuda_host.h) and a GPU are there.
   std::string device = "host";
+  // Shape limits (kernels/shape_limits.h; JSON object "shapes", written only when a limit is
+  // set): lengths a multiple of a block, Sq = Sk, maxima. A problem outside them is outside the
+  // capabilities; suites move their rows inside them (verify/suite.h Instantiate).
+  ShapeLimits shapes;
+  // The input layouts the kernel's interface takes (verify/checks/layouts.h): "contiguous"
+  // (the default, not written: a C ABI plugin's packed buffers), "inner" (any strides with
+  // the last dimension contiguous: FlashAttention's and PyTorch's fused SDPA backends) or
+  // "any" (PyTorch's math backend, the CPU models). JSON key "strides". An exec worker that
+  // declares "inner" or "any" receives views (docs/protocol.md "Views").
+  std::string strides = "contiguous";
 
   // Whether `p` lies inside these capabilities; if not, `why` says which feature.
   bool Covers(const Problem& p, std::string* why = nullptr) const;

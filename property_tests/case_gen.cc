@@ -230,6 +230,28 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
     }
     p.block_sparse = bs;
   }
+  // A kernel's shape limits (kernels/shape_limits.h): the drawn lengths moved to the nearest
+  // legal ones (rounded up to the kernel's block, equalised, capped), which keeps the draw's
+  // bias toward one and two tiles, now of the kernel's own block.
+  // The draw's own length bound stays a bound where the kernel's block fits under it.
+  if (caps.shapes.any()) {
+    ShapeLimits s = caps.shapes;
+    auto cap = [&](int64_t& max, int64_t multiple) {
+      const int64_t under = limits.max_seqlen / multiple * multiple;
+      if (under >= multiple && (max == 0 || under < max)) max = under;
+    };
+    cap(s.max_seqlen_q, s.equal_seqlens ? std::lcm(s.seqlen_q_multiple, s.seqlen_k_multiple)
+                                        : s.seqlen_q_multiple);
+    cap(s.max_seqlen_k, s.equal_seqlens ? std::lcm(s.seqlen_q_multiple, s.seqlen_k_multiple)
+                                        : s.seqlen_k_multiple);
+    const Problem drawn = p;
+    std::string why = FitShape(p, s, kAnyShape);
+    if (!why.empty()) {  // a minimum above the draw's bound: the kernel's own limits alone
+      p = drawn;
+      why = FitShape(p, caps.shapes, kAnyShape);
+    }
+    assert(why.empty());
+  }
   // 5. Score modifiers, from bit patterns: softcap in [1, 120), ALiBi slopes in [2^-10, 1),
   // an explicit scale in [2^-6, 2).
   if (caps.softcap && pick.Chance(1, 4)) p.softcap = DrawBitPattern(pick, 0, 6, 2, false);
@@ -302,16 +324,6 @@ int64_t CaseComplexity(const Case& c) {
 
 namespace {
 
-// Drops the block-sparse pairs that a shorter sequence no longer has.
-void FitBlockSparse(Problem& p) {
-  if (!p.block_sparse) return;
-  BlockSparse& bs = *p.block_sparse;
-  const int64_t nq = (p.seqlen_q + bs.block_q - 1) / bs.block_q;
-  const int64_t nk = (p.seqlen_k + bs.block_k - 1) / bs.block_k;
-  std::erase_if(bs.blocks, [&](const std::pair<int64_t, int64_t>& b) {
-    return b.first >= nq || b.second >= nk;
-  });
-}
 
 // Resizes a padded problem's sequence axis (document ids follow, truncated or extended with
 // the last id).
@@ -326,7 +338,7 @@ void ResizePadded(Problem& p, int64_t sq, int64_t sk) {
   if (p.document_ids_k) fit(*p.document_ids_k, sk);
   p.seqlen_q = sq;
   p.seqlen_k = sk;
-  FitBlockSparse(p);
+  DropBlocksPastLengths(p);
 }
 
 // Packed problem from per-sequence lengths.
@@ -341,7 +353,7 @@ void SetPacked(Problem& p, const std::vector<int64_t>& lq, const std::vector<int
   p.cu_seqlens_k = ck;
   p.seqlen_q = std::max<int64_t>(1, *std::max_element(lq.begin(), lq.end()));
   p.seqlen_k = std::max<int64_t>(1, *std::max_element(lk.begin(), lk.end()));
-  FitBlockSparse(p);
+  DropBlocksPastLengths(p);
 }
 
 void SetHeads(Problem& p, int64_t hq, int64_t hkv) {
@@ -374,7 +386,7 @@ std::vector<Case> ShrinkCandidates(const Case& c, const Capabilities& caps) {
         p.cu_seqlens_k.reset();
         p.seqlen_q = lq[0];
         p.seqlen_k = lk[0];
-        FitBlockSparse(p);
+        DropBlocksPastLengths(p);
       });
     }
     for (size_t drop = 0; drop < lq.size() && lq.size() > 1; ++drop) {
@@ -479,6 +491,9 @@ std::vector<Case> ShrinkCandidates(const Case& c, const Capabilities& caps) {
   const int64_t before = CaseComplexity(c);
   std::vector<Case> kept;
   for (Case& n : out) {
+    // Under shape limits a shorter length is moved to a legal one (halving 192 under a block of
+    // 64 gives 96, moved to 128); candidates that do not get simpler are dropped below.
+    if (caps.shapes.any() && !FitShape(n.problem, caps.shapes, kAnyShape).empty()) continue;
     if (!Validate(n.problem).ok() || !caps.Covers(n.problem)) continue;
     if (CaseComplexity(n) >= before) continue;
     kept.push_back(std::move(n));

@@ -24,13 +24,13 @@ validate() {
   --junit "$work/a.xml" --markdown "$work/a.md" --out "$work/fail" > "$work/out.txt" \
   2> "$work/err.txt"
 rc=$?; [ $rc -eq 0 ] || { cat "$work/out.txt"; fail "quick suite exit $rc, want 0"; }
-tail -1 "$work/out.txt" | grep -q "^PASS: 96 verdicts, none failed, from 11 checks on 5 cases" \
+tail -1 "$work/out.txt" | grep -q "^PASS: 101 verdicts, none failed, from 11 checks on 6 cases" \
   || { tail -1 "$work/out.txt"; fail "the verdict line is not last or miscounts"; }
 grep -q "^check  *verdicts  *failed  *o  *lse  *dq  *dk  *dv" "$work/out.txt" \
   || fail "no summary table"
-grep -q "^accuracy  *15  *0 " "$work/out.txt" || fail "the table does not count accuracy's verdicts"
+grep -q "^accuracy  *20  *0 " "$work/out.txt" || fail "the table does not count accuracy's verdicts"
 grep -q "^PASS accuracy" "$work/out.txt" && fail "a passing verdict printed without -v"
-grep -Eq "^\[[0-9]+/17\] check cpu/flash2-bf16 quick: " "$work/err.txt" \
+grep -Eq "^\[[0-9]+/18\] check cpu/flash2-bf16 quick: " "$work/err.txt" \
   || fail "no progress lines on a non-terminal stderr"
 [ "$(grep -c "check cpu/flash2-bf16" "$work/err.txt")" -le 13 ] || fail "progress floods the log"
 for f in a.json a.xml a.md; do [ -s "$work/$f" ] || fail "$f not written"; done
@@ -55,7 +55,7 @@ tail -1 "$work/v.txt" | grep -q "^PASS: " || fail "-v: the verdict line is not l
 grep -q "^FAIL accuracy *lse" "$work/m.txt" || fail "mutant: the failure is not printed"
 grep -q "^     repro: attest repro --kernel mutant/lse-log2 --case " "$work/m.txt" \
   || fail "mutant: no repro line"
-tail -1 "$work/m.txt" | grep -Eq "^FAIL: [0-9]+ of 15 verdicts failed, in 1 of 1 checks[;( ].*diagnosis: accuracy lse" \
+tail -1 "$work/m.txt" | grep -Eq "^FAIL: [0-9]+ of 20 verdicts failed, in 1 of 1 checks[;( ].*diagnosis: accuracy lse" \
   || { tail -1 "$work/m.txt"; fail "mutant: the verdict line miscounts"; }
 validate "$work/a.json" "$work/m.json"
 

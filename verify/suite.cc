@@ -45,6 +45,11 @@ Problem Window(Problem p, int64_t left, int64_t right) {
   return p;
 }
 
+Problem Scaled(Problem p, double scale) {
+  p.scale = scale;
+  return p;
+}
+
 Problem Softcap(Problem p, double cap) {
   p.softcap = cap;
   return p;
@@ -126,7 +131,17 @@ struct Builder {
   }
   void Add(std::initializer_list<const char*> checks, std::string label, Problem p,
            GeneratorSpec g = Gaussian()) {
-    Add(checks, CaseTemplate{std::move(label), std::move(p), std::move(g), {}, true});
+    CaseTemplate t{std::move(label), std::move(p), std::move(g), {}, true};
+    t.intent.order = StatesOrder(t.label);
+    Add(checks, std::move(t));
+  }
+  // A label that names the order of Sq and Sk ("Sq<Sk", "Sq>>Sk") or empty rows (causal with
+  // Sq > Sk) states that order as the row's purpose: a kernel whose shape limits cannot keep
+  // it skips the row rather than run it at Sq = Sk.
+  static bool StatesOrder(std::string_view label) {
+    return label.find("Sq<") != std::string_view::npos ||
+           label.find("Sq>") != std::string_view::npos ||
+           label.find("empty rows") != std::string_view::npos;
   }
   // A row for the honesty check: the problem is not adapted to the kernel's head dims and
   // features (its dtype is, unless `finish` changes it).
@@ -146,6 +161,7 @@ constexpr auto kWin = "window-causal";
 constexpr auto kPad = "padding";
 constexpr auto kLeak = "non-interference";  // verify/checks/noninterference.h (engineer "leak")
 constexpr auto kCons = "consistency";       // verify/checks/consistency.h (engineer "leak")
+constexpr auto kLay = "layouts";            // verify/checks/layouts.h
 
 void QuickRows(Builder& s) {
   s.Add({kAcc, kUnw, kSpec, kDet, kGqa, kPerm, kWin, kLeak, kCons}, "GQA causal Sq<Sk batch 2",
@@ -155,6 +171,8 @@ void QuickRows(Builder& s) {
         Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
   s.Add({kSpec}, "huge logits (scores ~1e4)", P(1, 2, 2, 64, 96), HugeLogits());
   s.Honesty("softcap", Softcap(P(1, 2, 2, 64, 64), 30));
+  // A scale of its own (ScaleRows below says why).
+  s.Add({kAcc}, "scale 1/sqrt(192) (MLA)", Scaled(P(1, 2, 2, 64, 64), 1.0 / std::sqrt(192.0)));
 }
 
 void GateRows(Builder& s) {
@@ -162,15 +180,15 @@ void GateRows(Builder& s) {
   // batch: every other sequence is protected, so a kernel that claims no mask at all (cuDNN's
   // FP8 forward on Hopper) still gets a leak verdict, and a scale shared across the batch (one
   // current amax per tensor) leaks there.
-  s.Add({kAcc, kUnw, kDet, kPerm, kCons, kLeak}, "dense batch 2", P(2, 4, 4, 128, 128));
-  s.Add({kAcc, kUnw, kSpec, kWin, kLeak, kPad}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
+  s.Add({kAcc, kUnw, kDet, kPerm, kCons, kLeak, kLay}, "dense batch 2", P(2, 4, 4, 128, 128));
+  s.Add({kAcc, kUnw, kSpec, kWin, kLeak, kPad, kLay}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
   s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq>Sk (empty rows)",
         Causal(P(1, 2, 2, 130, 77)));
   // (window-causal: a window reaching past every key must be no window; flash-attention #895
   // clamped such bounds to seqlen_k, which drops keys once Sq > Sk.)
   s.Add({kAcc, kWin}, "dense Sq>>Sk", P(1, 2, 2, 200, 33));
   s.Add({kAcc}, "dense Sq<<Sk", P(1, 2, 2, 17, 300));
-  s.Add({kAcc, kPerm, kDet, kCons}, "causal batch 3", Causal(P(3, 2, 2, 96, 96)));
+  s.Add({kAcc, kPerm, kDet, kCons, kLay}, "causal batch 3", Causal(P(3, 2, 2, 96, 96)));
   // Tile boundaries +-1 of 64 and 128.
   for (auto [sq, sk] : {std::pair<int64_t, int64_t>{63, 63}, {65, 65}, {64, 129}, {127, 128},
                         {129, 127}, {1, 129}, {129, 1}}) {
@@ -178,15 +196,15 @@ void GateRows(Builder& s) {
     s.Add({kAcc}, fmt::format("tile boundary {}x{} causal", sq, sk), Causal(P(1, 2, 2, sq, sk)));
   }
   // GQA / MQA.
-  s.Add({kAcc, kGqa, kPerm, kLeak, kCons}, "GQA 8:2 causal batch 2", Causal(P(2, 8, 2, 96, 96)));
+  s.Add({kAcc, kGqa, kPerm, kLeak, kCons, kLay}, "GQA 8:2 causal batch 2", Causal(P(2, 8, 2, 96, 96)));
   s.Add({kAcc, kGqa}, "MQA 4:1", P(1, 4, 1, 64, 100));
   // Dv != D.
-  s.Add({kAcc, kUnw, kPerm, kCons}, "Dv < D", P(2, 2, 2, 70, 90, 64, 32));
+  s.Add({kAcc, kUnw, kPerm, kCons, kLay}, "Dv < D", P(2, 2, 2, 70, 90, 64, 32));
   s.Add({kAcc}, "Dv > D causal", Causal(P(1, 2, 2, 70, 90, 32, 64)));
   // Packed variable length with zero-length documents (q-empty and k-empty).
   s.Add({kAcc, kSpec, kUnw, kPerm, kLeak, kPad}, "varlen zero-length documents",
         Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
-  s.Add({kAcc, kSpec, kWin, kLeak, kCons, kPerm, kPad}, "varlen causal",
+  s.Add({kAcc, kSpec, kWin, kLeak, kCons, kPerm, kPad, kLay}, "varlen causal",
         Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20})));
   // Windows.
   s.Add({kAcc, kSpec, kLeak}, "window (32, 0)", Window(P(1, 2, 2, 150, 150), 32, 0));
@@ -238,6 +256,20 @@ void LongRows(Builder& s) {
         Varlen(P(1, 4, 4, 1, 1, 128), {300, 0, 513, 1}, {257, 64, 513, 0}));
 }
 
+// The softmax scale as a dimension of its own: a kernel that ignores its `scale` argument
+// (using 1/sqrt(D)) passes every default-scale row, so accuracy rows carry scales that differ
+// from it: MLA's 1/sqrt(192) (DeepSeek-V2, arXiv 2405.04434: the query and key head dim 192
+// = 128 + 64 RoPE dims, taken by D = 128 kernels), a scale above 1 with small q (scores of
+// order 1), and a tiny one (a near-uniform softmax). Appended after the gate's other rows so
+// that their seeds stay what they were.
+void ScaleRows(Builder& s) {
+  s.Add({kAcc, kCons}, "scale 1/sqrt(192) (MLA) D128",
+        Scaled(P(1, 2, 2, 96, 96, 128), 1.0 / std::sqrt(192.0)));
+  s.Add({kAcc, kLeak}, "scale 2 causal",
+        Scaled(Causal(P(1, 2, 2, 128, 128)), 2.0), Gaussian({{"q", {{"std", 0.125}}}}));
+  s.Add({kAcc}, "scale 2^-10", Scaled(P(2, 2, 2, 64, 64), 0x1p-10));
+}
+
 void FullRows(Builder& s) {
   GateRows(s);
   LongRows(s);
@@ -250,8 +282,10 @@ void FullRows(Builder& s) {
     again.next_seed = first;
     GateRows(again);
     LongRows(again);
+    ScaleRows(again);
     for (SuiteRow& r : again.rows) s.rows.push_back(std::move(r));
   }
+  ScaleRows(s);
 }
 
 // Packed documents summing to `total` tokens, causal: each of the given long documents after a
@@ -321,6 +355,7 @@ std::vector<Suite> BuildSuites() {
   LongSuiteRows(long_rows);
   GateRows(gate);
   LongRows(gate);
+  ScaleRows(gate);
   FullRows(full);
   t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
                std::move(quick.rows)});
@@ -434,17 +469,34 @@ InstantiatedCase Instantiate(const SuiteRow& row, const Capabilities& caps, uint
       p.head_dim_v = Nearest(caps.head_dims_v, p.head_dim_v);
     }
   }
+  // 3. Shape limits: the nearest legal shape that keeps what the row is for.
+  std::string moved;
+  if (caps.shapes.any()) {
+    Problem fitted = p;
+    const std::string why = FitShape(fitted, caps.shapes, t.adapt ? t.intent : kAnyShape);
+    if (why.empty()) {
+      if (fitted != p) {
+        moved = fmt::format(" (moved inside the kernel's shape limits from B{} Sq{} Sk{})", p.batch,
+                            p.seqlen_q, p.seqlen_k);
+      }
+      p = std::move(fitted);
+    } else if (t.adapt) {
+      out.label = t.label + ": " + DescribeProblem(p);
+      out.skipped = "shape limits: " + why;
+      return out;
+    }
+  }
   Case c;
   c.problem = p;
   c.generator = t.generator;
   c.generator->seed = MixSeed(run_seed, row.seed);
   if (t.finish) t.finish(c);
-  out.label = t.label + ": " + DescribeProblem(c.problem);
+  out.label = t.label + ": " + DescribeProblem(c.problem) + moved;
   if (Status s = Validate(c.problem); !s.ok()) {
     out.skipped = "invalid suite case: " + s.error().message;
     return out;
   }
-  // 3. Features: rows outside the capabilities are skipped, except honesty rows.
+  // 4. Features: rows outside the capabilities are skipped, except honesty rows.
   std::string why;
   if (t.adapt && !caps.Covers(c.problem, &why)) {
     out.skipped = "the kernel does not claim " + why;

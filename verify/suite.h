@@ -40,6 +40,11 @@ struct CaseTemplate {
   // Adapt dtype and head dims to the kernel's capabilities and skip rows outside them. Off
   // for honesty rows, whose point is a problem the kernel may not claim.
   bool adapt = true;
+  // What the row's shape is for, kept when a kernel's shape limits move it (kernels/
+  // shape_limits.h FitShape): a batch and zero-length sequences by default; the order of Sq
+  // and Sk only where the label states it ("Sq<Sk", "Sq>Sk", "empty rows": Builder in
+  // suite.cc sets it).
+  ShapeIntent intent{.order = false};
 };
 
 struct SuiteRow {
@@ -78,7 +83,10 @@ const Suite* FindSuite(std::string_view name);
 // seed) always gives the same case.
 uint64_t MixSeed(uint64_t run_seed, uint64_t row_seed);
 
-// A row's case for a kernel, or why the row does not apply to it.
+// A row's case for a kernel, or why the row does not apply to it. For a kernel with shape
+// limits (Capabilities::shapes) the row's problem is first moved to the nearest legal shape
+// that keeps its intent (honesty rows: any legal shape, or their own when none is); a row no
+// legal shape keeps is skipped with the reason.
 struct InstantiatedCase {
   std::optional<Case> c;
   std::string skipped;  // set when c is empty

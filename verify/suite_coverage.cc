@@ -267,13 +267,29 @@ std::string_view Name(LengthKind kind) {
   return "?";
 }
 
+// The sequence targets a kernel with shape limits can take: each generic target moved as a
+// suite row is (kernels/shape_limits.h FitShape, both sides at that length), so that the
+// boundaries are those of the kernel's own block (63, 64, 65 of a block of 64 become 64 and
+// 128) and lie under its maxima.
+static std::vector<int64_t> LegalSequenceTargets(LengthKind kind, const Capabilities& caps) {
+  const bool q_side = kind == LengthKind::kSeqlenQ || kind == LengthKind::kDocQ;
+  std::set<int64_t> out;
+  for (int64_t t : SequenceTargets()) {
+    Problem p = Base(t, t, 64, 64);
+    if (!FitShape(p, caps.shapes, kAnyShape).empty()) continue;
+    out.insert(q_side ? p.seqlen_q : p.seqlen_k);
+  }
+  return {out.begin(), out.end()};
+}
+
 std::vector<int64_t> BoundaryTargets(LengthKind kind, const Capabilities& caps) {
   switch (kind) {
     case LengthKind::kSeqlenQ:
-    case LengthKind::kSeqlenK: return SequenceTargets();
+    case LengthKind::kSeqlenK: return LegalSequenceTargets(kind, caps);
     case LengthKind::kDocQ:
     case LengthKind::kDocK:
-      return caps.varlen || caps.documents ? SequenceTargets() : std::vector<int64_t>{};
+      return caps.varlen || caps.documents ? LegalSequenceTargets(kind, caps)
+                                           : std::vector<int64_t>{};
     case LengthKind::kHeadDim: return HeadDimTargets(caps.head_dims);
     case LengthKind::kHeadDimV: return HeadDimTargets(caps.head_dims_v);
   }

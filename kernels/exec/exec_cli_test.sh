@@ -72,4 +72,18 @@ assert failed and failed[0]["check"] == "kernel-error", failed[:1]
 assert "'lse' missing" in failed[0]["message"], failed[0]["message"]
 PY
 echo "ok: a worker omitting the lse it claims fails, kernel-error first, naming lse"
-echo "exec_cli_test: 5 passed, 0 failed"
+# Views (docs/protocol.md "Views"): a worker that declares "strides": "any" is handed the
+# layouts check's views through the protocol, and passes; one that reads them as if they were
+# contiguous fails the check (so the views do reach it: the check is not vacuous).
+"$attest" check --kernel "exec:$python tools/workers/numpy_worker.py" --suite gate \
+  --check layouts > "$tmp/views.log" 2>&1 || { tail -20 "$tmp/views.log"; fail "views: the NumPy worker fails the layouts check"; }
+grep -q "^PASS: [1-9][0-9]* verdicts, none failed, from 1 checks" "$tmp/views.log" \
+  || { tail -3 "$tmp/views.log"; fail "views: no layouts verdicts for the NumPy worker"; }
+"$attest" check --kernel "exec:$python tools/workers/faulty_worker.py --mode strides-ignored" \
+  --suite gate --check layouts --out "$tmp/f6" > "$tmp/views2.log" 2>&1
+rc=$?
+[ "$rc" = 1 ] || { tail -20 "$tmp/views2.log"; fail "views: a worker ignoring strides: exit $rc, want 1"; }
+grep -q "diagnosis: layouts" "$tmp/views2.log" \
+  || { tail -3 "$tmp/views2.log"; fail "views: a worker ignoring strides is not diagnosed by layouts"; }
+echo "ok: views reach an exec worker; one that ignores their strides fails the layouts check"
+echo "exec_cli_test: 6 passed, 0 failed"

@@ -164,12 +164,13 @@ class ProtocolKernel final : public Kernel {
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v) override {
     NamedTensors in;
+    nlohmann::json views = nlohmann::json::object();
     for (auto [n, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
       auto c = InInputDType(*t, p.dtype, n);
       if (!c) return Fail("forward", c.error().message);
-      in.Add(n, *c);
+      AddInput(in, views, n, *c);
     }
-    auto reply = Call("forward", p, in, MaxOutputBytes({p.OShape(), p.LseShape()}));
+    auto reply = Call("forward", p, in, MaxOutputBytes({p.OShape(), p.LseShape()}), views);
     if (auto* e = std::get_if<Error>(&reply)) return *e;
     if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
     const NamedTensors& out = std::get<NamedTensors>(reply);
@@ -192,15 +193,17 @@ class ProtocolKernel final : public Kernel {
                                         const Tensor& dout) override {
     NamedTensors in;
     // q, k, v and dO in the input dtype; o and lse as this kernel's forward returned them.
+    nlohmann::json views = nlohmann::json::object();
     for (auto [n, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v},
                         std::pair{"do", &dout}}) {
       auto c = InInputDType(*t, p.dtype, n);
       if (!c) return Fail("backward", c.error().message);
-      in.Add(n, *c);
+      AddInput(in, views, n, *c);
     }
-    in.Add("o", o);
-    if (caps_.lse) in.Add("lse", lse);  // a worker without lse gets none (docs/protocol.md)
-    auto reply = Call("backward", p, in, MaxOutputBytes({p.QShape(), p.KShape(), p.VShape()}));
+    AddInput(in, views, "o", o);
+    if (caps_.lse) AddInput(in, views, "lse", lse);  // a worker without lse gets none
+    auto reply = Call("backward", p, in, MaxOutputBytes({p.QShape(), p.KShape(), p.VShape()}),
+                      views);
     if (auto* e = std::get_if<Error>(&reply)) return *e;
     if (auto* u = std::get_if<Unsupported>(&reply)) return *u;
     const NamedTensors& out = std::get<NamedTensors>(reply);
@@ -219,6 +222,28 @@ class ProtocolKernel final : public Kernel {
   std::chrono::steady_clock::duration Timeout() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(options_.timeout_s));
+  }
+
+  // Adds input `name`. A view (a strided tensor, the layouts check's) goes to a worker whose
+  // interface takes views (Capabilities::strides) as what it is: the storage it spans, flat,
+  // and under "views" its shape and element strides (docs/protocol.md "Views"); to any other
+  // worker as a contiguous copy.
+  void AddInput(NamedTensors& in, nlohmann::json& views, const char* name, const Tensor& t) const {
+    if (!t.defined() || t.contiguous()) {
+      in.Add(name, t);
+      return;
+    }
+    if (caps_.strides == "contiguous") {
+      in.Add(name, t.Clone());
+      return;
+    }
+    int64_t extent = 1;  // elements from the first to the last one the view reaches
+    for (int64_t d = 0; d < t.rank(); ++d) {
+      extent += (t.dim(d) - 1) * t.strides()[static_cast<size_t>(d)];
+    }
+    const Tensor flat = Tensor::View(t.dtype(), {extent}, {1}, t.bytes()).Clone();
+    in.Add(name, flat);
+    views[name] = {{"shape", t.shape()}, {"strides", t.strides()}, {"offset", 0}};
   }
 
   Error Fail(std::string_view op, const std::string& what) const {
@@ -285,7 +310,7 @@ class ProtocolKernel final : public Kernel {
   // One forward/backward request: inputs written, request sent, reply checked, outputs read,
   // all before one deadline.
   Reply Call(std::string_view op, const Problem& p, const NamedTensors& inputs,
-             uint64_t max_output_bytes) {
+             uint64_t max_output_bytes, const nlohmann::json& views) {
     std::lock_guard<std::mutex> lock(mu_);
     if (StopSignal() != 0)
       return Fail(op, "not run: attest is stopping (" + StopSignalName() + ")");
@@ -314,8 +339,9 @@ class ProtocolKernel final : public Kernel {
       throw InfrastructureError(fmt::format("{}: {}: cannot write the inputs file: {}", name(), op,
                                             s.error().message));
     }
-    const nlohmann::json request = {
+    nlohmann::json request = {
         {"op", op}, {"problem", ProblemToJson(p)}, {"inputs", in_path}, {"outputs", out_path}};
+    if (!views.empty()) request["views"] = views;
     auto line = worker_->Exchange(request.dump(), deadline);
     if (!line) {
       const bool timed_out = worker_->timed_out();

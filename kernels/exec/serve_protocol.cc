@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/exec/exec_kernel.h"
+#include "reference/io/json.h"
 #include "reference/io/safetensors.h"
 
 namespace attest {
@@ -31,6 +33,61 @@ bool WriteAll(int fd, const std::string& text) {
 
 json ErrorReply(const std::string& message) { return {{"status", "error"}, {"message", message}}; }
 
+// Inputs sent as views (docs/protocol.md "Views"): each named tensor of the file is the flat
+// storage a view spans, and request.views.NAME its shape, element strides and offset. The
+// view replaces the entry; the storage stays in the set under "NAME.storage" (the view does
+// not own it). Everything is checked before any element is addressed: non-negative integers,
+// and the last element the view reaches inside the storage.
+Status ApplyViews(const json& request, NamedTensors& file) {
+  if (!request.contains("views")) return {};
+  const json& views = request["views"];
+  if (!views.is_object()) return Error{"request: \"views\" must be an object"};
+  for (const auto& [name, spec] : views.items()) {
+    const std::string where = "request.views." + QuotedExcerpt(name);
+    auto it = std::find_if(file.tensors.begin(), file.tensors.end(),
+                           [&](const auto& e) { return e.first == name; });
+    if (it == file.tensors.end()) return Error{where + ": no such tensor in the inputs file"};
+    const Tensor storage = it->second;
+    if (storage.rank() != 1) return Error{where + ": the storage must be a flat (1-D) tensor"};
+    if (!spec.is_object() || !spec.contains("shape") || !spec.contains("strides") ||
+        !spec["shape"].is_array() || !spec["strides"].is_array() ||
+        spec["shape"].size() != spec["strides"].size() || spec["shape"].size() > 8) {
+      return Error{where + ": expected {\"shape\": [...], \"strides\": [...], \"offset\": n} "
+                           "with as many strides as dimensions (at most 8)"};
+    }
+    auto int_in = [](const json& x, int64_t hi) {
+      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= hi;
+    };
+    constexpr int64_t kMax = int64_t{1} << 40;
+    const json offset = spec.contains("offset") ? spec["offset"] : json(0);
+    if (!int_in(offset, kMax)) return Error{where + ".offset: must be an integer in [0, 2^40]"};
+    Shape shape, strides;
+    // The farthest element the view reaches: at most 2^40 + 8 · 2^80, exact in 128 bits.
+    __int128 last = offset.get<int64_t>();
+    bool empty = false;
+    for (size_t d = 0; d < spec["shape"].size(); ++d) {
+      if (!int_in(spec["shape"][d], kMax) || !int_in(spec["strides"][d], kMax)) {
+        return Error{where + ": shape and strides must be integers in [0, 2^40]"};
+      }
+      shape.push_back(spec["shape"][d].get<int64_t>());
+      strides.push_back(spec["strides"][d].get<int64_t>());
+      empty = empty || shape.back() == 0;
+      if (shape.back() > 0) last += static_cast<__int128>(shape.back() - 1) * strides.back();
+    }
+    if (!empty && last >= storage.numel()) {
+      return Error{fmt::format("{}: the view reaches past the storage's {} elements", where,
+                               storage.numel())};
+    }
+    Tensor view = empty ? Tensor::Zeros(storage.dtype(), shape)
+                        : Tensor::View(storage.dtype(), shape, strides,
+                                       storage.bytes() + offset.get<int64_t>() *
+                                                             SizeOf(storage.dtype()));
+    it->second = view;
+    file.Add(name + ".storage", storage);
+  }
+  return {};
+}
+
 // The tensors a request's inputs file must hold, read and shape-checked.
 Expected<NamedTensors> ReadInputs(const json& request, const Problem& p, bool backward,
                                   bool lse) {
@@ -39,6 +96,7 @@ Expected<NamedTensors> ReadInputs(const json& request, const Problem& p, bool ba
   }
   auto file = ReadSafetensors(request["inputs"].get<std::string>());
   if (!file) return file.error();
+  if (Status s = ApplyViews(request, *file); !s) return s.error();
   struct Want {
     const char* name;
     Shape shape;

@@ -396,6 +396,17 @@ void EngineHooks::SoftcapDerivative(float* ds, const float* tanh, int64_t n) con
   for (int64_t e = 0; e < n; ++e) ds[e] *= 1.0f - tanh[e] * tanh[e];
 }
 
+void EngineHooks::RescaleAcc(float* acc, int64_t dv, float rescale) const {
+  for (int64_t c = 0; c < dv; ++c) acc[c] *= rescale;
+}
+
+void EngineHooks::ForwardTileMask(int64_t visible, std::vector<uint8_t>& vis) const {
+  (void)visible;
+  (void)vis;
+}
+
+int64_t EngineHooks::BackwardKeyTiles(int64_t key_tiles) const { return key_tiles; }
+
 int64_t EngineHooks::DqFirstKeyTile(int64_t key_tiles) const {
   (void)key_tiles;
   return 0;

@@ -81,6 +81,14 @@ class EngineHooks {
   // given the previous one and the max over both; scale_log2 converts score units to log2.
   virtual float RowMax(float previous, float candidate, float scale_log2) const;
 
+  // Forward online softmax: the fp32 O accumulator of a row (dv values) multiplied by
+  // `rescale` = exp2((old max − new max) · scale_log2) when its max grows (FA2 Algorithm 1,
+  // line 10; softmax.h softmax_rescale_o's acc_o *= scores_scale).
+  virtual void RescaleAcc(float* acc, int64_t dv, float rescale) const;
+  // Forward: the visibility of a tile with `visible` visible pairs, as the forward's mask step
+  // leaves it (correct: unchanged; the pair of BackwardTileMask).
+  virtual void ForwardTileMask(int64_t visible, std::vector<uint8_t>& vis) const;
+
   // Forward split-KV (flash-decoding): a query tile's key tiles cut into this many ranges, each
   // with its own online softmax; 1 (FlashAttention-2) or 2.
   virtual int KvSplits() const;
@@ -108,6 +116,9 @@ class EngineHooks {
   // Backward: the key tile (of `key_tiles`) that the walk accumulating dQ starts at, going up
   // and wrapping around (correct: 0, the deterministic ascending order).
   virtual int64_t DqFirstKeyTile(int64_t key_tiles) const;
+  // Backward: how many of a sequence's `key_tiles` key tiles the outer loop visits (correct:
+  // all of them); the tiles left out keep dK = dV = 0 and add nothing to dQ.
+  virtual int64_t BackwardKeyTiles(int64_t key_tiles) const;
 };
 
 struct EngineOptions {

@@ -182,7 +182,8 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
   // another order (dK, dV are per key tile and do not change).
   const int64_t key_tiles = (seq.k_len + bn - 1) / bn;
   const int64_t first_tile = key_tiles > 0 ? hooks.DqFirstKeyTile(key_tiles) : 0;
-  for (int64_t t = 0; t < key_tiles; ++t) {
+  const int64_t visited = hooks.BackwardKeyTiles(key_tiles);
+  for (int64_t t = 0; t < visited; ++t) {
     const int64_t n0 = ((t + first_tile) % key_tiles) * bn;
     const int64_t nlen = std::min(bn, seq.k_len - n0);
     dk_sum.assign(static_cast<size_t>(nlen * d), 0.0f);

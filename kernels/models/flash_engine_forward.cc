@@ -52,7 +52,9 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
   auto run_tiles = [&](int64_t nb_top, int64_t nb_bottom, SoftmaxRows& st) -> Status {
     for (int64_t nb = nb_top; nb >= nb_bottom; --nb) {
       const int64_t n0 = nb * bn, nlen = std::min(bn, seq.k_len - n0);
-      if (TileVisibility(mask, m0, mlen, n0, nlen, vis) == 0) continue;  // skipped exactly
+      const int64_t visible = TileVisibility(mask, m0, mlen, n0, nlen, vis);
+      if (visible == 0) continue;  // skipped exactly
+      hooks.ForwardTileMask(visible, vis);
       GatherRowsTransposed(plan.k, seq.k_begin + n0, hk, nlen, kt.data());
       GatherRows(plan.v, seq.k_begin + n0, hk, nlen, vt.data());
       std::fill(s.begin(), s.begin() + mlen * nlen, 0.0f);
@@ -69,7 +71,7 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
         const float rescale = std::exp2((st.row_max[i] - m_cur) * plan.sp.scale_log2);
         st.row_max[i] = m_new;
         st.row_sum[i] *= rescale;
-        for (int64_t c = 0; c < dv; ++c) st.acc[i * dv + c] *= rescale;
+        hooks.RescaleAcc(st.acc.data() + i * dv, dv, rescale);
         const float max_scaled = m_new == -kInf ? 0.0f : m_new * plan.sp.scale_log2;
         for (int64_t j = 0; j < nlen; ++j) {
           si[j] = std::exp2(FmaF32(si[j], plan.sp.scale_log2, -max_scaled));

@@ -18,6 +18,7 @@ Capabilities Flash2Model::capabilities() const {
   caps.documents = caps.prefix_lm = caps.block_sparse = true;
   caps.backward = true;
   caps.deterministic = true;  // fixed tile order, thread-count independent
+  caps.strides = "any";      // the engine reads every input through its strides
   caps.profile = std::string(recipe_->name);
   caps.recipe = std::string(recipe_->name);
   return caps;
@@ -91,6 +92,32 @@ std::optional<Format> FeatherModel::BackwardDpFormat(const Problem& p) const {
   return attest::BackwardDpFormat(*recipe_, BackwardOptions(p));
 }
 
+namespace {
+EngineOptions Tile64Options() {
+  EngineOptions o;
+  o.fwd_block_m = o.fwd_block_n = o.bwd_block_m = o.bwd_block_n = 64;
+  return o;
+}
+}  // namespace
+
+Tile64Model::Tile64Model()
+    : Flash2Model(kName, *FindRecipe("bf16"), DType::kBF16, Tile64Options()) {}
+
+Capabilities Tile64Model::capabilities() const {
+  Capabilities caps;
+  caps.dtypes = {DType::kBF16};
+  caps.head_dims = caps.head_dims_v = {16, 32, 64, 128, 256};
+  caps.same_head_dim_v = true;
+  caps.causal = true;  // with Sq = Sk both alignments are one mask
+  caps.backward = true;
+  caps.deterministic = true;
+  caps.strides = "any";
+  caps.profile = caps.recipe = "bf16";
+  caps.shapes.seqlen_q_multiple = caps.shapes.seqlen_k_multiple = 64;
+  caps.shapes.equal_seqlens = true;
+  return caps;
+}
+
 void RegisterFlashModels(KernelRegistry& registry) {
   registry.Register("cpu/flash2-bf16",
                     "FlashAttention-2 numerics in bf16 (tiled fp32 online softmax, exp2, P and "
@@ -111,6 +138,13 @@ void RegisterFlashModels(KernelRegistry& registry) {
                     "non-causal MHA at head dim 64/128, else the FA2 backward (route reported)",
                     [](std::string_view) -> Expected<std::unique_ptr<Kernel>> {
                       return std::unique_ptr<Kernel>(std::make_unique<FeatherModel>());
+                    });
+  registry.Register(Tile64Model::kName,
+                    "a one-loop tiled kernel with ordinary shape limits (Triton tutorial class): "
+                    "64 x 64 tiles, Sq = Sk multiples of 64, D 16..256 powers of two, causal or "
+                    "none, MHA, bf16",
+                    [](std::string_view) -> Expected<std::unique_ptr<Kernel>> {
+                      return std::unique_ptr<Kernel>(std::make_unique<Tile64Model>());
                     });
 }
 

@@ -57,7 +57,21 @@ class FeatherModel : public Flash2Model {
   EngineOptions BackwardOptions(const Problem& p) const;
 };
 
-// Registers cpu/flash2-bf16, cpu/flash2-fp16 and cpu/feather-fp16.
+// cpu/tile64-bf16: a kernel of the shape every Triton user starts from (triton-lang/triton
+// python/tutorials/06-fused-attention.py): one fused tile loop over 64 x 64 tiles, forward and
+// backward, and its ordinary limits declared as capabilities: Sq = Sk, both a multiple of 64,
+// head dims 16..256 in powers of two (Dv = D), causal or no mask, MHA, bf16. Its numerics are
+// the engine's (fp32 online softmax with exp2, P and dS rounded to bf16); what it adds is a
+// kernel whose refusals outside those limits are honest, and the parent of the tiled-kernel
+// mutants (kernels/mutants/mutants.cc).
+class Tile64Model : public Flash2Model {
+ public:
+  Tile64Model();
+  Capabilities capabilities() const override;
+  static constexpr const char* kName = "cpu/tile64-bf16";
+};
+
+// Registers cpu/flash2-bf16, cpu/flash2-fp16, cpu/feather-fp16 and cpu/tile64-bf16.
 void RegisterFlashModels(KernelRegistry& registry);
 
 }  // namespace attest

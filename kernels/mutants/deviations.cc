@@ -292,6 +292,32 @@ class DiagTileUnmasked : public EngineHooks {
   }
 };
 
+// The forward's pair of DiagTileUnmasked: the diagonal tile run by the stage without a mask.
+class ForwardDiagTileUnmasked : public EngineHooks {
+ public:
+  void ForwardTileMask(int64_t visible, std::vector<uint8_t>& vis) const override {
+    if (visible < static_cast<int64_t>(vis.size())) std::fill(vis.begin(), vis.end(), 1);
+  }
+};
+
+// acc_o *= alpha forgotten: the row sum is rescaled, the accumulator is not.
+class AccNotRescaled : public EngineHooks {
+ public:
+  void RescaleAcc(float* acc, int64_t dv, float rescale) const override {
+    (void)acc;
+    (void)dv;
+    (void)rescale;
+  }
+};
+
+// for start_n in range(0, N - BLOCK_N, BLOCK_N): one key tile short.
+class LastKeyTileSkipped : public EngineHooks {
+ public:
+  int64_t BackwardKeyTiles(int64_t key_tiles) const override {
+    return std::max<int64_t>(0, key_tiles - 1);
+  }
+};
+
 // facebookexperimental/triton PR #3395 class: no guard for masked entries and empty rows,
 // exp2(−inf − (−inf)) = NaN in an empty row, then fed onwards.
 class MaskedDsNan : public EngineHooks {
@@ -366,6 +392,18 @@ const EngineHooks& DiagTileUnmaskedHooks() {
   static const DiagTileUnmasked h;
   return h;
 }
+const EngineHooks& ForwardDiagTileUnmaskedHooks() {
+  static const ForwardDiagTileUnmasked h;
+  return h;
+}
+const EngineHooks& AccNotRescaledHooks() {
+  static const AccNotRescaled h;
+  return h;
+}
+const EngineHooks& LastKeyTileSkippedHooks() {
+  static const LastKeyTileSkipped h;
+  return h;
+}
 const EngineHooks& MaskedDsNanHooks() {
   static const MaskedDsNan h;
   return h;
@@ -377,6 +415,11 @@ const EngineHooks& MxScaleOffByOneHooks() {
 const EngineHooks& ZeroAmaxBlockNanHooks() {
   static const ZeroAmaxBlockNan h;
   return h;
+}
+
+Tensor ReadAsContiguous(const Tensor& t) {
+  if (!t.defined() || t.contiguous()) return t;
+  return Tensor::View(t.dtype(), t.shape(), Tensor::ContiguousStrides(t.shape()), t.bytes());
 }
 
 int64_t DqRotationHooks::DqFirstKeyTile(int64_t key_tiles) const {

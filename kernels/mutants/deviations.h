@@ -32,6 +32,10 @@ void SkipLastPartialQueryTile(const Problem& p, const EngineOptions& options, Fo
 void NanInEmptyRows(const Problem& p, const EngineOptions& options, ForwardResult& out);
 // D formed from o rounded to E4M3 (saturating): another O than the one forward returned.
 Tensor OAsE4m3(const Tensor& o);
+// An input as a kernel that ignores strides reads it: its elements in row-major order from
+// the first element's address, as if the tensor were contiguous (the same tensor when it is).
+using InputEdit = Tensor (*)(const Tensor& t);
+Tensor ReadAsContiguous(const Tensor& t);
 
 // ---- Hooks: a deviation inside the tiled loop -------------------------------------------------
 
@@ -53,6 +57,12 @@ const EngineHooks& SoftcapNoDerivativeHooks();
 const EngineHooks& GqaHeadModHooks();
 // Backward: a tile that straddles the mask's bound computed as if fully visible.
 const EngineHooks& DiagTileUnmaskedHooks();
+// Forward: a tile that straddles the mask's bound computed as if fully visible.
+const EngineHooks& ForwardDiagTileUnmaskedHooks();
+// Forward: the O accumulator not rescaled when a row's max grows (the row sum is).
+const EngineHooks& AccNotRescaledHooks();
+// Backward: the outer loop over key tiles stops one tile early.
+const EngineHooks& LastKeyTileSkippedHooks();
 // Backward: P recomputed as exp2(s − lse) everywhere, without the guard for masked entries and
 // empty rows (NaN there).
 const EngineHooks& MaskedDsNanHooks();

@@ -393,6 +393,75 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(64, 64),
        .generator = Gaussian(122, {{"v", {{"std", 0.0}}}}),
        .differs = {"o", "dq", "dk"}});
+  // -- Layouts --
+  add({.name = "strides-ignored",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "inputs read as if contiguous: a slice of a fused qkv projection or a transposed "
+              "[B, H, S, D] tensor is read in row-major order from its first element "
+              "(flash-attention #2665: strides ignored)",
+       .change = "wrapper: q, k, v, dO and o read through contiguous strides",
+       .bug_class = "layouts",
+       .edit_inputs = ReadAsContiguous,
+       .heads_major_inputs = true,
+       .problem = Case(64, 64),
+       .generator = Gaussian(135),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  // -- A tiled kernel with shape limits (cpu/tile64-bf16: Sq = Sk, multiples of 64, MHA) --
+  // The bugs a one-loop tiled kernel of the Triton tutorial's shape has in its loop bounds,
+  // its mask stages, its online softmax and its arguments; each case is inside the parent's
+  // shape limits (64-row tiles, equal lengths).
+  const std::string_view kTile = Tile64Model::kName;
+  add({.name = "tile-fwd-diag-unmasked",
+       .parent = kTile,
+       .parent_recipe = "bf16",
+       .bug = "the causal mask applied only to the tiles strictly off the diagonal: the diagonal "
+              "tile runs the unmasked stage and its queries see later keys "
+              "(triton-lang/triton python/tutorials/06-fused-attention.py splits the key "
+              "loop into an off-band stage without a mask and an on-band stage with one)",
+       .change = "hook ForwardTileMask: a partially masked tile computed fully visible",
+       .bug_class = "non-interference",
+       .hooks = &ForwardDiagTileUnmaskedHooks(),
+       .problem = Case(Case(128, 128), [](Problem& p) { p.causal = true; }),
+       .generator = Gaussian(131),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "tile-acc-not-rescaled",
+       .parent = kTile,
+       .parent_recipe = "bf16",
+       .bug = "the online softmax rescales the row sum but not the O accumulator when the row "
+              "max grows (FlashAttention-2 Algorithm 1 line 10, arXiv 2307.08691; Milakov & "
+              "Gimelshein, arXiv 1805.02867): earlier tiles keep too much weight",
+       .change = "hook RescaleAcc: acc_o left as it is",
+       .bug_class = "accuracy",
+       .hooks = &AccNotRescaledHooks(),
+       .problem = Case(128, 128),
+       .generator = Gaussian(132, {{"q", {{"std", 2.0}}}}),
+       // lse comes from the row sum, which is rescaled; dv from P recomputed from lse.
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "tile-bwd-last-key-tile-skipped",
+       .parent = kTile,
+       .parent_recipe = "bf16",
+       .bug = "the backward's key-tile loop stops one tile early (a bound of N − BLOCK_N "
+              "where N was meant): the last tile's dk, dv stay 0 and its terms are missing "
+              "from dq",
+       .change = "hook BackwardKeyTiles: key_tiles − 1",
+       // The gradients then belong to no forward: consistency names it before accuracy.
+       .bug_class = "consistency",
+       .hooks = &LastKeyTileSkippedHooks(),
+       .problem = Case(128, 128),
+       .generator = Gaussian(133),
+       .differs = {"dq", "dk", "dv"}});
+  add({.name = "scale-ignored",
+       .parent = kTile,
+       .parent_recipe = "bf16",
+       .bug = "the softmax scale argument ignored: the kernel always uses 1/sqrt(D), which "
+              "every default-scale test passes (MLA's 1/sqrt(192) on D = 128 differs)",
+       .change = "problem fault kScaleIgnored",
+       .bug_class = "accuracy",
+       .problem_fault = ProblemFault::kScaleIgnored,
+       .problem = Case(Case(64, 64), [](Problem& p) { p.scale = 0.5; }),
+       .generator = Gaussian(134),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
   return rows;
 }
 
@@ -449,6 +518,7 @@ const Recipe& ParentRecipe(const MutantSpec& spec) { return TheCatalogue().paren
 const Recipe& MutantRecipe(const MutantSpec& spec) { return TheCatalogue().mutants[IndexOf(spec)]; }
 
 std::unique_ptr<Kernel> MakeParent(const MutantSpec& spec) {
+  if (spec.parent == Tile64Model::kName) return std::make_unique<Tile64Model>();
   for (const LowpModelSpec& row : LowpModelSpecs()) {
     if (row.name == spec.parent) return std::make_unique<LowpModel>(row);
   }
@@ -471,6 +541,9 @@ Problem ApplyProblemFault(const Problem& p, ProblemFault fault) {
       break;
     case ProblemFault::kCausalTopLeft:
       if (out.causal) out.causal_align = CausalAlign::kTopLeft;
+      break;
+    case ProblemFault::kScaleIgnored:
+      out.scale.reset();
       break;
   }
   return out;
@@ -499,13 +572,14 @@ KernelAnswer<ForwardResult> MutantKernel::Forward(const Problem& p, const Tensor
   std::string why;
   if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
   const Problem read = ApplyProblemFault(p, spec_->problem_fault);
+  auto in = [&](const Tensor& t) { return spec_->edit_inputs ? spec_->edit_inputs(t) : t; };
   KernelAnswer<ForwardResult> out;
   if (RunsEngine()) {
     EngineOptions options = options_;
     options.hooks = spec_->hooks;
-    out = FlashForward(read, MutantRecipe(*spec_), q, k, v, options);
+    out = FlashForward(read, MutantRecipe(*spec_), in(q), in(k), in(v), options);
   } else {
-    out = parent_->Forward(read, q, k, v);
+    out = parent_->Forward(read, in(q), in(k), in(v));
   }
   if (auto* result = std::get_if<ForwardResult>(&out); result && spec_->edit_forward) {
     spec_->edit_forward(p, options_, *result);
@@ -522,14 +596,16 @@ KernelAnswer<BackwardResult> MutantKernel::Backward(const Problem& p, const Tens
   if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
   ++backward_calls_;
   const Problem read = ApplyProblemFault(p, spec_->problem_fault);
-  const Tensor o_read = spec_->edit_backward_o ? spec_->edit_backward_o(o) : o;
-  if (!RunsEngine()) return parent_->Backward(read, q, k, v, o_read, lse, dout);
+  auto in = [&](const Tensor& t) { return spec_->edit_inputs ? spec_->edit_inputs(t) : t; };
+  const Tensor o_read = spec_->edit_backward_o ? spec_->edit_backward_o(in(o)) : in(o);
+  if (!RunsEngine()) return parent_->Backward(read, in(q), in(k), in(v), o_read, lse, in(dout));
   EngineOptions options = options_;
   options.hooks = spec_->hooks;
   // Run-to-run state: every call starts dQ's walk at another key tile.
   const DqRotationHooks rotation(backward_calls_);
   if (spec_->vary_dq_order) options.hooks = &rotation;
-  return FlashBackward(read, MutantRecipe(*spec_), q, k, v, o_read, lse, dout, options);
+  return FlashBackward(read, MutantRecipe(*spec_), in(q), in(k), in(v), o_read, lse, in(dout),
+                       options);
 }
 
 void RegisterMutants(KernelRegistry& registry) {

@@ -36,6 +36,10 @@ enum class ProblemFault : uint8_t {
   kWindowRightClamped,
   // Causal aligned top-left (PyTorch SDPA is_causal) where bottom-right is meant.
   kCausalTopLeft,
+  // The problem's softmax scale ignored: the kernel always uses 1/sqrt(D) (a kernel author's
+  // function that takes `scale` and never reads it; MLA's 1/sqrt(192) on D = 128 is where it
+  // shows first).
+  kScaleIgnored,
 };
 
 // One row of the catalogue.
@@ -47,7 +51,7 @@ struct MutantSpec {
   std::string_view change{};         // the deviation, in words
   // The check that names the bug (a name of verify/checks AllChecks(): "accuracy",
   // "non-interference", "consistency", "determinism", "unwritten-outputs", "special-values",
-  // "gqa-mha", "permutation", "window-causal", "padding", "honesty"): the diagnosis, which
+  // "gqa-mha", "permutation", "window-causal", "padding", "layouts", "honesty"): the diagnosis, which
   // must be the first failing check of `attest check --suite gate` on this mutant
   // (docs/checks.md; verify/checks/first_failure_test.cc keeps it true).
   std::string_view bug_class{};
@@ -62,6 +66,11 @@ struct MutantSpec {
   const EngineHooks* hooks = nullptr;
   ForwardEdit edit_forward = nullptr;
   BackwardOEdit edit_backward_o = nullptr;
+  // How the kernel reads q, k, v, dO and the o its backward is given (ReadAsContiguous).
+  InputEdit edit_inputs = nullptr;
+  // The documented case hands q, k, v and dO over as a model does, through a transpose of
+  // heads-major [B, H, S, D] storage (mutants_test), not as fresh contiguous tensors.
+  bool heads_major_inputs = false;
   bool vary_dq_order = false;
   // The documented case.
   Problem problem{};

@@ -45,6 +45,17 @@ Inputs CaseInputs(const MutantSpec& s) {
           RoundTensor(g->dout, d)};
 }
 
+// The inputs as a model hands them over: a transpose of heads-major [B, H, S, X] storage.
+Inputs HeadsMajor(const Inputs& in) {
+  auto view = [](const Tensor& t) {
+    Tensor storage = Tensor::Zeros(t.dtype(), {t.dim(0), t.dim(2), t.dim(1), t.dim(3)});
+    Tensor v = storage.Permute({0, 2, 1, 3});
+    v.CopyFrom(t);
+    return v;
+  };
+  return {view(in.q), view(in.k), view(in.v), view(in.dout)};
+}
+
 struct Outputs {
   std::map<std::string, Tensor> t;  // o, lse, dq, dk, dv as the kernel returned them
 };
@@ -110,7 +121,7 @@ TEST(MutantCatalogue, HasUniqueRegisteredRowsClaimingTheirParentsCapabilities) {
     static constexpr std::string_view kClasses[] = {
         "accuracy",    "non-interference", "consistency", "determinism",
         "unwritten-outputs", "special-values", "gqa-mha", "permutation",
-        "window-causal", "padding", "honesty"};
+        "window-causal", "padding", "layouts", "honesty"};
     EXPECT_TRUE(std::find(std::begin(kClasses), std::end(kClasses), s.bug_class) !=
                 std::end(kClasses))
         << "bug_class '" << s.bug_class << "'";
@@ -143,19 +154,20 @@ TEST_P(MutantCase, DiffersFromItsParentOnTheDocumentedCase) {
   const MutantSpec& s = *FindMutant(GetParam());
   const Problem& p = s.problem;
   const Inputs in = CaseInputs(s);
+  const Inputs kin = s.heads_major_inputs ? HeadsMajor(in) : in;  // what the kernels are handed
   std::unique_ptr<Kernel> parent = MakeParent(s);
   Expected<std::unique_ptr<Kernel>> mutant = Kernels().Create("mutant/" + std::string(s.name));
   ASSERT_TRUE(mutant.ok());
   const bool backward = (*mutant)->capabilities().backward;
-  const Outputs po = RunKernel(*parent, p, in, backward);
-  const Outputs mo = RunKernel(**mutant, p, in, backward);
+  const Outputs po = RunKernel(*parent, p, kin, backward);
+  const Outputs mo = RunKernel(**mutant, p, kin, backward);
   ASSERT_EQ(po.t.size(), 5u);
   ASSERT_EQ(mo.t.size(), 5u);
 
   // The local parent is the registered parent, bit for bit, where one is registered.
   Expected<std::unique_ptr<Kernel>> registered = Kernels().Create(s.parent);
   if (registered.ok() && FindRecipe(s.parent_recipe) != nullptr) {
-    const Outputs ro = RunKernel(**registered, p, in, backward);
+    const Outputs ro = RunKernel(**registered, p, kin, backward);
     for (const char* name : kOutputs) {
       EXPECT_TRUE(ro.t.at(name).BitwiseEqual(po.t.at(name)))
           << "registered parent differs in " << name;

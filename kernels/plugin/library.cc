@@ -325,6 +325,13 @@ Expected<std::shared_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
       return LibError(path, kwhere + ": capabilities.lse: false is not supported by the C ABI "
                                      "(a plugin's forward writes lse); use an exec: worker");
     }
+    // The C ABI passes packed buffers (attest_kernel.h: no strides), so no plugin can be
+    // handed a view: a claim otherwise would make the layouts check pass unexercised.
+    if (e.capabilities.strides != "contiguous") {
+      return LibError(path, kwhere + ": capabilities.strides: \"" + e.capabilities.strides +
+                                "\" is not supported by the C ABI (tensors are passed as "
+                                "contiguous buffers); use an exec: worker");
+    }
     for (DType dt : e.capabilities.dtypes) {
       if (AbiDType(dt) < 0 || dt == DType::kI32) {
         return LibError(path, kwhere + ": capabilities.dtypes: " + std::string(Name(dt)) +

@@ -7,11 +7,16 @@
 # packed beside attest, its libraries that attest lacks in .device/extra-lib/ (off attest's
 # path, so that a Python worker attest starts never sees them; tools/device/oracle_e2e.sh puts
 # it on the path of the programs it runs).
+# PACK_NO_BUILD=1: pack the binaries BUILD_DIR already holds, building nothing (for a build
+# folder that someone else builds: a second build running beside theirs would corrupt it).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build/p1}"
 cd "$root"
-cmake --build "$build" --target attest_cli -j2 > /dev/null
+build_target() {  # target: made up to date unless PACK_NO_BUILD=1
+  [ "${PACK_NO_BUILD:-0}" = 1 ] || cmake --build "$build" --target "$1" -j2 > /dev/null
+}
+build_target attest_cli
 bin="$build/tools/attest/attest"
 [ -x "$bin" ] || { echo "pack.sh: no attest binary at $bin" >&2; exit 2; }
 grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
@@ -32,7 +37,7 @@ ldd "$bin" | awk '/=> \//{print $1" "$3}' | while read -r name path; do
   esac
 done
 for extra in ${PACK_EXTRA:-}; do
-  cmake --build "$build" --target "$(basename "$extra")" -j2 > /dev/null
+  build_target "$(basename "$extra")"
   cp "$build/$extra" .device/
   strip --strip-unneeded ".device/$(basename "$extra")"
   ldd "$build/$extra" | awk '/=> \//{print $1" "$3}' | while read -r name path; do
@@ -50,7 +55,7 @@ done
 # oracle on the GPU for a CUDA kernel (--oracle-device auto). It carries its CUDA runtime.
 cuda_oracle="$build/reference/oracle/cuda/libattest_oracle_cuda.so"
 if [ -f "$cuda_oracle" ]; then
-  cmake --build "$build" --target attest_oracle_cuda -j2 > /dev/null
+  build_target attest_oracle_cuda
   cp "$cuda_oracle" .device/
 fi
 loader="$(ldd "$bin" | awk '/ld-linux/{print $1}')"

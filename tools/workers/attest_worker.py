@@ -36,11 +36,16 @@ ST_NAME = {"f64": "F64", "f32": "F32", "f16": "F16", "bf16": "BF16",
 
 
 class Tensor:
-    """A tensor as stored: codes in `data` (NumPy) and the safetensors dtype name."""
+    """A tensor as stored: codes in `data` (NumPy) and the safetensors dtype name. An input
+    sent as a view (docs/protocol.md "Views") also keeps the flat `storage` it spans and its
+    `view` ({"shape", "strides", "offset"} in elements): `data` is then that NumPy view, and an
+    adapter that moves tensors to a device rebuilds the view there (torch_worker.py)."""
 
-    def __init__(self, data, dtype):
+    def __init__(self, data, dtype, storage=None, view=None):
         self.data = data
         self.dtype = dtype
+        self.storage = storage
+        self.view = view
 
     @property
     def shape(self):
@@ -108,6 +113,26 @@ def read_safetensors(path):
         arr = np.frombuffer(data[begin:end], dtype=np.dtype(_STORAGE[dtype]).newbyteorder("<"))
         out[name] = Tensor(arr.reshape(entry["shape"]).copy(), dtype)
     return out
+
+
+def apply_views(inputs, views):
+    """Replaces each input named in a request's "views" (docs/protocol.md "Views") by the view
+    it describes of the flat storage the file holds under that name; attest has checked that
+    the view stays inside it."""
+    for name, spec in (views or {}).items():
+        flat = inputs[name].data.reshape(-1)
+        offset = int(spec.get("offset", 0))
+        item = flat.dtype.itemsize
+        data = np.lib.stride_tricks.as_strided(
+            flat[offset:], shape=tuple(spec["shape"]),
+            strides=tuple(s * item for s in spec["strides"]), writeable=False)
+        inputs[name] = Tensor(data, inputs[name].dtype, storage=flat, view=spec)
+    return inputs
+
+
+def read_inputs(request):
+    """The inputs of a forward or backward request, views applied."""
+    return apply_views(read_safetensors(request["inputs"]), request.get("views"))
 
 
 def write_safetensors(path, tensors):
@@ -211,7 +236,7 @@ def serve(describe, forward, backward=None, route=None, fatal=None):
                 handler = forward if op == "forward" else backward
                 if handler is None:
                     raise Unsupported(f"{op} is not implemented")
-                outputs = handler(request["problem"], read_safetensors(request["inputs"]))
+                outputs = handler(request["problem"], read_inputs(request))
                 write_safetensors(request["outputs"], outputs)
                 reply = {"status": "ok"}
                 note = route() if route is not None else ""

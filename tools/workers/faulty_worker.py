@@ -28,6 +28,9 @@ except that a chosen request triggers a fault:
                  exit code 1) before replying
   widen          answers correctly, with every output widened exactly from float32 to float64
                  (a worker's container is not its precision)
+  strides-ignored  answers as the NumPy worker, except that an input sent as a view
+                 (docs/protocol.md "Views") is read as if it were contiguous: its storage's
+                 first elements in row-major order (flash-attention #2665's class)
   chaos          the soak test's worker (docs/reliability.md): on a seeded random fraction
                  (--rate) of forward/backward calls, chosen from the call number in the
                  request's inputs path (so the same calls fault after a restart), crashes
@@ -125,9 +128,19 @@ def main():
             continue
         handler = nw.forward if op == "forward" else nw.backward
         if args.mode == "widen":
-            outputs = handler(problem, aw.read_safetensors(request["inputs"]))
+            outputs = handler(problem, aw.read_inputs(request))
             aw.write_safetensors(request["outputs"],
                                  {k: np.asarray(v, dtype=np.float64) for k, v in outputs.items()})
+            proto.write('{"status": "ok"}\n')
+            proto.flush()
+            continue
+        if args.mode == "strides-ignored":
+            inputs = aw.read_inputs(request)
+            for name, t in inputs.items():
+                if t.view is not None:
+                    n = int(np.prod(t.view["shape"]))
+                    inputs[name] = aw.Tensor(t.storage[:n].reshape(t.view["shape"]), t.dtype)
+            aw.write_safetensors(request["outputs"], handler(problem, inputs))
             proto.write('{"status": "ok"}\n')
             proto.flush()
             continue
@@ -142,13 +155,13 @@ def main():
                 proto.write("\x00\x01 this is not JSON\n")
             else:
                 aw.write_safetensors(request["outputs"],
-                                     handler(problem, aw.read_safetensors(request["inputs"])))
+                                     handler(problem, aw.read_inputs(request)))
                 proto.write('{"status": "ok"}\n')
             proto.flush()
             continue
         if not triggered(op, problem):
             aw.write_safetensors(request["outputs"],
-                                 handler(problem, aw.read_safetensors(request["inputs"])))
+                                 handler(problem, aw.read_inputs(request)))
             proto.write('{"status": "ok"}\n')
             proto.flush()
             continue
@@ -179,7 +192,7 @@ def main():
         elif mode == "no-file":
             proto.write('{"status": "ok"}\n')
         elif mode in ("missing", "wrong-shape", "wrong-dtype"):
-            outputs = handler(problem, aw.read_safetensors(request["inputs"]))
+            outputs = handler(problem, aw.read_inputs(request))
             first = next(iter(outputs))
             if mode == "missing":
                 outputs = {first: outputs[first]}
@@ -191,7 +204,7 @@ def main():
             proto.write('{"status": "ok"}\n')
         elif mode == "route":
             aw.write_safetensors(request["outputs"],
-                                 handler(problem, aw.read_safetensors(request["inputs"])))
+                                 handler(problem, aw.read_inputs(request)))
             proto.write('{"status": "ok", "route": "slow path"}\n')
         elif mode == "error":
             proto.write(json.dumps({"status": "error", "message": "deliberate failure"}) + "\n")

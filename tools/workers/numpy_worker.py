@@ -46,6 +46,8 @@ CAPABILITIES = {
     "causal": True, "window": True, "softcap": True, "alibi": True, "varlen": True,
     "gqa": True, "documents": True, "prefix_lm": True, "block_sparse": True,
     "backward": True, "deterministic": True, "profile": "f32",
+    # NumPy reads any strides: inputs arrive as the views attest makes (docs/protocol.md "Views").
+    "strides": "any",
 }
 
 

@@ -50,12 +50,38 @@ class Worker:
         self.device = torch.device(args.device)
         self.runner = tb.Runner(self.backend, json.loads(args.caps) if args.caps else None)
         self.caps = self.runner.caps
+        # The input layouts the entry point takes (Capabilities::strides, verify/checks/
+        # layouts.h), unless the backend or --caps says: the math backend computes on any
+        # strides; the fused kernels (PyTorch's flash, memory-efficient and cuDNN backends,
+        # FlashAttention, flex's generated kernels) need the last dimension contiguous
+        # (sdp_utils' check_last_dim_stride_equals_1; flash_attn's "Input tensor must have
+        # contiguous last dimension"). The worker hands them views as a model would. cuDNN's
+        # FP8 adapter casts its inputs to E4M3 first (torch_backends_cudnn_fp8.py), so the
+        # kernel never sees the caller's layout: it declares none.
+        if self.backend.name == "sdpa-math":
+            strides = "any"
+        elif self.backend.name.startswith("cudnn-fp8"):
+            strides = "contiguous"
+        else:
+            strides = "inner"
+        if strides != "contiguous":
+            self.caps.setdefault("strides", strides)
 
     def describe(self):
         return f"torch-{self.backend.name}-{self.dtype}", dict(self.caps)
 
     def _load(self, inputs, names):
-        return [tb.to_torch(inputs[n], self.dtype, self.device) for n in names]
+        return [self._tensor(inputs[n]) for n in names]
+
+    def _tensor(self, t):
+        """An input on the worker's device; one sent as a view (docs/protocol.md "Views")
+        becomes the same view of its storage moved there, so that the kernel is handed the
+        strides a model would hand it (a copy to the device would make it contiguous)."""
+        if t.view is None:
+            return tb.to_torch(t, self.dtype, self.device)
+        storage = tb.to_torch(aw.Tensor(t.storage, t.dtype), self.dtype, self.device)
+        return torch.as_strided(storage, t.view["shape"], t.view["strides"],
+                                int(t.view.get("offset", 0)))
 
     def forward(self, problem, inputs):
         o, lse = self.runner.forward(problem, *self._load(inputs, ("q", "k", "v")))

@@ -109,8 +109,13 @@ std::vector<Verdict> RunDeterminism(CheckContext& ctx) {
         // The same forward outputs each time, so only the backward's own variation shows.
         auto b = ctx.kernel->Backward(p, in.q, in.k, in.v, first.o, first.lse, in.dout);
         if (!std::holds_alternative<BackwardResult>(b)) {
+          // Why, in the kernel's words: a crash or a timeout of the repeat is that finding.
+          const std::string why = std::holds_alternative<Error>(b)
+                                      ? std::get<Error>(b).message
+                                      : "Unsupported: " + std::get<Unsupported>(b).reason;
           out.push_back(Failure(kCheck, "", "the same answer every run",
-                                "the repeated backward returned no outputs where the first did"));
+                                "the repeated backward returned no outputs where the first "
+                                "did (" + why + ")"));
           runs.resize(n_forward);
           break;
         }

@@ -71,6 +71,9 @@ TEST(ConsistencyGap, GateRowsSeparateMutantsFromCorrectModelsTenfold) {
       auto kernel = Kernels().Create(name);
       ASSERT_TRUE(kernel.ok()) << name;
       const InstantiatedCase inst = Instantiate(row, (*kernel)->capabilities(), 0);
+      // A mutant of a kernel with narrower claims (cpu/tile64-bf16: MHA, Sq = Sk) meets only
+      // the rows inside them.
+      if (!inst.c && std::string(spec->parent) == "cpu/tile64-bf16") continue;
       ASSERT_TRUE(inst.c) << inst.label << ": " << inst.skipped;
       if (!Acts(*spec, inst.c->problem)) continue;
       auto in = MakeCaseInputs(*inst.c);

@@ -7,6 +7,7 @@
 #include "verify/checks/basic.h"
 #include "verify/checks/check.h"
 #include "verify/checks/consistency.h"
+#include "verify/checks/layouts.h"
 #include "verify/checks/metamorphic.h"
 #include "verify/checks/noninterference.h"
 
@@ -50,6 +51,10 @@ namespace {
 //     axis, a wrong value that changes with the tiling) shows there too. They name the bug
 //     only when everything above passed: a layout defect below every tolerance (a head
 //     mixed into its neighbour at 1e-4).
+// 10b. layouts: the same call through strided views of the inputs (verify/checks/layouts.h),
+//     bitwise against the contiguous call like the re-layouts above and as unspecific: a
+//     kernel that ignores strides reads wrong values, which no check before it sees, since
+//     they all hand the kernel fresh contiguous tensors.
 // 11. honesty: refusing a claimed feature, or answering an unclaimed one wrongly (inside the
 //     capabilities, a wrong answer is already an accuracy failure).
 // 12. coverage (check.h kCoverageCheck, verify/coverage.h): the run left a required family
@@ -97,6 +102,12 @@ std::vector<CheckInfo> BuildChecks() {
        "queries of a padded batch, masked by document ids) leave the real tokens' outputs "
        "unchanged",
        RunPadding},
+      {"layouts",
+       "q, k, v and dO passed as the views models make (slices of a fused qkv projection, a "
+       "transpose of heads-major storage, a head slice with a gap, a non-unit last stride "
+       "where the interface takes it) give the contiguous call's outputs bitwise "
+       "(nondeterministic kernels: within their run-to-run spread)",
+       RunLayouts},
       {"honesty",
        "a claimed feature is never refused; a case outside the capabilities is refused or "
        "answered right",
@@ -120,6 +131,7 @@ std::vector<DiagnosisStep> BuildDiagnosisOrder() {
       {"accuracy", {}},
       {"permutation", {}},
       {"padding", {}},
+      {"layouts", {}},
       {"honesty", {}},
       {kCoverageCheck, {}},
   };
