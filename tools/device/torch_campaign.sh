@@ -2,9 +2,13 @@
 # torch_campaign.sh — run on a CUDA host from the repository root, in calls in a row on one warm
 # machine (the device tool keeps files outside the repository between calls while the machine
 # stays warm), after tools/device/pack_torch.sh filled .devA/, .devB/ (and .devC/ ...) here:
-#   A  (carry .devA): stash .devA outside the repository, unpack attest; probe and gate the four
-#      PyTorch SDPA backends and flex-triton (one process per check) in bf16 and f16; fuzz the
-#      SDPA backends.
+#   A  (carry .devA, from pack_torch.sh, or from pack_sdpa.sh when no FlashAttention-4 stage
+#      follows): stash .devA outside the repository, unpack attest; probe PyTorch's SDPA
+#      backends through the public function (sdpa-math, sdpa-flash, sdpa-efficient,
+#      sdpa-cudnn) and through the private ops (the +lse extras), and the public function on
+#      nested jagged tensors (torch_probe.py --njt); gate the public routes, the +lse extras
+#      and flex-triton (one process per check) in bf16 and f16; fuzz the public routes
+#      (FUZZ_WITH_GATES=1: beside the gates, not after them).
 #   S  (carry .devB, DEVS=.devB; only when pack_torch.sh made more than .devA and .devB): stash
 #      a middle part of the large wheel; again for each further middle part.
 #   B  (carry the last folder pack_torch.sh made): join the large wheel, install
@@ -19,8 +23,9 @@
 #      PROBE_GRADS=e4m3 probes E4M3 dq, dk, dv (Hopper's FP8 backward; backends
 #      cudnn-fp8-{static,current}-e4m3-bwd run it: E4M3 O and gradients); PROBE=0
 #      skips the probe).
-# Backends: the torch_worker.py names, plus fa4-deterministic and flex-triton-static
-# (flex-triton compiled static: --flex-dynamic false).
+# Backends: the torch_worker.py names (sdpa-flash+lse etc. included), plus fa4-deterministic,
+# flex-triton-static (flex-triton compiled static: --flex-dynamic false) and sdpa-*-additive
+# (a public SDPA route with --mask-form additive).
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
 # shrunk case files) and prints a summary. Commands: docs/gpu-results.md.
 # Usage: tools/device/torch_campaign.sh A|S|B|C|F
@@ -140,6 +145,7 @@ kernel_of() {  # backend dtype -> exec: spec
   local backend="$1" dtype="$2" extra=""
   case "$backend" in
     fa4-deterministic) backend=fa4; extra=" --deterministic" ;;
+    sdpa-*-additive) backend=${backend%-additive}; extra=" --mask-form additive" ;;
     flex-triton-static) backend=flex-triton; extra=" --flex-dynamic false" ;;
     cudnn-fp8-static|cudnn-fp8-current) extra=" --fp8-scaling ${backend##*-}"; backend=cudnn-fp8 ;;
     cudnn-fp8-static-e4m3|cudnn-fp8-current-e4m3)
@@ -245,10 +251,12 @@ audits() {  # backend ... (attest audit against AUDIT_BASELINE, default sdpa-fla
   wait
 }
 
-probe() {  # dtype backends...
+probe() {  # [--njt] dtype backends...
+  local njt=()
+  [ "$1" != --njt ] || { njt=(--njt); shift; }
   local d="$1"; shift
   LD_LIBRARY_PATH="$orig_ld" timeout 300 "$python" tools/workers/torch_probe.py --device cuda \
-    --dtype "$d" --budget "${PROBE_BUDGET:-100}" --backends "$(IFS=,; echo "$*")" \
+    --dtype "$d" --budget "${PROBE_BUDGET:-100}" --backends "$(IFS=,; echo "$*")" "${njt[@]}" \
     --out "$work/probe-$d-$1.json" > "$work/probe-$d-$1.log" 2>&1
 }
 
@@ -287,8 +295,9 @@ case "$stage" in
     [ "${ORACLE:-0}" = 1 ] && oracle_cuda
     p1=
     if [ "${PROBE:-1}" = 1 ]; then
-      ( probe bf16 sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn; probe f16 sdpa-math;
-        probe bf16 flex-triton ) &
+      ( probe --njt bf16 sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn sdpa-flash+lse \
+          sdpa-efficient+lse sdpa-cudnn+lse; probe f16 sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn
+        [ -z "${FLEX_RUNS-x}" ] || probe bf16 flex-triton ) &
       p1=$!
     fi
     # flex-triton compiles a kernel per new mask/score rule under torch.compile: one process
@@ -299,11 +308,18 @@ case "$stage" in
           gate ${FLEX_RUNS-flex-triton:bf16 flex-triton:f16} ) &
       g=$!
     fi
+    f=
+    if [ "${FUZZ_WITH_GATES:-0}" = 1 ]; then
+      ( fuzz ${FUZZ-sdpa-flash:bf16:1 sdpa-efficient:bf16:1 sdpa-cudnn:bf16:1} ) &
+      f=$!
+    fi
     gate ${RUNS-sdpa-math:bf16 sdpa-math:f16 sdpa-flash:bf16 sdpa-flash:f16 \
-                 sdpa-efficient:bf16 sdpa-efficient:f16 sdpa-cudnn:bf16 sdpa-cudnn:f16}
-    fuzz ${FUZZ-sdpa-math:bf16:1 sdpa-math:f16:1 sdpa-flash:bf16:1 sdpa-flash:f16:1 \
-                 sdpa-efficient:bf16:1 sdpa-efficient:f16:1 sdpa-cudnn:bf16:1 sdpa-cudnn:f16:1}
-    waitfor $g $p1
+                 sdpa-efficient:bf16 sdpa-efficient:f16 sdpa-cudnn:bf16 sdpa-cudnn:f16 \
+                 sdpa-flash+lse:bf16 sdpa-efficient+lse:bf16 sdpa-cudnn+lse:bf16}
+    [ "${FUZZ_WITH_GATES:-0}" = 1 ] || \
+      fuzz ${FUZZ-sdpa-math:bf16:1 sdpa-math:f16:1 sdpa-flash:bf16:1 sdpa-flash:f16:1 \
+                   sdpa-efficient:bf16:1 sdpa-efficient:f16:1 sdpa-cudnn:bf16:1 sdpa-cudnn:f16:1}
+    waitfor $g $p1 $f
     ;;
   B)
     "$python" -c "import flash_attn.cute as f; print('flash_attn.cute from', f.__file__)" || exit 2

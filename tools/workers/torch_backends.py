@@ -15,19 +15,29 @@ declares capabilities; it never does the kernel's work. So a backend here
   - refuses (Unsupported) only what its capabilities do not claim. A claimed feature that the
     API then refuses raises, and attest reports it as a kernel error: a finding.
 
-Capabilities follow what each API accepts on PyTorch 2.11 (its op schemas in
-torch/include/ATen/ops/*_ops.h, the kernels' argument checks) and are re-measured on the GPU by
-tools/workers/torch_probe.py, which calls every entry point with every feature
-(docs/gpu-results.md "What each API accepts").
+PyTorch's SDPA backends are reached two ways. sdpa-math, sdpa-flash, sdpa-efficient and
+sdpa-cudnn call the public F.scaled_dot_product_attention under sdpa_kernel([backend]) with the
+masks models pass (SdpaMath, SdpaPublic): that is what models run, and what is judged as
+"PyTorch's flash / memory-efficient / cuDNN attention". sdpa-flash+lse, sdpa-efficient+lse and
+sdpa-cudnn+lse are extras that call the private aten ops behind those backends with masks this
+module builds, to judge the kernels' lse and their cu_seqlens entries, which the public
+function does not expose.
 
-The adapters live in four modules, all re-exported here (callers import only this one): the
-PyTorch SDPA backends, AttestCallable, Runner and make here; what they share in
+Capabilities follow what each API accepts on PyTorch 2.11 (its op schemas in
+torch/include/ATen/ops/*_ops.h, the kernels' argument checks; the public routes measure theirs
+when they start) and are re-measured on the GPU by tools/workers/torch_probe.py, which calls
+every entry point with every feature (docs/gpu-results.md "What each API accepts").
+
+The adapters live in five modules, all re-exported here (callers import only this one): the
+PyTorch SDPA backends (public and +lse), AttestCallable, Runner and make here; what they share in
 torch_backends_common.py; FlexAttention in torch_backends_flex.py; FlashAttention's
-`flash_attn_func` conventions in torch_backends_fa.py.
+`flash_attn_func` conventions in torch_backends_fa.py; cuDNN's FP8 SDPA in
+torch_backends_cudnn_fp8.py.
 """
 
 import inspect
 import math
+import sys
 
 import torch
 
@@ -53,6 +63,7 @@ class SdpaMath(Backend):
     no lse ("lse": false) and has no varlen entry and no score hook (no softcap)."""
 
     name = "sdpa-math"
+    sdp = "MATH"  # the SDPBackend `call` selects
 
     def caps(self):
         c = self.base_caps(self.dtype)
@@ -69,8 +80,7 @@ class SdpaMath(Backend):
 
     def run(self, p, q, k, v, need_lse):
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        mask, is_causal = sdpa_mask(p, self.device, q.dtype, self.args.mask_form,
-                                    allow_is_causal=True)
+        mask, is_causal = self.mask(p, q.dtype)
         self.route = sdpa_route(mask, is_causal)
         kw = {"attn_mask": mask, "is_causal": is_causal, "scale": aw.scale_of(p)}
         if p["heads_q"] != p["heads_kv"]:
@@ -79,6 +89,10 @@ class SdpaMath(Backend):
         if isinstance(o, (tuple, list)):  # a function that also returns its weights
             o = o[0]
         return o.transpose(1, 2), None
+
+    def mask(self, p, dtype):
+        """(attn_mask, is_causal) as a model passes them (sdpa_mask)."""
+        return sdpa_mask(p, self.device, dtype, self.args.mask_form, allow_is_causal=True)
 
     def call(self, q, k, v, **kw):
         from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -95,6 +109,7 @@ class SdpaCallable(SdpaMath):
     no recipe."""
 
     name = "sdpa-callable"
+    sdp = None  # the user's function selects its own
 
     def __init__(self, args, fn):
         super().__init__(args)
@@ -143,14 +158,174 @@ def sdpa_route(mask, is_causal):
         return "is_causal"
     if mask is None:
         return "no mask"
+    if type(mask).__name__ == "CausalBias":
+        return f"attn_mask CausalBias {mask.variant.name.lower()}"
     return f"attn_mask {str(mask.dtype).replace('torch.', '')} {list(mask.shape)}"
 
 
-# ---- PyTorch's flash kernel (FlashAttention-2) ----
+# ---- PyTorch SDPA's fused backends through the public function ----
 
-class SdpaFlash(Backend):
-    """PyTorch's vendored FlashAttention-2, through the op SDPA's flash backend and its nested
-    (varlen) path call: aten._flash_attention_forward(q [B,S,H,D] or packed [T,H,D], k, v,
+# The backend names of the public routes and the SDPBackend each selects.
+SDPA_PUBLIC = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+               "sdpa-cudnn": "CUDNN_ATTENTION"}
+
+
+def _measure_problem(dtype, **kw):
+    """A small problem (B 1, H 2, 8 x 8, D 16) for SdpaPublic's measurement of its claim."""
+    p = {"batch": 1, "heads_q": 2, "heads_kv": 2, "seqlen_q": 8, "seqlen_k": 8,
+         "head_dim": 16, "head_dim_v": 16, "dtype": dtype, "scale": None, "causal": False,
+         "causal_align": "bottom_right", "window": [-1, -1], "softcap": 0.0,
+         "alibi_slopes": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
+    p.update(kw)
+    if "head_dim" in kw and "head_dim_v" not in kw:
+        p["head_dim_v"] = kw["head_dim"]
+    return p
+
+
+class SdpaPublic(SdpaMath):
+    """F.scaled_dot_product_attention under sdpa_kernel([SDPBackend.X]), X = FLASH_ATTENTION,
+    EFFICIENT_ATTENTION or CUDNN_ATTENTION: the entry point models call, with the masks models
+    pass, so that what PyTorch does between that call and the kernel (its backend choice, mask
+    conversion and padding, GQA handling, head-dim padding, its own backward) is judged with
+    the kernel. Masks as SdpaMath builds them (`attn_mask` boolean or additive in the input
+    dtype with --mask-form, ALiBi as a float32 mask, `is_causal` where it says the same, GQA by
+    `enable_gqa`); a backend that takes no `attn_mask` (flash) gets bottom-right causal with
+    Sq != Sk as torch.nn.attention.bias.causal_lower_right, the public mask object that
+    PyTorch's own refusal of is_causal with Sq != Sk points to, which SDPA dispatches to the
+    flash kernel's causal flag (torch/nn/attention/bias.py, CausalBias._dispatch).
+
+    The claim is measured, not assumed: caps() runs this adapter's own run() on one small
+    problem per feature, forward and backward, and claims what the public function accepts
+    on this backend, this GPU and this PyTorch (as the cuDNN FP8 adapter measures its graphs);
+    what it refuses is printed on stderr. No lse (the public function returns o alone:
+    "lse": false; the +lse backends judge the kernels' lse through the private ops). No
+    varlen: packed batches reach the public function as nested jagged tensors, which take no
+    attn_mask, no GQA and no zero-length sequence (torch/nested/_internal/sdpa.py) and whose
+    is_causal is FlashAttention's bottom-right on flash but top-left on memory-efficient; a
+    claim cannot say so, so torch_probe.py --njt measures that path on its own
+    (docs/gpu-results.md)."""
+
+    def __init__(self, args, name):
+        super().__init__(args)
+        self.name = name
+        self.sdp = SDPA_PUBLIC[name]
+        self.causal_bias = False  # bottom-right causal through CausalBias (set by caps)
+        self._caps = None
+
+    def mask(self, p, dtype):
+        causal_only = (p.get("causal") and not has_window(p) and not extra_masks(p) and
+                       p.get("alibi_slopes") is None)
+        if (self.causal_bias and causal_only and bottom_right(p) and
+                p["seqlen_q"] != p["seqlen_k"]):
+            from torch.nn.attention.bias import causal_lower_right
+            return causal_lower_right(p["seqlen_q"], p["seqlen_k"]), False
+        return super().mask(p, dtype)
+
+    def call(self, q, k, v, **kw):
+        from torch.nn.attention import sdpa_kernel, SDPBackend
+        with sdpa_kernel([getattr(SDPBackend, self.sdp)]):
+            return entry("scaled_dot_product_attention")(q, k, v, **kw)
+
+    def refusal(self, **kw):
+        """None if the public function takes the problem `kw` describes (forward, and backward
+        through autograd), else its error's last line."""
+        import warnings
+        p = _measure_problem(self.dtype, **kw)
+        dt = TORCH_DTYPES[self.dtype]
+        g = torch.Generator().manual_seed(0)
+        shapes = ((p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"]),
+                  (p["batch"], p["seqlen_k"], p["heads_kv"], p["head_dim"]),
+                  (p["batch"], p["seqlen_k"], p["heads_kv"], p["head_dim_v"]))
+        q, k, v = (torch.randn(s, generator=g).to(dt).to(self.device).requires_grad_(True)
+                   for s in shapes)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SDPA warns why it declines; we keep the error
+                with torch.no_grad():
+                    self.run(p, q, k, v, need_lse=False)
+                with torch.enable_grad():
+                    o, _ = self.run(p, q, k, v, need_lse=False)
+                    torch.autograd.grad(o, (q, k, v), grad_outputs=torch.ones_like(o))
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a refusal is what is measured
+            lines = f"{type(e).__name__}: {e}".strip().splitlines()
+            return lines[-1][:200] if lines else type(e).__name__
+        return None
+
+    def caps(self):
+        if self._caps is not None:
+            return dict(self._caps)
+        t = self.refusal
+        why = t()
+        if why is not None:
+            raise RuntimeError(f"{self.name}: F.scaled_dot_product_attention under "
+                               f"sdpa_kernel([{self.sdp}]) refuses a plain 8 x 8 problem: {why}")
+        refused = {}
+
+        def ok(feature, **kw):
+            r = t(**kw)
+            if r is not None:
+                refused[feature] = r
+            return r is None
+
+        masks = ok("attn_mask (window, documents, prefix-LM, block-sparse)",
+                   window=[2, 1], seqlen_q=5, seqlen_k=7)
+        # Where no attn_mask is taken, bottom-right causal with Sq != Sk is a CausalBias.
+        self.causal_bias = not masks
+        square = ok("is_causal", causal=True)
+        top_left = ok("is_causal with Sq != Sk (top-left)", causal=True,
+                      causal_align="top_left", seqlen_q=5, seqlen_k=7)
+        bottom_right = ok("causal bottom-right with Sq > Sk (" +
+                          ("CausalBias" if self.causal_bias else "attn_mask") + ")",
+                          causal=True, seqlen_q=7, seqlen_k=5)
+        c = self.base_caps(self.dtype)
+        c.update({"causal": square and bottom_right, "window": masks, "documents": masks,
+                  "prefix_lm": masks, "block_sparse": masks,
+                  "alibi": ok("ALiBi (a float32 attn_mask)", alibi_slopes=[0.5, 0.25],
+                              seqlen_q=5, seqlen_k=7),
+                  "gqa": ok("enable_gqa (4:2)", heads_q=4), "lse": False})
+        if c["causal"] and not top_left:
+            c["causal_bottom_right_only"] = True
+        if not ok("Dv != D (16, 8)", head_dim=16, head_dim_v=8):
+            c["same_head_dim_v"] = True
+        # Head dims: any, or multiples of 8 (D = 12 decides), up to the largest of 128, 192,
+        # 256, 320 that the backend takes with every smaller one.
+        step = 1 if ok("head dim 12", head_dim=12) else 8
+        top = 64
+        for d in (128, 192, 256, 320):
+            if not ok(f"head dim {d}", head_dim=d):
+                break
+            top = d
+        c["head_dims"] = c["head_dims_v"] = list(range(step, top + 1, step))
+        shapes = {}
+        if not ok("Sq = 0", seqlen_q=0):
+            shapes["min_seqlen_q"] = 1
+            if not ok("Sq = 1", seqlen_q=1):
+                shapes["min_seqlen_q"] = 2
+        if not ok("Sk = 0", seqlen_k=0):
+            shapes["min_seqlen_k"] = 1
+        if not ok("Sk = 1", seqlen_k=1):
+            shapes["min_seqlen_k"] = 2
+        if shapes:
+            c["shapes"] = shapes
+        for feature, r in refused.items():
+            print(f"{self.name}: refused, {feature}: {r}", file=sys.stderr)
+        self.refused = refused
+        self._caps = c
+        return dict(c)
+
+
+# ---- The private ops behind SDPA's fused backends, which return lse (the +lse backends) ----
+#
+# Extras beside the public routes above: the ops that SDPA's backends call, reached directly
+# with masks the adapter builds, so that the kernels' lse is judged too and packed batches go
+# through their cu_seqlens entries. Models do not call these; what PyTorch does between the
+# public function and these ops is judged only by sdpa-flash, sdpa-efficient and sdpa-cudnn.
+
+class SdpaFlashLse(Backend):
+    """sdpa-flash+lse: PyTorch's vendored FlashAttention-2, through the op SDPA's flash backend
+    and its nested (varlen) path call: aten._flash_attention_forward(q [B,S,H,D] or packed [T,H,D], k, v,
     cum_seq_q, cum_seq_k, max_q, max_k, dropout, is_causal, return_debug_mask, scale,
     window_size_left, window_size_right, seqused_k, alibi_slopes), which returns the
     logsumexp. FlashAttention's conventions: bottom-right causal and windows, GQA by fewer kv
@@ -161,7 +336,7 @@ class SdpaFlash(Backend):
     (q [B,H,S,D], is_causal top-left, an additive attn_mask, GQA, no varlen), so that this
     adapter's paths run in CI without a GPU."""
 
-    name = "sdpa-flash"
+    name = "sdpa-flash+lse"
 
     def caps(self):
         c = self.base_caps(self.dtype)
@@ -208,10 +383,9 @@ class SdpaFlash(Backend):
         return out[0], lse_to_attest(out[1], p) if need_lse else None
 
 
-# ---- PyTorch's memory-efficient kernel (xformers' CUTLASS kernel) ----
-
-class SdpaEfficient(Backend):
-    """aten._efficient_attention_forward(q [B,S,H,D] or packed [1,T,H,D], k, v, bias,
+class SdpaEfficientLse(Backend):
+    """sdpa-efficient+lse: PyTorch's memory-efficient kernel (xformers' CUTLASS kernel) through
+    aten._efficient_attention_forward(q [B,S,H,D] or packed [1,T,H,D], k, v, bias,
     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout, custom_mask_type,
     compute_log_sumexp, scale, seqlen_k, window_size): causal in both alignments through
     custom_mask_type (1: from the top left, 2: from the bottom right), every other mask rule
@@ -220,7 +394,7 @@ class SdpaEfficient(Backend):
     No GQA (the kernel takes one head count), no softcap, no ALiBi (a bias in the input dtype
     cannot hold the slopes' distances exactly)."""
 
-    name = "sdpa-efficient"
+    name = "sdpa-efficient+lse"
 
     def caps(self):
         c = self.base_caps(self.dtype)
@@ -259,17 +433,15 @@ class SdpaEfficient(Backend):
         return o, lse_to_attest(out[1], p) if need_lse else None
 
 
-# ---- PyTorch's cuDNN kernel ----
-
-class SdpaCudnn(Backend):
-    """aten._cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
+class SdpaCudnnLse(Backend):
+    """sdpa-cudnn+lse: PyTorch's cuDNN kernel through aten._cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
     compute_log_sumexp, dropout, is_causal, return_debug_mask, scale): q [B,H,S,D] (SDPA's
     layout) or packed [T,H,D] with cumulative sequence lengths (SDPA's nested-tensor path),
     is_causal (top-left) where it is the whole mask, every other rule through the additive
     attn_bias ([B, 1, Sq, Sk] in the input dtype, -inf where hidden). GQA by fewer kv heads
     and Dv != D as cuDNN's SDPA graph takes them."""
 
-    name = "sdpa-cudnn"
+    name = "sdpa-cudnn+lse"
 
     def caps(self):
         c = self.base_caps(self.dtype)
@@ -395,11 +567,16 @@ class Runner:
 
 def make(args):
     b = args.backend
-    table = {"sdpa-math": SdpaMath, "sdpa-flash": SdpaFlash, "sdpa-efficient": SdpaEfficient,
-             "sdpa-cudnn": SdpaCudnn}
+    if b in ("sdpa-efficient", "sdpa-cudnn", "sdpa-efficient+lse", "sdpa-cudnn+lse") and \
+            args.device == "cpu":
+        raise ValueError(f"{b} exists on CUDA only")
+    if b == "sdpa-math":
+        return SdpaMath(args)
+    if b in SDPA_PUBLIC:
+        return SdpaPublic(args, b)
+    table = {"sdpa-flash+lse": SdpaFlashLse, "sdpa-efficient+lse": SdpaEfficientLse,
+             "sdpa-cudnn+lse": SdpaCudnnLse}
     if b in table:
-        if b in ("sdpa-efficient", "sdpa-cudnn") and args.device == "cpu":
-            raise ValueError(f"{b} exists on CUDA only")
         return table[b](args)
     if b in ("flex", "flex-triton"):
         return Flex(args, "TRITON")

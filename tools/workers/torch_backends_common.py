@@ -122,6 +122,32 @@ def covers(caps, p):
     for ok, why in checks:
         if not ok:
             return why
+    return shape_violation(caps.get("shapes") or {}, p)
+
+
+def shape_violation(s, p):
+    """Python mirror of ShapeViolation (kernels/shape_limits.cc): why `p` breaks the shape
+    limits `s` (the capabilities' "shapes" object), or None. Lengths are per sequence: Sq and
+    Sk of a padded batch, each packed sequence's q_len and k_len."""
+    if not s:
+        return None
+    if s.get("max_batch", 0) > 0 and p["batch"] > s["max_batch"]:
+        return f"shape: batch {p['batch']} exceeds max_batch {s['max_batch']}"
+    packed = is_varlen(p)
+    for b, (_, ql, _, kl) in enumerate(aw.sequences(p)):
+        at = f"sequence {b}: " if packed else ""
+        for side, n in (("q", ql), ("k", kl)):
+            name = (side + "_len") if packed else ("seqlen_" + side)
+            if n % s.get(f"seqlen_{side}_multiple", 1):
+                return f"shape: {at}{name} {n} is not a multiple of {s[f'seqlen_{side}_multiple']}"
+            if n < s.get(f"min_seqlen_{side}", 0):
+                return f"shape: {at}{name} {n} is below min_seqlen_{side} {s[f'min_seqlen_{side}']}"
+            if s.get(f"max_seqlen_{side}", 0) > 0 and n > s[f"max_seqlen_{side}"]:
+                return f"shape: {at}{name} {n} exceeds max_seqlen_{side} {s[f'max_seqlen_{side}']}"
+        if s.get("equal_seqlens") and ql != kl:
+            return f"shape: {at}lengths {ql} != {kl} (the kernel requires equal lengths)"
+        if not packed:
+            break
     return None
 
 

@@ -7,7 +7,8 @@ the API takes but ignores shows), or refused (the exception's last line). It als
 conventions the capabilities declare: the causal alignment (bottom-right or top-left) and what
 lse holds on an empty row.
 
-    torch_probe.py --backends sdpa-flash,fa4 --dtype bf16 --device cuda --out probe.json
+    torch_probe.py --backends sdpa-flash,sdpa-flash+lse,fa4 --dtype bf16 --device cuda --out probe.json
+    torch_probe.py --njt --backends "" ...   # the public function on nested jagged tensors
 
 Prints one table per backend; --out writes everything as JSON (docs/gpu-results/ keeps the
 H200's). The gate, not this probe, is the verdict: the probe says what to claim.
@@ -249,6 +250,89 @@ def probe(name, dtype, device, budget):
     return out
 
 
+NJT_CASES = [  # (name, causal, q_lens, k_lens, heads_q, heads_kv)
+    ("plain", False, [20, 33, 11], [20, 33, 11], 2, 2),
+    ("plain q_len != k_len", False, [12, 20, 7], [20, 33, 11], 2, 2),
+    ("causal q_len == k_len", True, [20, 33, 11], [20, 33, 11], 2, 2),
+    ("causal q_len < k_len", True, [12, 20, 7], [20, 33, 11], 2, 2),
+    ("causal q_len > k_len", True, [20, 33, 11], [12, 20, 7], 2, 2),
+    ("zero-length sequence", False, [20, 0, 11], [20, 5, 11], 2, 2),
+    ("gqa 4:2", False, [20, 33, 11], [20, 33, 11], 4, 2),
+    ("long: 200-token sequences (cuDNN's nested path needs max q_len > 128)", True,
+     [200, 150, 90], [200, 150, 90], 2, 2),
+]
+
+
+def njt_probe(dtype, device, d=64):
+    """The public function on packed batches, in the one form it takes them: nested jagged
+    tensors (torch.nested.nested_tensor_from_jagged over the packed values and cu_seqlens,
+    transposed to [B, H, j, D]), under sdpa_kernel of each fused backend, forward and
+    backward. Per case: accepted or refused (its error's last line), and o's largest error
+    against float64 attention per sequence with no mask, a top-left and a bottom-right causal
+    mask, so that the alignment is_causal gets on this path shows (SDPA documents top-left).
+    This is the measurement behind SdpaPublic's "no varlen" (torch_backends.py)."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    import torch.nn.functional as F
+    out = []
+    for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
+        for name, causal, ql, kl, hq, hk in NJT_CASES:
+            g = torch.Generator().manual_seed(0)
+            tq, tk = sum(ql), sum(kl)
+            xs = [torch.randn(s, generator=g).to(dtype) for s in
+                  ((tq, hq, d), (tk, hk, d), (tk, hk, d), (tq, hq, d))]
+            q, k, v, do = (x.to(device) for x in xs)
+            cq = torch.tensor([0] + list(np.cumsum(ql)), device=device)
+            ck = torch.tensor([0] + list(np.cumsum(kl)), device=device)
+            r = {"backend": backend, "case": name}
+            try:
+                qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+                qn = torch.nested.nested_tensor_from_jagged(qg, cq).transpose(1, 2)
+                kn = torch.nested.nested_tensor_from_jagged(kg, ck).transpose(1, 2)
+                vn = torch.nested.nested_tensor_from_jagged(vg, ck).transpose(1, 2)
+                with sdpa_kernel([getattr(SDPBackend, backend)]):
+                    on = F.scaled_dot_product_attention(qn, kn, vn, is_causal=causal,
+                                                        enable_gqa=hq != hk)
+                    o = on.transpose(1, 2).values()
+                    r["forward"] = "accepted"
+                    try:
+                        torch.autograd.grad(o, (qg, kg, vg), grad_outputs=do)
+                        r["backward"] = "accepted"
+                    except Exception as e:  # noqa: BLE001
+                        r["backward"] = "refused: " + last_line(e)
+            except Exception as e:  # noqa: BLE001
+                r["forward"] = "refused: " + last_line(e)
+                out.append(r)
+                print(f"  njt {backend:20s} {name:40s} {r['forward']}", flush=True)
+                continue
+            od = o.detach().double().cpu()
+            errs = {}
+            for label, align in (("none", None), ("top-left", 0), ("bottom-right", 1)):
+                if align is not None and not causal:
+                    continue
+                worst = 0.0
+                for b in range(len(ql)):
+                    if ql[b] == 0:
+                        continue
+                    qs = q[cq[b]:cq[b + 1]].double().cpu()
+                    ks = k[ck[b]:ck[b + 1]].double().cpu().repeat_interleave(hq // hk, 1)
+                    vs = v[ck[b]:ck[b + 1]].double().cpu().repeat_interleave(hq // hk, 1)
+                    s_ = torch.einsum("ihd,jhd->hij", qs, ks) / math.sqrt(d)
+                    if align is not None:
+                        off = kl[b] - ql[b] if align else 0
+                        i = torch.arange(ql[b])[:, None]
+                        j = torch.arange(kl[b])[None, :]
+                        s_ = s_.masked_fill(j > i + off, -math.inf)
+                    p = torch.softmax(s_, -1).nan_to_num(0.0)
+                    ref = torch.einsum("hij,jhd->ihd", p, vs)
+                    worst = max(worst, float((od[cq[b]:cq[b + 1]] - ref).abs().max()))
+                errs[label] = worst
+            r["o_err"] = errs
+            out.append(r)
+            print(f"  njt {backend:20s} {name:40s} {r.get('backward', '')} "
+                  f"{json.dumps(errs)}", flush=True)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--backends", required=True)
@@ -256,10 +340,20 @@ def main():
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per backend")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--njt", action="store_true",
+                        help="also the public function on nested jagged tensors (packed "
+                        "batches), per fused backend (njt_probe)")
     args = parser.parse_args()
     device = torch.device(args.device)
     results = {"torch": torch.__version__, "cuda": torch.version.cuda, "backends": []}
-    for name in args.backends.split(","):
+    if args.njt:
+        print(f"== nested jagged tensors ({args.dtype}, {args.device})", flush=True)
+        try:
+            results["njt"] = njt_probe({"bf16": torch.bfloat16, "f16": torch.float16,
+                                        "f32": torch.float32}[args.dtype], device)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+    for name in [n for n in args.backends.split(",") if n]:
         print(f"== {name} ({args.dtype}, {args.device})", flush=True)
         try:
             results["backends"].append(probe(name, args.dtype, device, args.budget))

@@ -3,11 +3,18 @@
 `exec:python3 tools/workers/torch_worker.py --backend B [--dtype bf16|f16] [--device cuda]`.
 
 Backends (tools/workers/torch_backends.py says what each calls and claims):
-  sdpa-math        F.scaled_dot_product_attention, math backend (public API; no lse)
-  sdpa-flash       aten._flash_attention_forward (FlashAttention-2; varlen by cu_seqlens);
-                   on CPU PyTorch's CPU flash kernel
-  sdpa-efficient   aten._efficient_attention_forward (masks as attn_bias / custom_mask_type)
-  sdpa-cudnn       aten._cudnn_attention_forward
+  sdpa-math        F.scaled_dot_product_attention under sdpa_kernel([MATH]) (public; no lse)
+  sdpa-flash       F.scaled_dot_product_attention under sdpa_kernel([FLASH_ATTENTION]), the
+                   masks models pass (public; no lse, no varlen; claims measured at start);
+                   on CPU PyTorch's CPU flash kernel through the same call
+  sdpa-efficient   the same under sdpa_kernel([EFFICIENT_ATTENTION])
+  sdpa-cudnn       the same under sdpa_kernel([CUDNN_ATTENTION])
+  sdpa-flash+lse   extra: aten._flash_attention_forward, the op behind SDPA's flash backend
+                   (lse judged; varlen by cu_seqlens); on CPU
+                   aten._scaled_dot_product_flash_attention_for_cpu
+  sdpa-efficient+lse  extra: aten._efficient_attention_forward (masks as attn_bias /
+                   custom_mask_type)
+  sdpa-cudnn+lse   extra: aten._cudnn_attention_forward
   flex-triton      flex_attention under torch.compile, BACKEND TRITON (alias: flex)
   flex-flash       flex_attention, BACKEND FLASH (FlashAttention-4 inside FlexAttention)
   fa4              flash_attn.cute.flash_attn_func / flash_attn_varlen_func (flash-attn-4)
@@ -99,11 +106,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--backend", required=True,
                         help="sdpa-math | sdpa-flash | sdpa-efficient | sdpa-cudnn | "
+                             "sdpa-flash+lse | sdpa-efficient+lse | sdpa-cudnn+lse | "
                              "flex-triton | flex-flash | fa4 | cudnn-fp8 | fa:MODULE:FUNCTION")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     parser.add_argument("--mask-form", default="bool", choices=["bool", "additive"],
-                        help="sdpa-math: attn_mask as a boolean or an additive (0/-inf) mask")
+                        help="sdpa-math, sdpa-flash, sdpa-efficient, sdpa-cudnn: attn_mask as "
+                        "a boolean or an additive (0/-inf, input dtype) mask")
     parser.add_argument("--deterministic", action="store_true",
                         help="fa4 / fa:: pass deterministic=True")
     parser.add_argument("--flex-dynamic", default="auto", choices=["auto", "true", "false"],
@@ -126,8 +135,8 @@ def main():
                         "a declared recipe in it runs on the CPU as `attest ... --kernel "
                         "recipe:FILE`")
     args = parser.parse_args()
-    if args.dtype == "f32" and args.backend not in ("sdpa-math", "sdpa-flash") :
-        parser.error("--dtype f32 is for sdpa-math and sdpa-flash only")
+    if args.dtype == "f32" and args.backend not in ("sdpa-math", "sdpa-flash", "sdpa-flash+lse"):
+        parser.error("--dtype f32 is for sdpa-math, sdpa-flash and sdpa-flash+lse only")
     worker = Worker(args)
     if args.describe:
         name, caps = worker.describe()

@@ -3,8 +3,10 @@
 itself (both run as workers, fed the same safetensors inputs): forward o and lse and the
 backward gradients agree to bf16 rounding on problems covering each backend's claims, and
 refusals outside the claims are honest ("unsupported"). Exit 77 (skipped) without torch.
-Usage: torch_worker_test.py [--backends sdpa-math,sdpa-flash,flex] [--device cpu]
-(on CPU, sdpa-flash is PyTorch's CPU flash kernel and flex runs eager, forward only)
+Usage: torch_worker_test.py [--backends sdpa-math,sdpa-flash,sdpa-flash+lse,flex] [--device cpu]
+(on CPU, sdpa-flash is the public F.scaled_dot_product_attention on PyTorch's CPU flash
+kernel, with the claim it measures at start and no lse; sdpa-flash+lse the same kernel through
+its private op, with lse; flex runs eager, forward only)
 """
 
 import argparse
@@ -74,7 +76,16 @@ CASES = {
                              cu_seqlens_q=[0, 7, 7, 23], cu_seqlens_k=[0, 9, 15, 35]),
     "documents": problem(batch=1, seqlen_q=32, seqlen_k=32,
                          document_ids_q=[[0] * 12 + [1] * 20], document_ids_k=[[0] * 12 + [1] * 20]),
+    # SDPA's fused backends refuse a zero-length side ("No available kernel"): the public routes
+    # measure that and declare shapes.min_seqlen_q, so the refusal must be honest. Run only
+    # against a claim with shape limits: PyTorch 2.11's private CPU flash op (sdpa-flash+lse on
+    # CPU) dies of SIGFPE on it (golden/findings/sdpa-cpu-flash-lse-sq0-sigfpe.case.json).
+    "Sq = 0": problem(seqlen_q=0),
 }
+NEEDS_SHAPE_LIMITS = ("Sq = 0",)
+
+# The public SDPA routes: the function returns o alone, so the claim must say "lse": false.
+PUBLIC = ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
 
 
 def run(backend, device, tmp):
@@ -84,7 +95,17 @@ def run(backend, device, tmp):
     ref.call({"op": "describe"})
     rng = np.random.default_rng(1)
     failures = 0
+    if backend in PUBLIC and caps.get("lse", True):
+        print(f"{backend:10s} FAIL: the public function returns no lse, yet the claim has one")
+        failures += 1
     for name, p in CASES.items():
+        if name in NEEDS_SHAPE_LIMITS and not caps.get("shapes"):
+            fused = backend in PUBLIC and backend != "sdpa-math"
+            print(f"{backend:10s} {name:40s} " + ("FAIL: a fused SDPA backend refuses it, and "
+                  "the measured claim declares no shape limit" if fused else
+                  "not run: the claim declares no shape limits"))
+            failures += fused
+            continue
         qs, ks, vs, os_ = shapes(p)
         inputs = {n: aw.Tensor(aw.bf16_codes(rng.standard_normal(s).astype(np.float32)), "BF16")
                   for n, s in (("q", qs), ("k", ks), ("v", vs))}
@@ -108,7 +129,8 @@ def run(backend, device, tmp):
             continue
         a = aw.read_safetensors(replies["dut"][1])
         b = aw.read_safetensors(replies["ref"][1])
-        o_err = np.abs(aw.to_float(a["o"], np.float64) - aw.to_float(b["o"], np.float64)).max()
+        o_err = np.abs(aw.to_float(a["o"], np.float64) -
+                       aw.to_float(b["o"], np.float64)).max(initial=0.0)
         lb = aw.to_float(b["lse"], np.float64)
         fin_ = np.isfinite(lb)
         if caps.get("lse", True):
@@ -139,7 +161,8 @@ def run(backend, device, tmp):
             continue
         g_err = 0.0 if grads is None else max(
             np.abs(aw.to_float(grads["dut"][n], np.float64) -
-                   aw.to_float(grads["ref"][n], np.float64)).max() for n in ("dq", "dk", "dv"))
+                   aw.to_float(grads["ref"][n], np.float64)).max(initial=0.0)
+            for n in ("dq", "dk", "dv"))
         # bf16 outputs: a few bf16 ulps of O(1) values.
         ok = o_err < 0.03 and lse_ok and lse_err < 2e-3 and g_err < 0.06
         failures += not ok
@@ -153,7 +176,7 @@ def run(backend, device, tmp):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backends", default="sdpa-math,sdpa-flash,flex-triton")
+    parser.add_argument("--backends", default="sdpa-math,sdpa-flash,sdpa-flash+lse,flex-triton")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
