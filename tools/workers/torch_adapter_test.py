@@ -604,13 +604,7 @@ def self_test():
     tb.window_of = tbc.window_of = real
     # 2. Repeats kv heads (GQA emulated).
     b = stand_in_flash()
-    run = b.run
-
-    def repeat_kv(p, q, k, v, need_lse):
-        r = p["heads_q"] // p["heads_kv"]
-        return run(dict(p, heads_kv=p["heads_q"]), q, k.repeat_interleave(r, -2),
-                   v.repeat_interleave(r, -2), need_lse)
-    b.run = repeat_kv
+    b.run = repeating_kv(b.run)
     caught += check_backend("mutant: repeats kv heads", b, verbose=False) > 0
     # 3. Splits the batch (one call per batch entry).
     b = stand_in_flash()
@@ -629,6 +623,16 @@ def self_test():
     return caught + self_test_public()
 
 
+def repeating_kv(run):
+    """A backend's run that repeats the kv heads of a GQA problem and calls the kernel as MHA:
+    the adapter doing the kernel's work (docs/protocol.md "Adapters translate")."""
+    def repeat_kv(p, q, k, v, need_lse):
+        r = p["heads_q"] // p["heads_kv"]
+        return run(dict(p, heads_kv=p["heads_q"]), q, k.repeat_interleave(r, -2),
+                   v.repeat_interleave(r, -2), need_lse)
+    return repeat_kv
+
+
 def self_test_public():
     """Broken public routes (F.scaled_dot_product_attention under sdpa_kernel) that the checks
     must catch; returns how many were."""
@@ -645,13 +649,7 @@ def self_test_public():
     caught += check_backend("mutant: runs another backend", b, verbose=False) > 0
     # 5. Repeats kv heads instead of passing enable_gqa.
     b = public_stand_in("sdpa-cudnn", "bool")
-    run = b.run
-
-    def repeat_kv(p, q, k, v, need_lse):
-        r = p["heads_q"] // p["heads_kv"]
-        return run(dict(p, heads_kv=p["heads_q"]), q, k.repeat_interleave(r, -2),
-                   v.repeat_interleave(r, -2), need_lse)
-    b.run = repeat_kv
+    b.run = repeating_kv(b.run)
     caught += check_backend("mutant: public, repeats kv", b, verbose=False) > 0
     # 6. Calls the kernel, then returns attention it computed itself (in float64, rounded): as
     # accurate as the kernel or more, and not the kernel's answer.
