@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reference/formats/format.h"
+#include "reference/names.h"
 #include "reference/io/json.h"
 #include "reference/recipes/recipe_json.h"
 
@@ -264,8 +265,8 @@ Expected<std::unique_ptr<Kernel>> KernelRegistry::Create(std::string_view spec) 
   for (const auto& [prefix, factory] : prefixes_) {
     if (spec.substr(0, prefix.size()) == prefix) return factory(spec.substr(prefix.size()));
   }
-  return Error{"unknown kernel '" + std::string(spec) +
-               "' (see `attest list kernels`; external kernels are plugin:PATH or exec:CMD)"};
+  return Error{"unknown kernel '" + std::string(spec) + "'" + DidYouMean(spec, Names()) +
+               " (see `attest list kernels`; external kernels are plugin:PATH or exec:CMD)"};
 }
 
 Expected<Tensor> InInputDType(const Tensor& t, DType dtype, std::string_view name) {

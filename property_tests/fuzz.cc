@@ -11,6 +11,7 @@
 
 #include "kernels/exec/children.h"
 #include "reference/golden/sha256.h"
+#include "reference/names.h"
 #include "reference/io/files.h"
 #include "reference/io/json.h"
 #include "verify/repro.h"
@@ -48,10 +49,14 @@ Expected<std::vector<const CheckInfo*>> ResolveChecks(const std::vector<std::str
     for (const CheckInfo& c : AllChecks()) out.push_back(&c);
     return out;
   }
+  std::vector<std::string> known;
+  for (const CheckInfo& c : AllChecks()) known.emplace_back(c.name);
   for (const std::string& n : names) {
     const CheckInfo* c = FindCheck(n);
-    if (c == nullptr)
-      return Error{fmt::format("--check: unknown check '{}' (see `attest list checks`)", n)};
+    if (c == nullptr) {
+      return Error{fmt::format("--check: unknown check '{}'{} (see `attest list checks`)", n,
+                               DidYouMean(n, known))};
+    }
     out.push_back(c);
   }
   return out;

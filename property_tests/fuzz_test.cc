@@ -245,7 +245,8 @@ TEST(Fuzz, RejectsBadOptionsNamingTheOption) {
   o.shard_index = 0;
   o.checks = {"acuracy"};
   EXPECT_EQ(RunFuzz(**kernel, o).error().message,
-            "--check: unknown check 'acuracy' (see `attest list checks`)");
+            "--check: unknown check 'acuracy' (did you mean 'accuracy'?) (see `attest list "
+            "checks`)");
 }
 
 TEST(Shrink, ReachesAOneByOneCaseWhenEveryCaseFails) {

@@ -74,6 +74,18 @@ validate "$work/e.json"
 [ $rc -eq 2 ] || fail "unknown suite: exit $rc, want 2"
 "$attest" check --kernel cpu/flash2-bf16 --check nope > /dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "unknown check: exit $rc, want 2"
+# The three typos of a new user each get a suggestion, and a parse error names the command and
+# its usage line.
+"$attest" check --kernel flash2-bf16 2> "$work/typo1.txt"; rc=$?
+[ $rc -eq 2 ] && grep -q "did you mean 'cpu/flash2-bf16'" "$work/typo1.txt" \
+  || { cat "$work/typo1.txt"; fail "unknown kernel: no suggestion"; }
+"$attest" check --kernel cpu/flash2-bf16 gate --sute 2> "$work/typo2.txt"; rc=$?
+[ $rc -eq 2 ] && grep -q "^attest check: .*--sute.*did you mean '--suite'" "$work/typo2.txt" \
+  && grep -q "^usage: attest check --kernel" "$work/typo2.txt" \
+  || { cat "$work/typo2.txt"; fail "unexpected option: no command, suggestion or usage line"; }
+"$attest" check --kernel cpu/flash2-bf16 --check acuracy 2> "$work/typo3.txt"; rc=$?
+[ $rc -eq 2 ] && grep -q "did you mean 'accuracy'" "$work/typo3.txt" \
+  || { cat "$work/typo3.txt"; fail "unknown check: no suggestion"; }
 "$attest" repro --kernel cpu/flash2-bf16 --case "$work/missing.case.json" > /dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "missing case: exit $rc, want 2"
 

@@ -280,6 +280,11 @@ std::string SummaryTable(const Report& r) {
     while (!out.empty() && out.back() == ' ') out.pop_back();
     out += "\n";
   }
+  // What the numbers are, for a reader who has not read docs/reports.md.
+  out += "o .. other: the largest margin of the check's verdicts on that output (margin = error / "
+         "allowed; a verdict fails above 1)\n"
+         "a row is one check on one suite case; a case, one problem with its inputs; a verdict, "
+         "one judgment of one output\n";
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "reference/names.h"
 #include "reference/recipes/recipe.h"
 
 namespace attest {
@@ -515,17 +516,20 @@ const Profile* ProfileForDType(DType dtype) {
 }
 
 Expected<const Profile*> ProfileFor(const Capabilities& caps) {
+  std::vector<std::string> names;  // for "did you mean" (reference/names.h)
+  for (const Profile& p : AllProfiles()) names.push_back(p.name);
   if (!caps.profile.empty()) {
     if (const Profile* p = FindProfile(caps.profile)) return p;
     return Error{
-        fmt::format("capabilities.profile: unknown tolerance profile '{}' (see "
+        fmt::format("capabilities.profile: unknown tolerance profile '{}'{} (see "
                     "`attest list profiles`)",
-                    caps.profile)};
+                    caps.profile, DidYouMean(caps.profile, names))};
   }
   if (!caps.recipe.empty()) {
     if (const Profile* p = FindProfile(caps.recipe)) return p;
-    return Error{
-        fmt::format("capabilities.recipe: no tolerance profile for recipe '{}'", caps.recipe)};
+    return Error{fmt::format("capabilities.recipe: no tolerance profile for recipe '{}'{} (see "
+                             "`attest list recipes`)",
+                             caps.recipe, DidYouMean(caps.recipe, names))};
   }
   if (!caps.dtypes.empty()) {
     if (const Profile* p = ProfileForDType(caps.dtypes.front())) return p;

@@ -7,23 +7,46 @@
 
 #include "tools/attest/build_info.h"
 #include "tools/attest/command.h"
+#include "reference/names.h"
 #include "verify/checks/check.h"
+#include "verify/tolerance.h"
 
 namespace attest::cli {
+
+namespace {
+
+template <class Rows>
+std::vector<std::string> NamesOf(const Rows& rows) {
+  std::vector<std::string> names;
+  for (const auto& r : rows) names.emplace_back(r.name);
+  return names;
+}
+
+}  // namespace
 
 const Suite& SuiteNamed(std::string_view name, std::string_view field) {
   const Suite* suite = FindSuite(name);
   if (suite == nullptr) {
-    throw UsageError(fmt::format("{}: unknown suite '{}' (quick, gate, full, long)", field, name));
+    throw UsageError(fmt::format("{}: unknown suite '{}'{} (quick, gate, full, long)", field,
+                                 name, DidYouMean(name, NamesOf(AllSuites()))));
   }
   return *suite;
 }
 
 void RequireCheck(std::string_view name, std::string_view field) {
   if (!name.empty() && FindCheck(name) == nullptr) {
-    throw UsageError(
-        fmt::format("{}: unknown check '{}' (see `attest list checks`)", field, name));
+    throw UsageError(fmt::format("{}: unknown check '{}'{} (see `attest list checks`)", field,
+                                 name, DidYouMean(name, NamesOf(AllChecks()))));
   }
+}
+
+const Profile& ProfileNamed(std::string_view name, std::string_view field) {
+  const Profile* profile = FindProfile(name);
+  if (profile == nullptr) {
+    throw UsageError(fmt::format("{}: unknown profile '{}'{} (see `attest list profiles`)", field,
+                                 name, DidYouMean(name, NamesOf(AllProfiles()))));
+  }
+  return *profile;
 }
 
 CoveragePolicy CoverageFor(double max_skipped, bool allow_skips, std::string_view field) {

@@ -14,6 +14,7 @@
 #include "verify/coverage.h"
 #include "verify/run.h"
 #include "verify/suite.h"
+#include "verify/tolerance.h"
 
 namespace attest::cli {
 
@@ -22,6 +23,9 @@ namespace attest::cli {
 const Suite& SuiteNamed(std::string_view name, std::string_view field);
 // Nothing when `name` is empty or a registered check; else a UsageError naming `field`.
 void RequireCheck(std::string_view name, std::string_view field);
+// The tolerance profile called `name`; else a UsageError naming `field`. Each of these errors
+// suggests the nearest name (reference/names.h DidYouMean).
+const Profile& ProfileNamed(std::string_view name, std::string_view field);
 // The coverage guard's policy for --max-skipped and --allow-skips; a share outside [0, 1] is
 // a UsageError naming `field`.
 CoveragePolicy CoverageFor(double max_skipped, bool allow_skips, std::string_view field);

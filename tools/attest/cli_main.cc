@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,10 +13,55 @@
 #include <fmt/format.h>
 
 #include "kernels/exec/children.h"
+#include "reference/names.h"
 #include "tools/attest/build_info.h"
 #include "tools/attest/command.h"
 
 namespace attest::cli {
+namespace {
+
+// A parse error as the other usage errors read: the command, the message (an unexpected
+// option with the nearest real one: "--sute (did you mean '--suite'?)"), then the usage line
+// of the subcommand with its required options and where the rest are listed.
+std::string ParseErrorText(const CLI::App& app, const CLI::ParseError& e, int argc,
+                           char** argv) {
+  const CLI::App* sub = nullptr;
+  for (const CLI::App* s : app.get_subcommands()) sub = s;
+  const std::string command = sub != nullptr ? "attest " + sub->get_name() : "attest";
+  std::string text = command + ": " + e.what();
+  if (sub == nullptr && argc > 1 && argv[1][0] != '-') {  // a mistyped command
+    std::vector<std::string> commands;
+    for (const CLI::App* s : app.get_subcommands({})) commands.push_back(s->get_name());
+    text += " ('" + std::string(argv[1]) + "' is not a command" + DidYouMean(argv[1], commands) +
+            ")";
+  }
+  if (sub != nullptr) {
+    std::vector<std::string> options;
+    for (const CLI::Option* o : sub->get_options()) {
+      for (const std::string& l : o->get_lnames()) options.push_back("--" + l);
+    }
+    std::string word;
+    std::istringstream words(e.what());
+    while (words >> word) {
+      if (word.rfind("--", 0) != 0) continue;
+      text += DidYouMean(word, options);
+    }
+  }
+  text += "\nusage: " + command;
+  if (sub != nullptr) {
+    for (const CLI::Option* o : sub->get_options()) {
+      if (o->get_required() && !o->get_lnames().empty()) {
+        text += " --" + o->get_lnames().front() + " " + o->get_type_name();
+      }
+    }
+    text += " [options]  (`" + command + " --help` lists them)";
+  } else {
+    text += " <command> ...  (`attest --help` lists the commands)";
+  }
+  return text + "\n";
+}
+
+}  // namespace
 
 int Main(int argc, char** argv, bool own_process) {
   CLI::App app{"attest: verify attention kernels against a high-precision oracle.\n"
@@ -44,7 +90,7 @@ int Main(int argc, char** argv, bool own_process) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    std::cerr << ParseErrorText(app, e, argc, argv);
     return kExitUsage;
   }
 

@@ -10,6 +10,7 @@
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
 #include "tools/attest/build_info.h"
+#include "tools/attest/check_run.h"
 #include "tools/attest/command.h"
 #include "verify/compare.h"
 #include "verify/report.h"
@@ -48,11 +49,7 @@ int RunCompare(const CompareCliOptions& opt) {
 
   CompareOutputsOptions copt;
   if (!opt.profile.empty()) {
-    copt.profile = FindProfile(opt.profile);
-    if (copt.profile == nullptr) {
-      throw UsageError("--profile: unknown profile '" + opt.profile +
-                       "' (see `attest list profiles`)");
-    }
+    copt.profile = &ProfileNamed(opt.profile, "--profile");
   }
   if (!opt.output_format.empty()) {
     copt.output_format = ParseFormat(opt.output_format);

@@ -13,6 +13,7 @@
 #include "reference/formats/quantize.h"
 #include "reference/recipes/recipe.h"
 #include "reference/recipes/recipe_json.h"
+#include "tools/attest/check_run.h"
 #include "tools/attest/command.h"
 #include "verify/checks/check.h"
 #include "verify/suite_coverage.h"
@@ -26,6 +27,7 @@ struct ListOptions {
   std::string what = "kernels";
   bool json = false;
   bool coverage = false;
+  bool verbose = false;  // -v: whole descriptions (else one line each, cut at the terminal's 100)
   std::string kernel;
   std::string suite;
   uint64_t seed = 0;
@@ -36,9 +38,7 @@ int ListCoverage(const ListOptions& opt) {
   if (opt.kernel.empty()) throw UsageError("--coverage: needs --kernel K");
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
-  if (!opt.suite.empty() && FindSuite(opt.suite) == nullptr) {
-    throw UsageError("--suite: unknown suite '" + opt.suite + "' (see `attest list suites`)");
-  }
+  if (!opt.suite.empty()) SuiteNamed(opt.suite, "--suite");
   const Capabilities caps = (*kernel)->capabilities();
   nlohmann::json all = nlohmann::json::array();
   for (const Suite& s : AllSuites()) {
@@ -132,14 +132,26 @@ int RunList(const ListOptions& opt) {
     return kExitPass;
   }
   if (items.empty()) std::cout << "(no " << opt.what << ")\n";
+  constexpr size_t kLine = 100;  // one line per item unless -v
   for (const auto& item : items) {
     const std::string name = item["name"].get<std::string>();
-    std::cout << name;
+    std::string line = name;
     std::string text;
     if (item.contains("description")) text = item["description"].get<std::string>();
     if (text.empty() && item.contains("summary")) text = item["summary"].get<std::string>();
-    if (!text.empty()) std::cout << std::string(name.size() < 28 ? 28 - name.size() : 2, ' ') << text;
-    std::cout << "\n";
+    if (!text.empty()) line += std::string(name.size() < 28 ? 28 - name.size() : 2, ' ') + text;
+    if (!opt.verbose && line.size() > kLine) line = line.substr(0, kLine - 3) + "...";
+    std::cout << line << "\n";
+  }
+  if (opt.what == "kernels") {
+    // The kernels no list can hold: a user's own, in the forms --kernel takes.
+    std::cout << "\nYour own kernels (--kernel):\n"
+                 "  plugin:LIB.so[:NAME]        a C ABI plugin (docs/plugins.md)\n"
+                 "  exec:COMMAND                a worker process speaking the exec protocol "
+                 "(docs/protocol.md)\n"
+                 "  recipe:FILE.json            a declared low-precision recipe run as a CPU model\n"
+                 "  Python: attest.check(fn, api=...) in process (docs/python.md, docs/byok.md)\n";
+    if (!opt.verbose) std::cout << "(-v: whole descriptions)\n";
   }
   return kExitPass;
 }
@@ -150,6 +162,7 @@ Runner SetupList(CLI::App& sub) {
       ->check(CLI::IsMember(
           {"kernels", "checks", "suites", "recipes", "profiles", "formats", "schemes"}));
   sub.add_flag("--json", opt->json, "Print JSON");
+  sub.add_flag("-v,--verbose", opt->verbose, "Whole descriptions (else one line each)");
   sub.add_flag("--coverage", opt->coverage,
                "With `suites`: the claimed feature pairs and length boundaries each suite "
                "reaches for --kernel");

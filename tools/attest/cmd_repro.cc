@@ -115,10 +115,8 @@ int RunRepro(const ReproCliOptions& opt) {
   if (!c.ok()) throw UsageError(c.error().message);
   std::vector<const CheckInfo*> checks;
   if (!opt.check.empty()) {
+    RequireCheck(opt.check, "--check");
     const CheckInfo* check = FindCheck(opt.check);
-    if (check == nullptr) {
-      throw UsageError("--check: unknown check '" + opt.check + "' (see `attest list checks`)");
-    }
     checks.push_back(check);
   } else if (const CheckInfo* from_name = CheckFromFileName(opt.case_file)) {
     checks.push_back(from_name);
