@@ -23,8 +23,15 @@ double Since(std::chrono::steady_clock::time_point start) {
 }
 
 // One check on one context; a throwing kernel or check is a kernel error, not a harness crash.
+// Why a row judged nothing: the check's own reason, else the generic one.
+std::string NotApplicable(const CheckContext& ctx) {
+  return ctx.not_applicable.empty() ? "not applicable to this case"
+                                    : "not applicable: " + ctx.not_applicable;
+}
+
 std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   std::vector<Verdict> out;
+  ctx.not_applicable.clear();
   try {
     out = check.run(ctx);
   } catch (const InfrastructureError&) {
@@ -257,9 +264,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
       // Folded: the case's kernel error is reported already. Otherwise the relation or rule
       // has nothing to say about this case (a GQA relation on an MHA case, an honest
       // refusal): listed, so that a row that never judges anything shows.
-      if (!folded) {
-        report.skipped.push_back({row.check, inst.label, "not applicable to this case"});
-      }
+      if (!folded) report.skipped.push_back({row.check, inst.label, NotApplicable(*ctx)});
       continue;
     }
     Attribute(verdicts, inst.label, *inst.c, seconds);
@@ -314,7 +319,7 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
       return Error{fmt::format("{}: interrupted by {}", label, StopSignalName())};
     }
     if (!folder.Fold(verdicts, text, check->name, report.verdicts) && verdicts.empty()) {
-      report.skipped.push_back({std::string(check->name), label, "not applicable to this case"});
+      report.skipped.push_back({std::string(check->name), label, NotApplicable(ctx)});
     }
     Attribute(verdicts, label, c, Since(t0));
     for (Verdict& v : verdicts) report.verdicts.push_back(std::move(v));

@@ -61,6 +61,10 @@ struct CheckContext {
   std::string repro;
   // A short name of the case for messages ("gqa-4-2 causal Sq=77 Sk=130").
   std::string label;
+  // Set by a check that returns no verdicts because its rule does not apply to the case: which
+  // rule, in a few words ("Hq = Hkv: no GQA group to relate to MHA"); the runner lists the row
+  // as skipped with it. Cleared before each check.
+  std::string not_applicable;
 
  private:
   OracleOptions SampledOptions() const;  // oracle_options with the sample's flags

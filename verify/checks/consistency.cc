@@ -301,7 +301,10 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
 
 std::vector<Verdict> RunConsistency(CheckContext& ctx) {
   if (ctx.kernel == nullptr) return {};
-  if (!ctx.WantsBackward()) return {};
+  if (!ctx.WantsBackward()) {
+    ctx.not_applicable = "no backward claimed (or a sampled case)";
+    return {};
+  }
   ConsistencyOptions options;
   options.repro = ctx.repro;
   std::vector<Verdict> verdicts = CheckConsistency(*ctx.kernel, ctx.case_.problem, ctx.inputs,

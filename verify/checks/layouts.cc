@@ -205,8 +205,15 @@ std::vector<Verdict> RunLayouts(CheckContext& ctx) {
   const Problem& p = ctx.case_.problem;
   const Capabilities caps = ctx.kernel->capabilities();
   // 1. Where the check applies: an interface that takes views, a claimed problem, tokens.
-  if (caps.strides != "any" && caps.strides != "inner") return {};
-  if (!caps.Covers(p) || p.TotalQ() == 0 || p.TotalK() == 0) return {};
+  if (caps.strides != "any" && caps.strides != "inner") {
+    ctx.not_applicable = "the kernel's interface takes contiguous tensors only "
+                         "(capabilities.strides)";
+    return {};
+  }
+  if (!caps.Covers(p) || p.TotalQ() == 0 || p.TotalK() == 0) {
+    ctx.not_applicable = "no tokens to lay out, or outside the capabilities";
+    return {};
+  }
   const CaseInputs& in = ctx.inputs;
   const bool backward = ctx.WantsBackward();
   // 2. The contiguous call, in the input dtype as every adapter hands it over (twice for a

@@ -271,7 +271,10 @@ Tensor Gather(const Tensor& t, int64_t axis, const std::vector<int64_t>& src) {
 std::vector<Verdict> RunGqaEquivalence(CheckContext& ctx) {
   constexpr std::string_view kCheck = "gqa-mha";
   const Problem& p = ctx.case_.problem;
-  if (p.heads_q == p.heads_kv) return {};  // nothing to relate
+  if (p.heads_q == p.heads_kv) {  // nothing to relate
+    ctx.not_applicable = "Hq = Hkv: no GQA group to relate to MHA";
+    return {};
+  }
   const CaseInputs& in = ctx.inputs;
   const bool bwd = ctx.WantsBackward();
   RunOutputs base = BaseRun(kCheck, ctx, bwd);
@@ -356,7 +359,10 @@ std::vector<Verdict> RunPermutation(CheckContext& ctx) {
   // when the sequences move, which changes scales legitimately: there only heads move.
   const bool seq_blocked_packed = p.varlen() && SequenceBlock(ctx) > 0;
   const bool permute_batch = p.batch > 1 && !seq_blocked_packed;
-  if (!permute_batch && p.heads_q == 1) return {};  // the identity relates nothing
+  if (!permute_batch && p.heads_q == 1) {  // the identity relates nothing
+    ctx.not_applicable = "one sequence and one head: no permutation to apply";
+    return {};
+  }
   const CaseInputs& in = ctx.inputs;
   const bool bwd = ctx.WantsBackward();
   RunOutputs base = BaseRun(kCheck, ctx, bwd);
@@ -486,7 +492,11 @@ std::vector<Verdict> RunWindowCausal(CheckContext& ctx) {
   const Problem& p = ctx.case_.problem;
   const Capabilities caps = ctx.kernel->capabilities();
   const bool windowed = p.window_left >= 0 || p.window_right >= 0;
-  if (windowed || p.prefix_lm > 0 || !caps.window) return {};
+  if (windowed || p.prefix_lm > 0 || !caps.window) {
+    ctx.not_applicable = !caps.window ? "the kernel claims no window to relate causal to"
+                                      : "the case has a window or prefix-LM of its own";
+    return {};
+  }
   const CaseInputs& in = ctx.inputs;
   const bool bwd = ctx.WantsBackward();
   RunOutputs base = BaseRun(kCheck, ctx, bwd);
@@ -603,7 +613,11 @@ std::vector<Verdict> RunPadding(CheckContext& ctx) {
   // token exactly as before. Padded: padding queries and keys appended to every batch entry,
   // hidden by document ids that no real token has (a key-padding mask); the same count on
   // both sides keeps the bottom-right diagonal, window and ALiBi offsets of the real rows.
-  if (packed ? false : (!caps.documents || p.prefix_lm > 0 || p.block_sparse)) return {};
+  if (packed ? false : (!caps.documents || p.prefix_lm > 0 || p.block_sparse)) {
+    ctx.not_applicable = "a padded batch is padded with document ids, which need documents "
+                         "claimed and no prefix-LM or block list";
+    return {};
+  }
   if (packed && p.TotalQ() == 0 && p.TotalK() == 0) return {};
   // A padded batch without queries or without keys has no real token pairs whose outputs
   // padding could move (and no real row to copy padding values from).

@@ -582,6 +582,10 @@ std::vector<Verdict> RunNonInterference(CheckContext& ctx) {
   }
   std::vector<Verdict> verdicts =
       CheckNonInterference(*ctx.kernel, ctx.case_.problem, ctx.inputs, options);
+  if (verdicts.empty()) {
+    ctx.not_applicable = "no input is hidden from any output (no mask, one sequence), or the "
+                         "kernel refused the case";
+  }
   Finish(verdicts, ctx);
   return verdicts;
 }
