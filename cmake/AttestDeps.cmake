@@ -32,9 +32,15 @@ endif()
 
 # Python for interop tests: the virtual environment tools/bootstrap makes (numpy,
 # safetensors, ml_dtypes), else the system python3 (tests then skip what they cannot import).
+# A build configured before the environment existed (tools/attest.sh bootstraps without it)
+# moves to it once it does, unless ATTEST_PYTHON was set by hand.
 if(EXISTS ${PROJECT_SOURCE_DIR}/build/venv/bin/python3)
   set(_attest_python ${PROJECT_SOURCE_DIR}/build/venv/bin/python3)
 else()
   find_program(_attest_python python3)
 endif()
+if(DEFINED ATTEST_PYTHON_AUTO AND "${ATTEST_PYTHON}" STREQUAL "${ATTEST_PYTHON_AUTO}")
+  set(ATTEST_PYTHON ${_attest_python} CACHE FILEPATH "Python used by interop tests" FORCE)
+endif()
 set(ATTEST_PYTHON ${_attest_python} CACHE FILEPATH "Python used by interop tests")
+set(ATTEST_PYTHON_AUTO ${_attest_python} CACHE INTERNAL "the Python chosen automatically")

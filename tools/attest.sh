@@ -1,17 +1,37 @@
 #!/usr/bin/env bash
-# Runs the attest CLI from a source checkout, installing dependencies and building on first
-# use (later calls rebuild incrementally, quietly). Example:
+# Runs the attest CLI from a source checkout, installing what the CLI needs and building it on
+# first use (later calls rebuild incrementally, quietly). Example:
 #   tools/attest.sh list kernels
+# The first call says each phase on stderr as it starts, and the build shows its own [n/N]
+# counter, so that a first run is never silent: the Debian packages (tools/bootstrap
+# --no-venv: the CPU checks of built-in kernels need no PyTorch; the test suite's Python
+# environment is made by the README's second command), the configuration, the build of the
+# CLI alone, then the run. At the end it says how to run attest again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build/default"
+say() { echo "tools/attest.sh: $*" >&2; }
+first=0
 if [[ ! -f "$build/build.ninja" ]]; then
-  "$root/tools/bootstrap" >&2
+  first=1
+  say "1/3 Debian packages (tools/bootstrap --no-venv; a few minutes when they are missing)"
+  "$root/tools/bootstrap" --no-venv >&2
+  say "2/3 configuring the build (cmake --preset default)"
   cmake --preset default -S "$root" >/dev/null
-fi
-if ! log=$(cmake --build "$build" --target attest_cli 2>&1); then
+  say "3/3 building the attest CLI (several minutes on 2 cores the first time; [n/N] is" \
+      "ninja's count of compile steps)"
+  if ! cmake --build "$build" --target attest_cli >&2; then
+    say "build failed"
+    exit 2
+  fi
+elif ! log=$(cmake --build "$build" --target attest_cli 2>&1); then
   echo "$log" >&2
-  echo "tools/attest.sh: build failed" >&2
+  say "build failed"
   exit 2
+fi
+if [[ $first == 1 ]]; then
+  say "built $build/tools/attest/attest; run it again as tools/attest.sh ARGS, or put it on" \
+      "PATH: export PATH=\"$build/tools/attest:\$PATH\""
+  say "running: attest $*"
 fi
 exec "$build/tools/attest/attest" "$@"
