@@ -11,19 +11,34 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build/default"
 say() { echo "tools/attest.sh: $*" >&2; }
+# A line at least every 10 s while a phase runs, whatever the phase itself prints.
+ticker=""
+tick() {
+  local what="$1" start=$SECONDS
+  ( while sleep 10; do say "... $what ($((SECONDS - start)) s)"; done ) &
+  ticker=$!
+}
+untick() { [[ -z $ticker ]] || kill "$ticker" 2>/dev/null || true; ticker=""; }
+trap untick EXIT
 first=0
 if [[ ! -f "$build/build.ninja" ]]; then
   first=1
   say "1/3 Debian packages (tools/bootstrap --no-venv; a few minutes when they are missing)"
+  tick "installing Debian packages"
   "$root/tools/bootstrap" --no-venv >&2
+  untick
   say "2/3 configuring the build (cmake --preset default)"
+  tick "configuring"
   cmake --preset default -S "$root" >/dev/null
+  untick
   say "3/3 building the attest CLI (several minutes on 2 cores the first time; [n/N] is" \
       "ninja's count of compile steps)"
+  tick "building"
   if ! cmake --build "$build" --target attest_cli >&2; then
     say "build failed"
     exit 2
   fi
+  untick
 elif ! log=$(cmake --build "$build" --target attest_cli 2>&1); then
   echo "$log" >&2
   say "build failed"
