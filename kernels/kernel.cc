@@ -76,6 +76,11 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   const bool diagonal = p.causal || p.window_left >= 0 || p.window_right >= 0 ||
                         p.alibi_slopes.has_value();
   if (std::string w = ShapeViolation(shapes, p); !w.empty()) return fail("shape: " + w);
+  if (!p.mask_form.empty() &&
+      std::find(mask_forms.begin(), mask_forms.end(), p.mask_form) == mask_forms.end()) {
+    return fail("mask form " + p.mask_form + (mask_forms.empty() ? " (the API takes no mask tensor)"
+                                                                  : ""));
+  }
   if (causal_bottom_right_only && diagonal && p.causal_align == CausalAlign::kTopLeft &&
       AnySequenceNonSquare(p)) {
     return fail("top-left alignment with q_len != k_len");
@@ -123,6 +128,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   }
   if (caps.shapes.any()) j["shapes"] = ShapeLimitsToJson(caps.shapes);
   if (caps.strides != "contiguous") j["strides"] = caps.strides;
+  if (!caps.mask_forms.empty()) j["mask_forms"] = caps.mask_forms;
   j["lse"] = caps.lse;
   return j;
 }
@@ -214,6 +220,18 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                    "kernel's tensors live)"};
     }
     caps.device = d.get<std::string>();
+  }
+  if (j.contains("mask_forms")) {
+    const auto& m = j["mask_forms"];
+    if (!m.is_array()) return Error{"capabilities.mask_forms: not an array"};
+    for (const auto& f : m) {
+      if (!f.is_string() || std::find(std::begin(kMaskForms), std::end(kMaskForms),
+                                      f.get<std::string>()) == std::end(kMaskForms)) {
+        return Error{"capabilities.mask_forms: entries must be \"bool\", \"additive\" or "
+                     "\"additive_f32\""};
+      }
+      caps.mask_forms.push_back(f.get<std::string>());
+    }
   }
   if (j.contains("strides")) {
     const auto& s = j["strides"];

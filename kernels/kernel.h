@@ -88,6 +88,11 @@ struct Capabilities {
   // "any" (PyTorch's math backend, the CPU models). JSON key "strides". An exec worker that
   // declares "inner" or "any" receives views (docs/protocol.md "Views").
   std::string strides = "contiguous";
+  // The forms in which the kernel's API takes a mask as a tensor (Problem::mask_form; JSON
+  // "mask_forms", written only when not empty): PyTorch SDPA's attn_mask takes "bool",
+  // "additive" (input dtype) and "additive_f32". Empty: masks are the API's own arguments
+  // (is_causal, window_size, a mask_mod), and rows that name a form do not apply.
+  std::vector<std::string> mask_forms;
 
   // Whether `p` lies inside these capabilities; if not, `why` says which feature.
   bool Covers(const Problem& p, std::string* why = nullptr) const;

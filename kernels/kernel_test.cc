@@ -130,3 +130,33 @@ TEST(KernelRegistry, UnknownKernelIsAnError) {
 
 }  // namespace
 }  // namespace attest
+
+namespace attest {
+namespace {
+
+// A mask form is a claim of the API (Capabilities::mask_forms): a problem naming one is covered
+// only where listed, and the JSON forms are checked.
+TEST(Capabilities, MaskFormsAreClaimedOneByOne) {
+  Problem p;
+  p.mask_form = "additive_f32";
+  Capabilities caps;
+  std::string why;
+  EXPECT_FALSE(caps.Covers(p, &why));
+  EXPECT_EQ(why, "mask form additive_f32 (the API takes no mask tensor)");
+  caps.mask_forms = {"bool", "additive"};
+  EXPECT_FALSE(caps.Covers(p, &why));
+  caps.mask_forms.push_back("additive_f32");
+  EXPECT_TRUE(caps.Covers(p, &why)) << why;
+  auto back = CapabilitiesFromJson(CapabilitiesToJson(caps));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->mask_forms, caps.mask_forms);
+  EXPECT_FALSE(CapabilitiesFromJson(nlohmann::json::parse(R"({"mask_forms": ["float"]})")).ok());
+  p.mask_form = "float";
+  EXPECT_FALSE(Validate(p).ok());
+  p.mask_form = "";
+  EXPECT_TRUE(Validate(p).ok());
+  EXPECT_FALSE(ProblemToJson(p).contains("mask_form"));
+}
+
+}  // namespace
+}  // namespace attest

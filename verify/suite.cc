@@ -270,6 +270,26 @@ void ScaleRows(Builder& s) {
   s.Add({kAcc}, "scale 2^-10", Scaled(P(2, 2, 2, 64, 64), 0x1p-10));
 }
 
+// One mask in each form a mask API takes (Problem::mask_form: boolean, additive in the input
+// dtype, additive in float32), each its own row, so that every form is judged against the same
+// oracle: a backend that treats a boolean mask as additive, reinterprets a float32 mask or
+// fills hidden positions with a finite value fails the row of that form alone. The rows apply
+// to kernels that declare mask_forms (PyTorch SDPA's attn_mask); appended after the other rows
+// so that their seeds stay what they were.
+Problem MaskForm(Problem p, const char* form) {
+  p.mask_form = form;
+  return p;
+}
+
+void MaskFormRows(Builder& s) {
+  for (const char* form : kMaskForms) {
+    s.Add({kAcc, kLeak, kSpec}, fmt::format("window (32, 0), mask as {}", form),
+          MaskForm(Window(P(1, 2, 2, 150, 150), 32, 0), form));
+    s.Add({kAcc, kLeak, kSpec}, fmt::format("two documents causal, mask as {}", form),
+          MaskForm(Causal(Documents(P(2, 2, 2, 90, 90))), form));
+  }
+}
+
 void FullRows(Builder& s) {
   GateRows(s);
   LongRows(s);
@@ -283,9 +303,11 @@ void FullRows(Builder& s) {
     GateRows(again);
     LongRows(again);
     ScaleRows(again);
+    MaskFormRows(again);
     for (SuiteRow& r : again.rows) s.rows.push_back(std::move(r));
   }
   ScaleRows(s);
+  MaskFormRows(s);
 }
 
 // Packed documents summing to `total` tokens, causal: each of the given long documents after a
@@ -356,6 +378,7 @@ std::vector<Suite> BuildSuites() {
   GateRows(gate);
   LongRows(gate);
   ScaleRows(gate);
+  MaskFormRows(gate);
   FullRows(full);
   t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
                std::move(quick.rows)});
@@ -451,6 +474,7 @@ std::string DescribeProblem(const Problem& p) {
   if (p.document_ids_q) s += " documents";
   if (p.prefix_lm > 0) s += fmt::format(" prefix {}", p.prefix_lm);
   if (p.block_sparse) s += " block-sparse";
+  if (!p.mask_form.empty()) s += " mask " + p.mask_form;
   return s;
 }
 

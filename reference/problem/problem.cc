@@ -90,6 +90,7 @@ constexpr std::string_view kFields[] = {
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
     "causal_align", "window",         "softcap",        "alibi_slopes", "cu_seqlens_q",
     "cu_seqlens_k", "document_ids_q", "document_ids_k", "prefix_lm",    "block_sparse",
+    "mask_form",
 };
 constexpr std::string_view kBlockSparseFields[] = {"block_q", "block_k", "blocks"};
 
@@ -299,6 +300,7 @@ Expected<Problem> ProblemFromJson(const json& j) {
         std::move(ids);
   }
   if (has("prefix_lm")) p.prefix_lm = r.Int(j.at("prefix_lm"), F("prefix_lm"));
+  if (has("mask_form")) p.mask_form = r.String(j.at("mask_form"), F("mask_form"));
   if (has_value("block_sparse")) {
     const json& bs = j.at("block_sparse");
     if (!bs.is_object()) {
@@ -360,6 +362,7 @@ json ProblemToJson(const Problem& p) {
   if (p.document_ids_q) j["document_ids_q"] = *p.document_ids_q;
   if (p.document_ids_k) j["document_ids_k"] = *p.document_ids_k;
   if (p.prefix_lm != 0) j["prefix_lm"] = p.prefix_lm;
+  if (!p.mask_form.empty()) j["mask_form"] = p.mask_form;
   if (p.block_sparse) {
     json blocks = json::array();
     for (const auto& [qb, kb] : p.block_sparse->blocks) blocks.push_back(json::array({qb, kb}));
@@ -453,6 +456,11 @@ Status Validate(const Problem& p) {
         fmt::format("problem.dtype: \"{}\" is not an input float type (f64 f32 bf16 "
                     "f16 e4m3fn e5m2)",
                     Name(p.dtype))};
+  }
+  if (!p.mask_form.empty() &&
+      std::find(std::begin(kMaskForms), std::end(kMaskForms), p.mask_form) == std::end(kMaskForms)) {
+    return Error{fmt::format("problem.mask_form: \"{}\" is not bool, additive or additive_f32",
+                             p.mask_form.substr(0, 40))};
   }
   // 3. Score transforms.
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0)) {

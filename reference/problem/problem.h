@@ -23,6 +23,9 @@ namespace attest {
 
 enum class CausalAlign { kBottomRight, kTopLeft };
 
+// The mask forms a problem may name (Problem::mask_form), "" excluded.
+inline constexpr const char* kMaskForms[] = {"bool", "additive", "additive_f32"};
+
 // Block-sparse mask: key block kb is visible to query block qb iff (qb, kb) is listed.
 // Blocks are counted from the start of each sequence; the same list applies to every
 // batch entry and head. Combined (AND) with every other mask.
@@ -58,6 +61,12 @@ struct Problem {
   std::optional<std::vector<std::vector<int32_t>>> document_ids_k;
   int64_t prefix_lm = 0;  // > 0 (needs causal): keys j < prefix_lm visible to every query
   std::optional<BlockSparse> block_sparse;
+  // How a mask API is handed the mask (kMaskForms): "" the adapter's choice; "bool" a boolean
+  // mask; "additive" 0 / -inf in the input dtype; "additive_f32" 0 / -inf in float32. It
+  // changes nothing that is computed (the oracle ignores it): the same mask in another form
+  // must give the same answer, and a suite row per form asks exactly that of APIs that take
+  // masks as tensors (PyTorch SDPA's attn_mask; Capabilities::mask_forms).
+  std::string mask_form;
 
   double EffectiveScale() const;
   bool varlen() const { return cu_seqlens_q.has_value(); }

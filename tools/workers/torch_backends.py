@@ -69,7 +69,7 @@ class SdpaMath(Backend):
         c = self.base_caps(self.dtype)
         c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
                   "block_sparse": True, "alibi": True, "gqa": True, "deterministic": True,
-                  "lse": False})
+                  "lse": False, "mask_forms": list(MASK_FORMS)})
         # The math backend upcasts bf16/f16 to fp32 and rounds o and the gradients once,
         # unless reduced-precision reductions are allowed (then it computes in the input dtype
         # and follows no recipe attest knows: the profile alone judges it). torch_probe.py
@@ -91,8 +91,11 @@ class SdpaMath(Backend):
         return o.transpose(1, 2), None
 
     def mask(self, p, dtype):
-        """(attn_mask, is_causal) as a model passes them (sdpa_mask)."""
-        return sdpa_mask(p, self.device, dtype, self.args.mask_form, allow_is_causal=True)
+        """(attn_mask, is_causal) as a model passes them (sdpa_mask): in the form the problem
+        names (a suite's mask-form rows), else --mask-form's, is_causal where it says the same
+        unless the problem names a form."""
+        form = p.get("mask_form") or self.args.mask_form
+        return sdpa_mask(p, self.device, dtype, form, allow_is_causal=not p.get("mask_form"))
 
     def call(self, q, k, v, **kw):
         from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -134,10 +137,15 @@ class SdpaCallable(SdpaMath):
         return self.fn(q, k, v, **kw)
 
 
+# The forms of an attn_mask (attest's problem "mask_form", reference/problem/problem.h).
+MASK_FORMS = ("bool", "additive", "additive_f32")
+
+
 def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1):
     """(attn_mask, is_causal) for an SDPA-style API: is_causal (top-left) when it is the whole
-    mask, else a [B, 1, Sq, Sk] boolean mask or an additive one (0 / -inf in the input dtype);
-    with ALiBi a [B, Hq, Sq, Sk] float32 additive mask (-inf where hidden)."""
+    mask, else a [B, 1, Sq, Sk] boolean mask or an additive one (0 / -inf in the input dtype,
+    or in float32 for the form "additive_f32"); with ALiBi a [B, Hq, Sq, Sk] float32 additive
+    mask (-inf where hidden)."""
     causal_only = (p.get("causal") and not has_window(p) and not extra_masks(p) and
                    (not bottom_right(p) or p["seqlen_q"] == p["seqlen_k"]))
     if allow_is_causal and causal_only and p.get("alibi_slopes") is None:
@@ -150,6 +158,8 @@ def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1):
         return torch.where(vis, bias, torch.tensor(-math.inf, device=device)), False
     if form == "bool":
         return vis, False
+    if form == "additive_f32":
+        return additive(vis[:, 0], torch.float32, 1, align), False
     return additive(vis[:, 0], dtype, 1, align), False
 
 
@@ -285,6 +295,12 @@ class SdpaPublic(SdpaMath):
                   "alibi": ok("ALiBi (a float32 attn_mask)", alibi_slopes=[0.5, 0.25],
                               seqlen_q=5, seqlen_k=7),
                   "gqa": ok("enable_gqa (4:2)", heads_q=4), "lse": False})
+        # The attn_mask forms this backend takes, each measured on a windowed problem.
+        c["mask_forms"] = [f for f in MASK_FORMS
+                           if masks and ok(f"attn_mask as {f}", window=[2, 1], seqlen_q=5,
+                                           seqlen_k=7, mask_form=f)]
+        if not c["mask_forms"]:
+            del c["mask_forms"]
         if c["causal"] and not top_left:
             c["causal_bottom_right_only"] = True
         if not ok("Dv != D (16, 8)", head_dim=16, head_dim_v=8):
