@@ -364,6 +364,11 @@ TEST(Suites, EveryRowInstantiatesForTheModels) {
       for (const SuiteRow& row : s.rows) {
         EXPECT_NE(FindCheck(row.check), nullptr) << s.name << ": " << row.check;
         InstantiatedCase c = Instantiate(row, caps, 7);
+        // A mask-form row asks an API that takes masks as tensors; the models take none.
+        if (!row.case_template.problem.mask_form.empty()) {
+          EXPECT_FALSE(c.c.has_value()) << name << " " << c.label;
+          continue;
+        }
         EXPECT_TRUE(c.c.has_value()) << name << " " << s.name << " " << c.label << ": "
                                      << c.skipped;
       }
