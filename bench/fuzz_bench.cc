@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/builtin.h"
-#include "property_tests/fuzz.h"
+#include "run/fuzz.h"
 
 namespace {
 

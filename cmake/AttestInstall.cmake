@@ -10,9 +10,9 @@ include(CMakePackageConfigHelpers)
 
 add_library(attest INTERFACE)
 add_library(attest::attest ALIAS attest)
-target_link_libraries(attest INTERFACE attest_verify)
+target_link_libraries(attest INTERFACE attest_run)
 
-install(TARGETS attest attest_reference attest_kernels attest_verify attest_casegen
+install(TARGETS attest attest_reference attest_kernels attest_verify attest_run
                 attest_plugin_abi
         EXPORT attestTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -80,7 +80,7 @@ struct Capabilities {
   std::string device = "host";
   // Shape limits (kernels/shape_limits.h; JSON object "shapes", written only when a limit is
   // set): lengths a multiple of a block, Sq = Sk, maxima. A problem outside them is outside the
-  // capabilities; suites move their rows inside them (verify/suite.h Instantiate).
+  // capabilities; suites move their rows inside them (run/suite.h Instantiate).
   ShapeLimits shapes;
   // The input layouts the kernel's interface takes (verify/checks/layouts.h): "contiguous"
   // (the default, not written: a C ABI plugin's packed buffers), "inner" (any strides with

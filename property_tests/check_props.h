@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "property_tests/rc_gen.h"
-#include "verify/suite.h"
+#include "run/suite.h"
 
 namespace attest {
 

@@ -12,7 +12,7 @@
 #include "kernels/builtin.h"
 #include "kernels/mutants/mutants.h"
 #include "reference/case/case_file.h"
-#include "verify/run.h"
+#include "run/run.h"
 
 namespace attest {
 namespace {

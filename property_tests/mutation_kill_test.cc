@@ -14,8 +14,8 @@
 
 #include "kernels/builtin.h"
 #include "kernels/mutants/mutants.h"
-#include "property_tests/fuzz.h"
-#include "verify/suite.h"
+#include "run/fuzz.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

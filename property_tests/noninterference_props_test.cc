@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "property_tests/check_props.h"
-#include "property_tests/fuzz.h"
+#include "run/fuzz.h"
 #include "reference/recipes/recipe.h"
 
 namespace attest {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kernels/builtin.h"
-#include "property_tests/case_gen.h"
-#include "property_tests/fuzz.h"
+#include "run/case_gen.h"
+#include "run/fuzz.h"
 #include "reference/case/case_file.h"
 
 namespace attest {

@@ -409,6 +409,10 @@ std::string ToConsole(const Report& r, Verbosity verbosity) {
   return out + VerdictLine(r) + "\n";
 }
 
+std::string ToJsonText(const Report& r) {
+  return ToJson(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
 json ToJson(const Report& r) {
   json verdicts = json::array();
   for (const Verdict& v : r.verdicts) {

@@ -60,6 +60,10 @@ ReportCounts CountReport(const Report& report);
 // no finite value (an infinite margin, a NaN observation) or does not apply (a coordinate of
 // a location without one) is null.
 nlohmann::json ToJson(const Report& report);
+// The JSON report as every front end writes it (`attest check --json`, attest.check(...).json,
+// RunChecks' CheckResult::json): ToJson indented by 2, invalid UTF-8 in messages replaced,
+// a final newline.
+std::string ToJsonText(const Report& report);
 inline constexpr int kReportSchemaVersion = 1;
 // Testcase names of the verdicts (index i names report.verdicts[i]), then of the skipped
 // rows: "<check>/<tensor> [<case label>]" ("<check> [<label>]" without a tensor), with

@@ -19,7 +19,7 @@ std::string ReproCommand(std::string_view kernel, const std::filesystem::path& c
                          std::string_view check = {});
 
 // "attest repro --kernel K --case LABEL --check C": the line a check carries while it runs,
-// before its failing case has a file (verify/run.cc replaces it with ReproCommand on the
+// before its failing case has a file (run/run.cc replaces it with ReproCommand on the
 // saved file; without a failure folder this one stays and names the case by its label).
 std::string PendingReproCommand(std::string_view kernel, std::string_view case_label,
                                 std::string_view check);

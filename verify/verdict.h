@@ -56,7 +56,7 @@ struct SkippedRow {
 };
 
 // The verdicts of one check family (a check and one of its tensors) in a run, and whether
-// the run had to produce some (verify/coverage.h).
+// the run had to produce some (run/coverage.h).
 struct FamilyCount {
   std::string check;
   std::string tensor;

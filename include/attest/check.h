@@ -19,6 +19,12 @@ struct CheckOptions {
   std::string only_check;       // run only this check's rows ("" every check)
   std::string failure_dir;      // failing cases saved here as *.case.json ("" not saved)
   int threads = 0;              // oracle threads (0: all cores)
+  std::string oracle_device = "auto";  // where the float64 oracle runs: auto, cpu, cuda
+  double time_budget_s = 0;     // wall-time budget of the suite (0: none)
+  // The coverage guard, as `attest check` applies it: a run that leaves accuracy of o or lse
+  // unjudged or skips more than this share of its rows fails, unless allow_skips.
+  double max_skipped = 0.8;
+  bool allow_skips = false;
 };
 
 // One verdict: a check's judgment of one tensor on one case.
@@ -38,6 +44,9 @@ struct CheckResult {
   std::vector<CheckVerdict> verdicts;  // in diagnosis order: the first failure names the bug
   int skipped_rows = 0;                // rows outside the kernel's capabilities or not applicable
   double seconds = 0;
+  // The JSON report (docs/report.schema.json), byte for byte what `attest check --json` writes
+  // for the same kernel, suite, seed and options ("" when exit_code is 2).
+  std::string json;
 
   bool passed() const { return exit_code == 0; }
   std::vector<CheckVerdict> failures() const;
@@ -46,9 +55,10 @@ struct CheckResult {
   std::string Summary() const;
 };
 
-// Runs `options.suite` against the kernel `kernel_spec`. Never throws for what the kernel
-// does (a crash, a refusal, a wrong value: verdicts); an unknown kernel or suite is
-// exit_code 2 with `error` naming it.
+// Runs `options.suite` against the kernel `kernel_spec`: the run of `attest check`, coverage
+// guard included (run/check_run.h). Never throws for what the kernel does (a crash, a
+// refusal, a wrong value: verdicts); an unknown kernel, suite or check is exit_code 2 with
+// `error` naming it.
 CheckResult RunChecks(const std::string& kernel_spec, const CheckOptions& options = {});
 
 }  // namespace attest

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "kernels/plugin/plugin.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

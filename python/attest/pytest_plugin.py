@@ -42,7 +42,7 @@ class SuiteCollector(pytest.Collector):
             seen[base] = seen.get(base, 0) + 1
             name = base if seen[base] == 1 else f"{row['check']}[{row['label']} #{seen[base]}]"
             yield SuiteItem.from_parent(self, name=name, row=row)
-        # The coverage guard judges the run as a whole (verify/coverage.h).
+        # The coverage guard judges the run as a whole (run/coverage.h).
         yield SuiteItem.from_parent(self, name="coverage", row=None)
 
     def verdicts_for(self, item):

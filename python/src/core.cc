@@ -32,15 +32,15 @@
 #include "kernels/kernel.h"
 #include "reference/dtype.h"
 #include "reference/problem/problem.h"
-#include "tools/attest/build_info.h"
-#include "tools/attest/check_run.h"
+#include "run/build_info.h"
+#include "run/check_run.h"
 #include "tools/attest/command.h"
 #include "tools/attest/cli_main.h"
-#include "verify/coverage.h"
+#include "run/coverage.h"
 #include "verify/exit_codes.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -285,8 +285,8 @@ struct CheckRun {
   std::string note;  // why a CUDA kernel's oracle ran on the CPU (empty: nothing to say)
 };
 
-// `attest check` (tools/attest/cmd_check.cc RunCheck) as values: the same validation and run
-// (tools/attest/check_run.h), the same report writers; `display_spec` is the kernel as
+// `attest check` (tools/attest/cmd_check.cc RunCheck) as values: the same request, validation
+// and run (run/check_run.h), the same report writers; `display_spec` is the kernel as
 // reports and repro lines name it.
 CheckRun Check(const std::string& spec, const std::string& display_spec,
                const std::string& suite_name, uint64_t seed, const std::string& only_check,
@@ -299,13 +299,25 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
     out.error = std::move(why);
     return out;
   };
-  const Suite* suite = nullptr;
-  CoveragePolicy policy;
+  CheckRequest request;
+  request.kernel_spec = display_spec;
+  request.suite = suite_name;
+  request.seed = seed;
+  request.only_check = only_check;
+  if (failure_dir) request.failure_dir = *failure_dir;
+  request.threads = threads;
+  request.oracle_device = oracle_device;
+  request.time_budget_s = time_budget_s;
+  request.max_skipped = max_skipped;
+  request.allow_skips = allow_skips;
+  request.progress = [](const RunOptions::Progress&) {
+    nb::gil_scoped_acquire gil;
+    if (g_python_stop || PyErr_CheckSignals() != 0) throw StopRequested();
+  };
+  const CheckFieldNames fields{"suite", "check", "max_skipped", "oracle_device"};
   try {
-    suite = &cli::SuiteNamed(suite_name, "suite");
-    cli::RequireCheck(only_check, "check");
-    policy = cli::CoverageFor(max_skipped, allow_skips, "max_skipped");
-  } catch (const cli::UsageError& e) {
+    ValidateCheckNames(request, fields);
+  } catch (const UsageError& e) {
     return usage(e.what());
   }
   std::unique_ptr<Kernel> kernel;
@@ -315,27 +327,18 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
     if (!made.ok()) return usage(made.error().message);
     kernel = std::move(made).value();
   }
-  RunOptions ro;
-  ro.kernel_spec = display_spec;
-  ro.seed = seed;
-  if (failure_dir) ro.failure_dir = *failure_dir;
-  ro.oracle.threads = threads;
+  PreparedCheck prepared;
   try {
-    ro.cuda_oracle = cli::OracleDeviceFor(oracle_device, *kernel, "oracle_device", &out.note);
-  } catch (const cli::UsageError& e) {
+    prepared = PrepareCheck(request, *kernel, fields);
+  } catch (const UsageError& e) {
     return usage(e.what());
   }
-  ro.only_check = only_check;
-  ro.time_budget_s = time_budget_s;
-  ro.progress = [](const RunOptions::Progress&) {
-    nb::gil_scoped_acquire gil;
-    if (g_python_stop || PyErr_CheckSignals() != 0) throw StopRequested();
-  };
+  out.note = prepared.oracle_note;
   g_python_stop = false;
   std::optional<Expected<RunResult>> result;
   try {
     nb::gil_scoped_release release;
-    result.emplace(cli::RunCheckSuite(*kernel, *suite, ro, policy));
+    result.emplace(RunCheckSuite(*kernel, *prepared.suite, prepared.options, prepared.policy));
     kernel.reset();
   } catch (const StopRequested&) {
     { nb::gil_scoped_release release; kernel.reset(); }
@@ -345,7 +348,7 @@ CheckRun Check(const std::string& spec, const std::string& display_spec,
   if (!result->ok()) return usage(result->error().message);
   const Report& report = (*result)->report;
   out.exit_code = report.passed() ? kExitPass : kExitFinding;
-  out.json = ToJson(report).dump(2);
+  out.json = ToJsonText(report);
   out.junit = ToJUnitXml(report);
   out.markdown = ToMarkdown(report);
   out.console = ToConsole(report, verbose ? Verbosity::kVerbose : Verbosity::kDefault);
@@ -359,8 +362,8 @@ std::vector<nb::dict> SuiteRows(const std::string& suite_name, const std::string
                                 uint64_t seed) {
   const Suite* suite = nullptr;
   try {
-    suite = &cli::SuiteNamed(suite_name, "suite");
-  } catch (const cli::UsageError& e) {
+    suite = &SuiteNamed(suite_name, "suite");
+  } catch (const UsageError& e) {
     throw std::invalid_argument(e.what());
   }
   nlohmann::json j = nlohmann::json::parse(caps_json, nullptr, false);
@@ -398,8 +401,8 @@ int RunCli(const std::vector<std::string>& args, bool own_process) {
 NB_MODULE(_core, m) {
   using namespace attest;
   m.doc() = "attest's C++ library: suites, reports, the command line (python/src/core.cc)";
-  m.attr("version") = std::string(cli::AttestVersion());
-  m.attr("commit") = std::string(cli::AttestCommit());
+  m.attr("version") = std::string(AttestVersion());
+  m.attr("commit") = std::string(AttestCommit());
 
   nb::class_<CheckRun>(m, "CheckRun")
       .def_ro("exit_code", &CheckRun::exit_code)

@@ -16,7 +16,7 @@ struct CaseInputs {
 
 Expected<CaseInputs> MakeCaseInputs(const Case& c);
 
-// The seed of the perturbations the checks draw for a case (verify/run.cc), so that a saved
+// The seed of the perturbations the checks draw for a case (run/run.cc), so that a saved
 // case reproduces them: its generator's seed, or for a case with input files the first eight
 // bytes of the SHA-256 of its canonical text (reference/golden/sha256.h ContentHash64), the
 // same under every compiler and standard library (tools/portability checks it under libc++).

@@ -14,7 +14,7 @@
 
 #include "kernels/exec/children.h"
 #include "reference/names.h"
-#include "tools/attest/build_info.h"
+#include "run/build_info.h"
 #include "tools/attest/command.h"
 
 namespace attest::cli {

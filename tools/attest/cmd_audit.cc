@@ -13,11 +13,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "tools/attest/check_run.h"
+#include "run/check_run.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
-#include "verify/audit/audit.h"
-#include "verify/audit/render.h"
+#include "run/audit/audit.h"
+#include "run/audit/render.h"
 #include "verify/report.h"
 
 namespace attest::cli {

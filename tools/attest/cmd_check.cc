@@ -3,7 +3,7 @@
 // (docs/design.md "CLI contract"): the merge gate. A progress line on stderr while it runs; then on
 // stdout the failures in full, one summary table (check x tensor) and the verdict line last (-v:
 // every verdict and skipped row; --quiet: the verdict line alone). The coverage guard
-// (verify/coverage.h) fails a run that left a required family unjudged or skipped too many rows,
+// (run/coverage.h) fails a run that left a required family unjudged or skipped too many rows,
 // unless --allow-skips. Reports are written also when the run cannot finish (exit 2: the report
 // says why). Exit 0 all pass, 1 any failure (kernel errors, refusals of claimed features and
 // coverage included), 2 bad usage, an unknown kernel or an infrastructure error. --time-budget
@@ -16,14 +16,14 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/builtin.h"
-#include "tools/attest/build_info.h"
-#include "tools/attest/check_run.h"
+#include "run/build_info.h"
+#include "run/check_run.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
-#include "verify/coverage.h"
+#include "run/coverage.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace attest::cli {
 namespace {
@@ -58,8 +58,7 @@ void WriteReports(const CheckCliOptions& opt, const Report& report) {
     if (path.empty()) return;
     if (Status s = WriteTextFile(path, text); !s.ok()) throw ReportWriteError(s.error().message);
   };
-  write(opt.json, ToJson(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
-                      "\n");
+  write(opt.json, ToJsonText(report));
   write(opt.junit, ToJUnitXml(report));
   write(opt.markdown, ToMarkdown(report));
 }
@@ -76,7 +75,19 @@ Report EmptyReport(const CheckCliOptions& opt) {
 
 int RunCheck(const CheckCliOptions& opt) {
   if (opt.verbose && opt.quiet) throw UsageError("-v and --quiet exclude each other");
-  const CoveragePolicy policy = CoverageFor(opt.max_skipped, opt.allow_skips, "--max-skipped");
+  CheckRequest request;
+  request.kernel_spec = opt.kernel;
+  request.suite = opt.suite;
+  request.seed = opt.seed;
+  request.only_check = opt.only_check;
+  request.failure_dir = opt.out;
+  request.threads = opt.threads;
+  request.oracle_device = opt.oracle_device;
+  if (opt.time_budget_s > 0) request.time_budget_s = opt.time_budget_s;
+  request.timings = opt.timings;
+  request.max_skipped = opt.max_skipped;
+  request.allow_skips = opt.allow_skips;
+  ValidateCheckNames(request);
   // Before the run, not when the first failing case is saved.
   if (std::error_code ec; std::filesystem::exists(opt.out, ec) &&
                           !std::filesystem::is_directory(opt.out, ec)) {
@@ -84,28 +95,18 @@ int RunCheck(const CheckCliOptions& opt) {
   }
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
-  const Suite& suite = SuiteNamed(opt.suite, "--suite");
-  RequireCheck(opt.only_check, "--check");
-  RunOptions ro;
-  ro.kernel_spec = opt.kernel;
-  ro.seed = opt.seed;
-  ro.failure_dir = opt.out;
-  ro.oracle.threads = opt.threads;
-  std::string note;
-  ro.cuda_oracle = OracleDeviceFor(opt.oracle_device, **kernel, "--oracle-device", &note);
-  if (!note.empty() && !opt.quiet) std::cerr << "attest check: " << note << "\n";
-  ro.only_check = opt.only_check;
-  ro.timings = opt.timings;
   ProgressLine progress(
       ProgressLine::Detect(fmt::format("check {} {}", opt.kernel, opt.suite), opt.quiet));
-  ro.progress = [&](const RunOptions::Progress& p) {
+  request.progress = [&](const RunOptions::Progress& p) {
     progress.Update(static_cast<int64_t>(p.done), static_cast<int64_t>(p.total),
                     fmt::format("rows, {} failing verdict{}; {}", p.failures,
                                 p.failures == 1 ? "" : "s", p.what));
   };
-  if (opt.time_budget_s > 0) ro.time_budget_s = opt.time_budget_s;
-
-  auto result = RunCheckSuite(**kernel, suite, ro, policy);
+  const PreparedCheck prepared = PrepareCheck(request, **kernel);
+  if (!prepared.oracle_note.empty() && !opt.quiet) {
+    std::cerr << "attest check: " << prepared.oracle_note << "\n";
+  }
+  auto result = RunCheckSuite(**kernel, *prepared.suite, prepared.options, prepared.policy);
   progress.Finish();
   if (!result.ok()) throw UsageError(result.error().message);
   Report& report = result->report;

@@ -9,8 +9,8 @@
 #include "reference/case/case_file.h"
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
-#include "tools/attest/build_info.h"
-#include "tools/attest/check_run.h"
+#include "run/build_info.h"
+#include "run/check_run.h"
 #include "tools/attest/command.h"
 #include "verify/compare.h"
 #include "verify/report.h"
@@ -78,7 +78,7 @@ int RunCompare(const CompareCliOptions& opt) {
   }
   std::cout << ToConsole(report);
   WriteOrThrow(opt.json,
-               ToJson(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+               ToJsonText(report));
   WriteOrThrow(opt.junit, ToJUnitXml(report));
   WriteOrThrow(opt.markdown, ToMarkdown(report));
   return report.passed() ? kExitPass : kExitFinding;

@@ -13,13 +13,13 @@
 #include <regex>
 
 #include "kernels/builtin.h"
-#include "property_tests/fuzz.h"
+#include "run/fuzz.h"
 #include "reference/case/case_file.h"
 #include "reference/data/generate.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
 #include "verify/report.h"
-#include "verify/suite.h"
+#include "run/suite.h"
 
 namespace attest::cli {
 namespace {

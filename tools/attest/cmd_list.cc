@@ -2,7 +2,7 @@
 // knows. The JSON form of `kernels` is an array of {name, description, capabilities}, where
 // capabilities is the exec protocol's `capabilities` object (docs/design.md).
 // `attest list suites --coverage --kernel K [--suite S]`: which claimed feature pairs and
-// length boundaries each suite reaches for kernel K (verify/suite_coverage.h).
+// length boundaries each suite reaches for kernel K (run/suite_coverage.h).
 #include <iostream>
 
 #include <fmt/format.h>
@@ -13,11 +13,11 @@
 #include "reference/formats/quantize.h"
 #include "reference/recipes/recipe.h"
 #include "reference/recipes/recipe_json.h"
-#include "tools/attest/check_run.h"
+#include "run/check_run.h"
 #include "tools/attest/command.h"
 #include "verify/checks/check.h"
-#include "verify/suite_coverage.h"
-#include "verify/suite.h"
+#include "run/suite_coverage.h"
+#include "run/suite.h"
 #include "verify/tolerance.h"
 
 namespace attest::cli {

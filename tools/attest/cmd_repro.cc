@@ -16,10 +16,10 @@
 #include "reference/case/inputs.h"
 #include "reference/io/safetensors.h"
 #include "reference/oracle/oracle.h"
-#include "tools/attest/check_run.h"
+#include "run/check_run.h"
 #include "tools/attest/command.h"
 #include "verify/report.h"
-#include "verify/run.h"
+#include "run/run.h"
 
 namespace attest::cli {
 namespace {

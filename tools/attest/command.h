@@ -13,15 +13,14 @@
 #include <CLI/CLI.hpp>
 
 #include "reference/status.h"
+#include "run/usage_error.h"
 #include "verify/exit_codes.h"
 
 namespace attest::cli {
 
-// Bad input from the user or the environment: printed as "attest <cmd>: <message>",
-// exit code 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// Bad input from the user or the environment (run/usage_error.h): printed as
+// "attest <cmd>: <message>", exit code 2.
+using ::attest::UsageError;
 
 // Numeric options parsed strictly: the whole word must be a number of the option's type
 // inside [min, max] (std::from_chars: no sign on unsigned options, no blanks, no trailing

@@ -1,5 +1,8 @@
-# ctest layering_test: folders depend one way (docs/design.md "Layers"). reference/ includes no
-# layer above it; inside it, reference/problem/ includes neither reference/data/ nor
+# ctest layering_test: folders depend one way (docs/design.md "Layers"). The table at the end
+# lists, for every folder of code, the folders above it that it must not include: reference ->
+# kernels -> verify -> run -> property_tests / tools -> python, with bench/, golden/ and the
+# public headers of include/ beside them. Tests (files named *_test.*, test data) sit above
+# every library and may include any layer (EXCEPT_TESTS). Inside reference/, reference/problem/ includes neither reference/data/ nor
 # reference/case/, and reference/data/ does not include reference/case/ (a case is a problem
 # plus the generator that fills it); kernels/device/ (the CUDA and HIP adapters) includes
 # nothing of kernels/plugin/ (the C ABI loader above it), also not the ABI header under its
@@ -12,12 +15,13 @@ if(NOT ROOT OR NOT IS_DIRECTORY "${ROOT}")
 endif()
 set(violations 0)
 
-# forbid(FOLDER [INCLUDES_ONLY] PREFIXES...): no file under FOLDER may include a path starting
-# with a PREFIX (quoted includes are resolved against the including file's folder first, then
-# the source root, which is the project's include path), and no CMake file there may name one
-# (unless INCLUDES_ONLY: test data may live anywhere).
+# forbid(FOLDER [INCLUDES_ONLY] [EXCEPT_TESTS] PREFIXES...): no file under FOLDER may include a
+# path starting with a PREFIX (quoted includes are resolved against the including file's folder
+# first, then the source root, which is the project's include path), and no CMake file there
+# may name one (unless INCLUDES_ONLY: test data may live anywhere). EXCEPT_TESTS: test sources
+# (*_test.*, *_props_test.*, anything under a testdata/ folder) are not read.
 function(forbid folder)
-  cmake_parse_arguments(F "INCLUDES_ONLY" "" "PREFIXES" ${ARGN})
+  cmake_parse_arguments(F "INCLUDES_ONLY;EXCEPT_TESTS" "" "PREFIXES" ${ARGN})
   set(prefixes ${F_PREFIXES})
   if(NOT IS_DIRECTORY "${ROOT}/${folder}")
     message(SEND_ERROR "${folder}: no such folder (moved? update tools/layering)")
@@ -39,6 +43,10 @@ function(forbid folder)
        "${ROOT}/${folder}/CMakeLists.txt" "${ROOT}/${folder}/*.cmake")
   if(F_INCLUDES_ONLY)
     set(cmake_files)
+  endif()
+  list(FILTER cmake_files EXCLUDE REGEX "^tools/layering/")  # this table names every folder
+  if(F_EXCEPT_TESTS)
+    list(FILTER sources EXCLUDE REGEX "(_test\\.[a-z]+$|/testdata/)")
   endif()
   list(LENGTH sources n_sources)
   list(LENGTH cmake_files n_cmake)
@@ -86,7 +94,19 @@ function(forbid folder)
   set(violations ${total} PARENT_SCOPE)
 endfunction()
 
-forbid(reference INCLUDES_ONLY PREFIXES kernels/ verify/ property_tests/ tools/ python/)
+# The table: each folder of code and the folders above it.
+set(above_reference kernels/ verify/ run/ property_tests/ tools/ python/ bench/ golden/)
+forbid(reference INCLUDES_ONLY PREFIXES ${above_reference})
+forbid(kernels EXCEPT_TESTS PREFIXES verify/ run/ property_tests/ tools/ python/ bench/)
+forbid(verify EXCEPT_TESTS PREFIXES run/ property_tests/ tools/ python/ bench/)
+forbid(run EXCEPT_TESTS PREFIXES property_tests/ tools/ python/ bench/)
+forbid(property_tests EXCEPT_TESTS PREFIXES tools/ python/ bench/)
+forbid(tools EXCEPT_TESTS PREFIXES python/ bench/)
+forbid(python EXCEPT_TESTS PREFIXES bench/)
+forbid(bench PREFIXES tools/ python/ property_tests/)
+forbid(golden EXCEPT_TESTS PREFIXES kernels/ verify/ run/ property_tests/ tools/ python/ bench/)
+# The installed public headers depend on the C++ standard library (and GoogleTest) only.
+forbid(include PREFIXES reference/ kernels/ verify/ run/ property_tests/ tools/ python/ bench/)
 forbid(reference/problem PREFIXES reference/data/ reference/case/)
 forbid(reference/data PREFIXES reference/case/)
 forbid(kernels/device PREFIXES kernels/plugin/ attest/attest_kernel.h)

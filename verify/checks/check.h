@@ -88,7 +88,7 @@ struct HarnessError : InfrastructureError {
 // there is none. It ranks first in the diagnosis order, and runners keep one per case
 // (run.h), however many checks of the case called the kernel.
 inline constexpr std::string_view kKernelErrorCheck = "kernel-error";
-// The verdict class of the coverage guard (verify/coverage.h): what a run did not judge. It
+// The verdict class of the coverage guard (run/coverage.h): what a run did not judge. It
 // ranks last: every finding about the kernel itself comes first.
 inline constexpr std::string_view kCoverageCheck = "coverage";
 

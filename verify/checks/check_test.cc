@@ -19,8 +19,8 @@
 #include "reference/formats/format.h"
 #include "verify/checks/check.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

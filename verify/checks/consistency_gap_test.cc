@@ -18,7 +18,7 @@
 #include "kernels/mutants/mutants.h"
 #include "reference/case/inputs.h"
 #include "verify/checks/consistency.h"
-#include "verify/suite.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

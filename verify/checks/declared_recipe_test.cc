@@ -25,8 +25,8 @@
 #include "verify/checks/consistency.h"
 #include "verify/checks/recipe_test_kernels.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

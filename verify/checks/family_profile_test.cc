@@ -30,8 +30,8 @@
 #include "verify/checks/check.h"
 #include "verify/checks/recipe_test_kernels.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 #include "verify/term_scale.h"
 #include "verify/tolerance.h"
 
@@ -232,7 +232,7 @@ TEST(FamilyProfile, DISABLED_SurveyCorrectModelsOnTheGate) {
   }
 }
 
-// A random problem inside `caps` (the draw of verify/tolerance_sweep.cc RandomCase: bf16, B
+// A random problem inside `caps` (the draw of run/tolerance_sweep.cc RandomCase: bf16, B
 // 1-2, Hkv 1-2 with GQA up to 4:1, Sq, Sk 1-200, D from the head dims up to 128, none / causal
 // / window / softcap / ALiBi), with its data drawn from one of five generators: N(0, 1),
 // outlier channels x20, Student-t 3, per-token scales over 4 decades, peaked logits.

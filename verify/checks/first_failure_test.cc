@@ -16,8 +16,8 @@
 #include "kernels/mutants/mutants.h"
 #include "verify/checks/check.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

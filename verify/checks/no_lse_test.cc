@@ -11,8 +11,8 @@
 #include "kernels/builtin.h"
 #include "kernels/no_lse_test_kernel.h"
 #include "verify/report.h"
-#include "verify/run.h"
-#include "verify/suite.h"
+#include "run/run.h"
+#include "run/suite.h"
 
 namespace attest {
 namespace {

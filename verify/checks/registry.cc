@@ -18,7 +18,7 @@ namespace {
 // and why each step sits where it does: a check placed earlier must not fire on a bug that a
 // later one names, and its failure must explain what the later ones would see.
 //  0. kernel-error (check.h kKernelErrorCheck, issued by every check whose kernel call
-//     answered Error, kept once per case by verify/run.h): no output came back, so nothing
+//     answered Error, kept once per case by run/run.h): no output came back, so nothing
 //     after it could be judged on that call. A TypeError in an adapter is this, not an
 //     unwritten output.
 //  1. unwritten-outputs: an element still holding the harness's poison was never written;
@@ -57,7 +57,7 @@ namespace {
 //     they all hand the kernel fresh contiguous tensors.
 // 11. honesty: refusing a claimed feature, or answering an unclaimed one wrongly (inside the
 //     capabilities, a wrong answer is already an accuracy failure).
-// 12. coverage (check.h kCoverageCheck, verify/coverage.h): the run left a required family
+// 12. coverage (check.h kCoverageCheck, run/coverage.h): the run left a required family
 //     unjudged or skipped too many rows. It says nothing about the kernel's numbers, so
 //     every finding above names the bug first.
 std::vector<CheckInfo> BuildChecks() {

@@ -10,7 +10,7 @@
 if(NOT CLANG OR NOT BUNDLER OR NOT LLD)
   message("SKIP: HIP device code not compiled: clang++-19 / ld.lld-19 / clang-offload-bundler-19 "
           "not all found (clang=${CLANG} lld=${LLD} bundler=${BUNDLER}); "
-          "tools/bootstrap installs clang-19 lld-19 clang-tools-19")
+          "the repository's bootstrap script installs clang-19 lld-19 clang-tools-19")
   return()  # ctest marks the test skipped on this line (SKIP_REGULAR_EXPRESSION)
 endif()
 set(flags -x hip --cuda-device-only -nogpulib -nogpuinc -O3 -std=c++20 -Wall -Wextra -Werror
