@@ -1,1 +1,0 @@
-attest check --suite gate --seed 0 --check gqa-mha --kernel 'exec:LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib PYTHONPATH=/root/attest-stash/site:/root/attest-stash/site/nvidia_cutlass_dsl/dsl_packages /opt/torch/.venv/bin/python3 tools/workers/torch_worker.py --backend cudnn-fp8 --dtype bf16 --device cuda --fp8-scaling current --fp8-output e4m3 --fp8-grads e4m3'

@@ -1,1 +1,0 @@
-attest check --suite long --seed 0  --kernel 'exec:LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib PYTHONPATH=/root/attest-stash/site:/root/attest-stash/site/nvidia_cutlass_dsl/dsl_packages /opt/torch/.venv/bin/python3 tools/workers/torch_worker.py --backend sdpa-flash --dtype bf16 --device cuda'
