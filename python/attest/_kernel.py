@@ -67,11 +67,19 @@ class Bridge:
         _live[self.key] = self
 
     def _in(self, x):
-        """attest's tensor on the kernel's device. A copy: a kernel that writes its inputs
+        """attest's tensor on the kernel's device, with the strides attest gave it (a view of
+        the layouts check, python/src/core.cc ToPython). A copy: a kernel that writes its inputs
         cannot change the harness's (torch.from_dlpack itself shares the memory)."""
         if x is None:
             return None
-        return self.torch.from_dlpack(x).to(self.device, copy=True)
+        t = self.torch.from_dlpack(x)
+        if t.is_contiguous() or t.numel() == 0:
+            return t.to(self.device, copy=True)
+        # Tensor.to keeps the strides of dense tensors only: copy the storage it views, then
+        # view the copy the same way.
+        flat = self.torch.empty(0, dtype=t.dtype).set_(t.untyped_storage())
+        return self.torch.as_strided(flat.to(self.device, copy=True), t.shape, t.stride(),
+                                     t.storage_offset())
 
     def _out(self, t, what):
         if t is None:

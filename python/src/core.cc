@@ -83,17 +83,38 @@ std::optional<DType> DTypeOf(nb::dlpack::dtype t) {
 }
 
 // A read-only DLPack view of `t` (nanobind's ndarray object: torch.from_dlpack and
-// numpy.from_dlpack take it). Its capsule holds a Tensor sharing t's storage.
+// numpy.from_dlpack take it). Its capsule holds a Tensor sharing t's storage. A view attest
+// does not own (the layouts check's slices, transposes and head slices with gaps,
+// verify/checks/layouts.h) keeps its strides: the bytes it spans are copied, gaps included,
+// and the array views that copy as `t` views its storage, so that a Python kernel is handed
+// the layout a model would hand it (declared by Capabilities::strides; a contiguous copy
+// would hide a kernel that ignores strides).
 nb::object ToPython(const Tensor& t) {
   if (!t.defined()) return nb::none();
-  auto* keep = new Tensor(t.owning() ? t : t.Clone());
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  const auto dl = DlpackOf(t.dtype());
+  if (!dl) throw std::runtime_error("tensor dtype without a DLPack code: " + t.Describe());
+  int64_t last = 0;  // the largest element offset the view reaches
+  bool strided = !t.owning() && !t.contiguous() && t.numel() > 0;
+  for (size_t i = 0; strided && i < shape.size(); ++i) {
+    if (strides[i] < 0) strided = false;  // not a layout the checks make: copied contiguous
+    last += static_cast<int64_t>(shape[i] - 1) * strides[i];
+  }
+  Tensor* keep = nullptr;
+  std::byte* data = nullptr;
+  if (strided) {
+    keep = new Tensor(Tensor::Zeros(t.dtype(), Shape{last + 1}));
+    std::memcpy(keep->bytes(), t.bytes(), static_cast<size_t>(keep->nbytes()));
+    data = keep->bytes();
+  } else {
+    keep = new Tensor(t.owning() ? t : t.Clone());
+    data = keep->bytes();
+    strides.assign(keep->strides().begin(), keep->strides().end());
+  }
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
-  std::vector<size_t> shape(keep->shape().begin(), keep->shape().end());
-  std::vector<int64_t> strides(keep->strides().begin(), keep->strides().end());
-  const auto dl = DlpackOf(keep->dtype());
-  if (!dl) throw std::runtime_error("tensor dtype without a DLPack code: " + keep->Describe());
-  nb::ndarray<nb::ro> array(keep->bytes(), shape.size(), shape.data(), owner, strides.data(),
-                            *dl, nb::device::cpu::value);
+  nb::ndarray<nb::ro> array(data, shape.size(), shape.data(), owner, strides.data(), *dl,
+                            nb::device::cpu::value);
   return nb::cast(array, nb::rv_policy::reference);
 }
 

@@ -26,6 +26,19 @@ def sdpa_scale_bug(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_
                       enable_gqa)
 
 
+def strides_ignored(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The seeded bug of a kernel that assumes contiguous inputs: it reads each tensor's
+    storage with row-major strides, whatever strides it was handed (FlashAttention #2665's
+    class)."""
+    def dense(x):
+        strides, n = [], 1
+        for size in reversed(x.shape):
+            strides.insert(0, n)
+            n *= size
+        return torch.as_strided(x, x.shape, strides, x.storage_offset())
+    return eager_sdpa(dense(q), dense(k), dense(v), attn_mask, is_causal, scale, enable_gqa)
+
+
 def raises(q, k, v, **kw):
     raise RuntimeError("deliberate failure in the kernel")
 

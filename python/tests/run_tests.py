@@ -151,6 +151,17 @@ def main():
                not caps["window"], f"api=flash_attn: a FlashAttention-2-style function passes "
                f"the quick suite ({len(fa.verdicts)} verdicts), claims what its signature has")
 
+        # 6b. Layouts in process: attest's views reach the function with their strides
+        # (python/src/core.cc ToPython, Bridge._in); api="sdpa" claims "inner" strides.
+        lay = {n: attest.check(getattr(kt, n), suite="gate", only_check="layouts", **fn_kw)
+               for n in ("eager_sdpa", "strides_ignored")}
+        expect(lay["eager_sdpa"].passed and len(lay["eager_sdpa"].verdicts) > 10,
+               f"layouts in process: eager_sdpa passes ({len(lay['eager_sdpa'].verdicts)} "
+               f"verdicts)")
+        bad = lay["strides_ignored"].failures
+        expect(bad and all(v.check == "layouts" for v in bad),
+               f"layouts in process: a function that ignores strides fails ({len(bad)} verdicts)")
+
         # 7. The command line in process: fuzz, oracle, list.
         expect(attest.fuzz("mutant/causal-top-left", cases=30, out=os.path.join(tmp, "fz"),
                            quiet=True) == 1, "attest.fuzz finds the mutant (exit 1)")

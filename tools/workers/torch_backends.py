@@ -63,6 +63,7 @@ class SdpaMath(Backend):
     no lse ("lse": false) and has no varlen entry and no score hook (no softcap)."""
 
     name = "sdpa-math"
+    input_strides = "any"
     sdp = "MATH"  # the SDPBackend `call` selects
 
     def caps(self):
@@ -113,6 +114,7 @@ class SdpaCallable(SdpaMath):
 
     name = "sdpa-callable"
     sdp = None  # the user's function selects its own
+    input_strides = "inner"  # not the math backend's "any": a user's kernel, as models call it
 
     def __init__(self, args, fn):
         super().__init__(args)
@@ -214,6 +216,8 @@ class SdpaPublic(SdpaMath):
     is_causal is FlashAttention's bottom-right on flash but top-left on memory-efficient; a
     claim cannot say so, so torch_probe.py --njt measures that path on its own
     (docs/gpu-results.md)."""
+
+    input_strides = "inner"  # the fused backends: last dimension contiguous
 
     def __init__(self, args, name):
         super().__init__(args)
@@ -509,6 +513,7 @@ class AttestCallable(Backend):
     function's to read from `problem`; it claims exactly the capabilities it is given."""
 
     name = "attest-callable"
+    input_strides = "contiguous"  # what `caps` says, else attest's contiguous layout
 
     def __init__(self, args, fn, caps):
         super().__init__(args)
@@ -545,6 +550,8 @@ class Runner:
         # runs the float64 oracle on the GPU for a CUDA kernel.
         if str(getattr(backend, "device", "cpu")).startswith("cuda"):
             self.caps["device"] = "cuda"
+        if backend.input_strides != "contiguous":  # the default, not written
+            self.caps.setdefault("strides", backend.input_strides)
         self.caps.update(caps or {})
         # A backend whose API has its own backward entry (cuDNN's FP8 SDPA) calls it itself.
         self.explicit_backward = backward or getattr(backend, "backward", None)

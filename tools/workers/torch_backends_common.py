@@ -248,6 +248,16 @@ class Backend:
     (capabilities "lse": false) or when `need_lse` is false (a backward's recomputation)."""
 
     name = ""
+    # The input layouts the entry point takes (Capabilities::strides, verify/checks/layouts.h):
+    # "inner" (any strides with the last dimension contiguous) for the fused kernels (PyTorch's
+    # flash, memory-efficient and cuDNN backends check it: sdp_utils'
+    # check_last_dim_stride_equals_1; flash_attn: "Input tensor must have contiguous last
+    # dimension"; flex's generated kernels) and for a user's function in SDPA's or
+    # flash_attn's convention, which models call with such views; "any" where the API computes
+    # on any strides (the math backend); "contiguous" where the kernel never sees the caller's
+    # layout (cuDNN's FP8 adapter casts its inputs first) or the caller declares it (attest's
+    # own convention). Runner declares it unless the caller's caps say otherwise.
+    input_strides = "inner"
 
     def __init__(self, args):
         self.args = args

@@ -148,6 +148,8 @@ class CudnnFp8(Backend):
     """cuDNN FP8 SDPA (module docstring). `args.fp8_scaling` is "static" or "current"."""
 
     name = "cudnn-fp8"
+    # Its inputs are cast to E4M3 first: no caller's layout reaches the kernel.
+    input_strides = "contiguous"
 
     def __init__(self, args):
         super().__init__(args)

@@ -57,22 +57,8 @@ class Worker:
         self.device = torch.device(args.device)
         self.runner = tb.Runner(self.backend, json.loads(args.caps) if args.caps else None)
         self.caps = self.runner.caps
-        # The input layouts the entry point takes (Capabilities::strides, verify/checks/
-        # layouts.h), unless the backend or --caps says: the math backend computes on any
-        # strides; the fused kernels (PyTorch's flash, memory-efficient and cuDNN backends,
-        # FlashAttention, flex's generated kernels) need the last dimension contiguous
-        # (sdp_utils' check_last_dim_stride_equals_1; flash_attn's "Input tensor must have
-        # contiguous last dimension"). The worker hands them views as a model would. cuDNN's
-        # FP8 adapter casts its inputs to E4M3 first (torch_backends_cudnn_fp8.py), so the
-        # kernel never sees the caller's layout: it declares none.
-        if self.backend.name == "sdpa-math":
-            strides = "any"
-        elif self.backend.name.startswith("cudnn-fp8"):
-            strides = "contiguous"
-        else:
-            strides = "inner"
-        if strides != "contiguous":
-            self.caps.setdefault("strides", strides)
+        # The input layouts it takes: the backend's input_strides (torch_backends_common.py
+        # Backend), declared by the Runner as for the Python package's in-process route.
 
     def describe(self):
         return f"torch-{self.backend.name}-{self.dtype}", dict(self.caps)
