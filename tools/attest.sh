@@ -3,10 +3,10 @@
 # first use (later calls rebuild incrementally, quietly). Example:
 #   tools/attest.sh list kernels
 # The first call says each phase on stderr as it starts, and the build shows its own [n/N]
-# counter, so that a first run is never silent: the Debian packages (tools/bootstrap
-# --no-venv: the CPU checks of built-in kernels need no PyTorch; the test suite's Python
-# environment is made by the README's second command), the configuration, the build of the
-# CLI alone, then the run. At the end it says how to run attest again.
+# counter, so that a first run is never silent: the Debian packages the CLI's build needs
+# (tools/bootstrap --cli: the CPU checks of built-in kernels need no PyTorch, no test
+# framework; the test suite's packages and Python environment come with the README's second
+# command), the configuration without tests, the build of the CLI alone, then the run. At the end it says how to run attest again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build/default"
@@ -23,13 +23,15 @@ trap untick EXIT
 first=0
 if [[ ! -f "$build/build.ninja" ]]; then
   first=1
-  say "1/3 Debian packages (tools/bootstrap --no-venv; a few minutes when they are missing)"
+  say "1/3 Debian packages the CLI needs (tools/bootstrap --cli; a few minutes when they are" \
+      "missing; the tests' packages and PyTorch come with the README's second command)"
   tick "installing Debian packages"
-  "$root/tools/bootstrap" --no-venv >&2
+  "$root/tools/bootstrap" --cli >&2
   untick
-  say "2/3 configuring the build (cmake --preset default)"
+  say "2/3 configuring the build (cmake --preset default, without tests and benchmarks)"
   tick "configuring"
-  cmake --preset default -S "$root" >/dev/null
+  # The README's test command configures the same folder again with the preset's tests on.
+  cmake --preset default -S "$root" -DATTEST_BUILD_TESTS=OFF -DATTEST_BUILD_BENCH=OFF >/dev/null
   untick
   say "3/3 building the attest CLI (about 4.5 minutes on 2 cores without a compiler cache:" \
       "110 compile steps, [n/N] is ninja's count of them)"
