@@ -33,7 +33,7 @@ if [[ ! -f "$build/build.ninja" ]]; then
   # The README's test command configures the same folder again with the preset's tests on.
   cmake --preset default -S "$root" -DATTEST_BUILD_TESTS=OFF -DATTEST_BUILD_BENCH=OFF >/dev/null
   untick
-  say "3/3 building the attest CLI (about 4.5 minutes on 2 cores without a compiler cache:" \
+  say "3/3 building the attest CLI (about 4 minutes on 2 cores without a compiler cache:" \
       "110 compile steps, [n/N] is ninja's count of them)"
   tick "building"
   if ! cmake --build "$build" --target attest_cli >&2; then
