@@ -3,14 +3,15 @@
 # -save-temps output beside BUNDLE, else compiled here with clang++-19),
 # requires the WMMA instruction, wave32 and no dynamic stack in every kernel, then builds the
 # two-architecture offload bundle the plugin embeds holds both.
-# Run as: cmake -DCLANG=... -DLLD=... -DBUNDLER=... -DSOURCE=... -DROOT=... -DOUT=...
+# Run as: cmake -DCLANG=... -DLLD=... -DBUNDLER=... -DOBJCOPY=... -DSOURCE=... -DROOT=... -DOUT=...
 #         [-DBUNDLE=<the built bundle>] -P this file.
 # Prints "SKIP: …" (ctest's SKIP_REGULAR_EXPRESSION) when the toolchain is missing, saying what
 # to install.
-if(NOT CLANG OR NOT BUNDLER OR NOT LLD)
+if(NOT CLANG OR NOT BUNDLER OR NOT LLD OR NOT OBJCOPY)
   message("SKIP: HIP device code not compiled: clang++-19 / ld.lld-19 / clang-offload-bundler-19 "
-          "not all found (clang=${CLANG} lld=${LLD} bundler=${BUNDLER}); "
-          "the repository's bootstrap script installs clang-19 lld-19 clang-tools-19")
+          "/ llvm-objcopy not all found (clang=${CLANG} lld=${LLD} bundler=${BUNDLER} "
+          "objcopy=${OBJCOPY}); the repository's bootstrap script installs clang-19 lld-19 "
+          "clang-tools-19 llvm-19")
   return()  # ctest marks the test skipped on this line (SKIP_REGULAR_EXPRESSION)
 endif()
 set(flags -x hip --cuda-device-only -nogpulib -nogpuinc -O3 -std=c++20 -Wall -Wextra -Werror
