@@ -20,6 +20,13 @@ tick() {
 }
 untick() { [[ -z $ticker ]] || kill "$ticker" 2>/dev/null || true; ticker=""; }
 trap untick EXIT
+# Python runs its subprocesses with LC_CTYPE=C.UTF-8 where the shell's locale is C or unset
+# (PEP 538), pip's build included, and ccache hashes the locale variables: the CLI is built
+# under the locale pip's build will have, so that `pip install .` reuses its objects
+# (docs/python.md; in a fresh Debian 12 chroot without this it hit none of them).
+if [[ -z ${LC_ALL:-} && ${LC_CTYPE:-${LANG:-C}} =~ ^(C|POSIX)$ ]]; then
+  export LC_CTYPE=C.UTF-8
+fi
 first=0
 if [[ ! -f "$build/build.ninja" ]]; then
   first=1
