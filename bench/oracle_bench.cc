@@ -24,7 +24,7 @@
 #include "reference/oracle/oracle_gemm.h"
 #include "reference/problem/problem.h"
 #include "reference/tensor.h"
-#include "verify/sample.h"
+#include "verify/metrics/sample.h"
 
 namespace attest {
 namespace {
@@ -75,7 +75,7 @@ struct AttentionArgs {
   int64_t heads = 8;
   int64_t tile_q = 0, tile_k = 0;  // 0: AutoTiles (oracle.h)
   bool skip_forward = false;       // time only the fwd+bwd call (tile experiments)
-  // Also time the forward and fwd+bwd on the rows the checks sample (verify/sample.h
+  // Also time the forward and fwd+bwd on the rows the checks sample (verify/metrics/sample.h
   // SampleRows, seed 0, the default budget) beside the whole run.
   bool sampled = false;
 };

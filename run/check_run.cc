@@ -8,7 +8,7 @@
 #include "run/build_info.h"
 #include "reference/names.h"
 #include "verify/checks/check.h"
-#include "verify/tolerance.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 

@@ -3,7 +3,7 @@
 // in run/public_check.cc): one request (CheckRequest), validated the same way (PrepareCheck:
 // names, shares, where the oracle runs), run the same way (RunCheckSuite: RunSuite (run/run.h),
 // the attest that wrote the report, the coverage guard of run/coverage.h), and written as the
-// same JSON text (verify/report.h ToJsonText). run/front_ends_test.sh holds the three to it.
+// same JSON text (verify/report/report.h ToJsonText). run/front_ends_test.sh holds the three to it.
 #pragma once
 
 #include <filesystem>
@@ -19,7 +19,7 @@
 #include "run/run.h"
 #include "run/suite.h"
 #include "run/usage_error.h"
-#include "verify/tolerance.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/kernel.h"
-#include "verify/verdict.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest {
 

@@ -14,8 +14,8 @@
 #include "reference/names.h"
 #include "reference/io/files.h"
 #include "reference/io/json.h"
-#include "verify/repro.h"
-#include "verify/report.h"
+#include "verify/report/repro.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

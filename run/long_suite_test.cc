@@ -1,4 +1,4 @@
-// The long suite and sampled checks (verify/sample.h; docs/checks.md "Sampled rows"), cheaply:
+// The long suite and sampled checks (verify/metrics/sample.h; docs/checks.md "Sampled rows"), cheaply:
 // the suite's rows instantiate and the sampler covers each row's boundaries; a sampled check
 // end to end on short problems passes a correct model and says what it judged; the sampled
 // baseline is bitwise the whole one on the sampled rows. long_suite_mutants_test.cc shows each
@@ -17,9 +17,9 @@
 #include "kernels/builtin.h"
 #include "reference/problem/budget.h"
 #include "reference/problem/mask.h"
-#include "verify/baseline.h"
+#include "verify/tolerance/baseline.h"
 #include "run/run.h"
-#include "verify/sample.h"
+#include "verify/metrics/sample.h"
 #include "run/suite.h"
 
 namespace attest {

@@ -9,8 +9,8 @@
 
 #include "kernels/builtin.h"
 #include "run/check_run.h"
-#include "verify/exit_codes.h"
-#include "verify/report.h"
+#include "verify/report/exit_codes.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

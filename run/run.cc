@@ -11,9 +11,9 @@
 
 #include "kernels/exec/children.h"
 #include "reference/case/inputs.h"
-#include "verify/repro.h"
-#include "verify/report.h"
-#include "verify/tolerance.h"
+#include "verify/report/repro.h"
+#include "verify/report/report.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 namespace {

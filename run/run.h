@@ -19,7 +19,7 @@
 #include "reference/status.h"
 #include "verify/checks/check.h"
 #include "run/suite.h"
-#include "verify/verdict.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest {
 
@@ -32,7 +32,7 @@ struct RunOptions {
   OracleOptions oracle;
   // Set: the float64 oracle runs on the GPU (CheckContext::cuda_oracle); the report says so.
   std::optional<CudaOracleOptions> cuda_oracle;
-  // Cases whose forward costs more multiply-adds than this are sampled (verify/sample.h
+  // Cases whose forward costs more multiply-adds than this are sampled (verify/metrics/sample.h
   // ShouldSample); tests lower it to sample short cases.
   double sample_above = kSampleAboveMacs;
   std::string only_check;  // run only the rows of this check ("" all)

@@ -335,7 +335,7 @@ Problem PackedDocuments(Problem p, const std::vector<int32_t>& long_docs, int32_
 }
 
 // The long suite (docs/checks.md "Sampled rows"; times in docs/long-suite.md): 8k to 128k
-// tokens, sampled (verify/sample.h ShouldSample), forward judged. Heads are few and the 128k
+// tokens, sampled (verify/metrics/sample.h ShouldSample), forward judged. Heads are few and the 128k
 // rows use masks whose visible pairs are modest (a sliding window, packed documents): the CPU
 // models compute the whole attention, and the suite must finish in 10 minutes on 2 cores (a
 // full-causal 128k row cannot: docs/long-suite.md).
@@ -390,7 +390,7 @@ std::vector<Suite> BuildSuites() {
   t.push_back({"full", "gate plus long sequences, head dim 128 and a second set of seeds",
                std::move(full.rows), true, kGateFuzzCases});
   t.push_back({"long",
-               "8k-128k tokens on sampled rows (verify/sample.h), forward judged: causal, "
+               "8k-128k tokens on sampled rows (verify/metrics/sample.h), forward judged: causal, "
                "sliding windows, packed documents of 1-3 tokens and of 16k, GQA, D 64-256, "
                "split-KV shapes (< 10 min for cpu/flash2-bf16 on 2 cores)",
                std::move(long_rows.rows), false, 0, true});

@@ -12,7 +12,7 @@
 //          cases (run/fuzz.h), drawn inside the capabilities; < 5 min for a CPU
 //          model;
 //   full:  gate plus longer sequences, head dim 128 and more seeds;
-//   long:  8k-128k tokens on sampled rows (verify/sample.h), forward judged; not in the
+//   long:  8k-128k tokens on sampled rows (verify/metrics/sample.h), forward judged; not in the
 //          default test run (docs/long-suite.md has its times).
 #pragma once
 

@@ -12,7 +12,7 @@
 
 #include "kernels/builtin.h"
 #include "reference/case/case_file.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

@@ -1,7 +1,7 @@
 // tolerance_sweep: the evidence table of docs/tolerances.md (profiles
 // whose numbers cite their evidence). For every cpu/ low-precision model and each of its
 // tensors it measures the ratio r = max|kernel - oracle| / max|recipe reference - oracle| (the
-// quantity the recipe profiles bound by k; verify/baseline.h RecipeReference*) and the profile
+// quantity the recipe profiles bound by k; verify/tolerance/baseline.h RecipeReference*) and the profile
 // margin (observed / allowed, the accuracy verdict), over the gate suite's accuracy cases
 // (seed 0) and over N random cases (shapes, masks, GQA, softcap, ALiBi drawn from a fixed
 // seed), and prints max and p99 of each as Markdown rows.
@@ -26,10 +26,10 @@
 #include "kernels/models/lowp_models.h"
 #include "reference/case/inputs.h"
 #include "reference/oracle/oracle.h"
-#include "verify/baseline.h"
-#include "verify/metrics.h"
+#include "verify/tolerance/baseline.h"
+#include "verify/metrics/metrics.h"
 #include "run/suite.h"
-#include "verify/tolerance.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 namespace {

@@ -19,7 +19,7 @@ kernel="exec:$python tools/workers/numpy_worker.py"
 rc=$?
 [ "$rc" = 0 ] || { cat "$tmp/quick.log"; fail "numpy worker: quick suite exit $rc, want 0"; }
 grep -q 'numpy_worker.py' "$tmp/quick.json" || fail "the JSON report does not name the kernel"
-"$python" verify/validate_report.py "$tmp/quick.json"; rc=$?  # docs/report.schema.json
+"$python" verify/report/validate_report.py "$tmp/quick.json"; rc=$?  # docs/report.schema.json
 [ "$rc" = 0 ] || [ "$rc" = 77 ] || fail "the JSON report does not validate"
 echo "ok: numpy worker passes the quick suite ($(tail -1 "$tmp/quick.log"))"
 

@@ -97,8 +97,8 @@ Capabilities LowpModel::capabilities() const {
   caps.backward = spec_->no_backward.empty();
   caps.deterministic = true;  // fixed tile order; quantisation is a pure function of the data
   caps.strides = "any";      // the engine reads every input through its strides
-  // verify/tolerance.cc has one profile row per recipe: the bf16 baseline-ratio rule against
-  // the reference implementation of the recipe (verify/baseline.h RecipeReference*;
+  // verify/tolerance/tolerance.cc has one profile row per recipe: the bf16 baseline-ratio rule against
+  // the reference implementation of the recipe (verify/tolerance/baseline.h RecipeReference*;
   // docs/tolerances.md has the measured headroom).
   caps.profile = std::string(spec_->recipe);
   caps.recipe = std::string(spec_->recipe);

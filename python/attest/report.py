@@ -1,6 +1,6 @@
 """The result of attest.check (docs/python.md "Reports"): the verdicts of the JSON report
 (docs/report.schema.json) as objects, and the report's JSON, JUnit, Markdown and console
-forms exactly as `attest check` writes them (the same C++ writers, verify/report.h).
+forms exactly as `attest check` writes them (the same C++ writers, verify/report/report.h).
 """
 
 import json

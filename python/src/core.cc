@@ -37,8 +37,8 @@
 #include "tools/attest/command.h"
 #include "tools/attest/cli_main.h"
 #include "run/coverage.h"
-#include "verify/exit_codes.h"
-#include "verify/report.h"
+#include "verify/report/exit_codes.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

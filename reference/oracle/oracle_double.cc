@@ -211,7 +211,7 @@ class DoubleOracle {
   // (GemmPanels gives every element the same rounding sequence whatever rows share its call,
   // oracle_gemm.h; a row's softmax state sees only the key tiles where it has visible keys, in
   // ascending order, as in its own tile), at a cost in proportion to the rows flagged rather
-  // than to the tiles holding them (every tile holds a sampled boundary row, verify/sample.h).
+  // than to the tiles holding them (every tile holds a sampled boundary row, verify/metrics/sample.h).
   bool GatheredForward() const {
     return options_.query_rows != nullptr && !in_backward_;
   }

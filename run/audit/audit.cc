@@ -25,12 +25,12 @@
 #include "verify/checks/check.h"
 #include "verify/checks/consistency.h"
 #include "verify/checks/noninterference.h"
-#include "verify/metrics.h"
-#include "verify/repro.h"
-#include "verify/report.h"
+#include "verify/metrics/metrics.h"
+#include "verify/report/repro.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
-#include "verify/tolerance.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 

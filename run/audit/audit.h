@@ -25,7 +25,7 @@
 #include "reference/oracle/cuda/oracle_cuda_host.h"
 #include "reference/problem/problem.h"
 #include "reference/status.h"
-#include "verify/verdict.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest {
 

@@ -14,7 +14,7 @@
 
 #include "run/audit/render_internal.h"
 #include "run/audit/svg.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/suite.h"
 
 namespace attest {

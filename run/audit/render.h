@@ -17,7 +17,7 @@ namespace attest {
 // {"tool", "baseline", "passed", "kernels": [{"kernel", "description", "profile", "recipe",
 //  "passed", "failures", "leaks", "seconds", "seed", "plan", "sweeps": {"seqlen", "head_dim",
 //  "distribution"}, "leak_maps", "non_interference", "consistency", "bias", "verdicts"}]}.
-// Non-finite numbers are the strings "inf", "-inf", "nan" (as in verify/report.h).
+// Non-finite numbers are the strings "inf", "-inf", "nan" (as in verify/report/report.h).
 nlohmann::json AuditToJson(std::span<const AuditResult> results);
 std::string AuditToMarkdown(std::span<const AuditResult> results);
 std::string AuditToHtml(std::span<const AuditResult> results);

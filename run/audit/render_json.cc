@@ -1,5 +1,5 @@
 // report.json of `attest audit` (see render.h; docs/audit.md): the same data as the page and
-// the Markdown report, numbers as in verify/report.h.
+// the Markdown report, numbers as in verify/report/report.h.
 #include "run/audit/render.h"
 
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "run/audit/render_internal.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 
 namespace attest {
 namespace {

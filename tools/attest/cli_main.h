@@ -1,6 +1,6 @@
 // The attest command line as a function: the `attest` executable (main.cc) and the Python
 // package (python/src/core.cc, `python -m attest` and attest.cli()) run the same parser and
-// subcommands. Exit codes as verify/exit_codes.h: 0 pass, 1 finding, 2 usage or
+// subcommands. Exit codes as verify/report/exit_codes.h: 0 pass, 1 finding, 2 usage or
 // infrastructure error.
 #pragma once
 

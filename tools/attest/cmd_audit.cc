@@ -18,7 +18,7 @@
 #include "tools/attest/progress.h"
 #include "run/audit/audit.h"
 #include "run/audit/render.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 
 namespace attest::cli {
 namespace {

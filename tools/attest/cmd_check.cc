@@ -21,7 +21,7 @@
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
 #include "run/coverage.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

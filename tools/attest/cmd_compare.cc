@@ -12,8 +12,8 @@
 #include "run/build_info.h"
 #include "run/check_run.h"
 #include "tools/attest/command.h"
-#include "verify/compare.h"
-#include "verify/report.h"
+#include "run/compare.h"
+#include "verify/report/report.h"
 
 namespace attest::cli {
 namespace {

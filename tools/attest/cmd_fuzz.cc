@@ -18,7 +18,7 @@
 #include "reference/data/generate.h"
 #include "tools/attest/command.h"
 #include "tools/attest/progress.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/suite.h"
 
 namespace attest::cli {

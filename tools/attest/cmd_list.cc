@@ -18,7 +18,7 @@
 #include "verify/checks/check.h"
 #include "run/suite_coverage.h"
 #include "run/suite.h"
-#include "verify/tolerance.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest::cli {
 namespace {

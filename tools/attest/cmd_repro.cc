@@ -18,7 +18,7 @@
 #include "reference/oracle/oracle.h"
 #include "run/check_run.h"
 #include "tools/attest/command.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 
 namespace attest::cli {

@@ -1,7 +1,7 @@
 // Subcommand registry of the attest CLI (CLI11 `subcom_in_files` pattern): each cmd_*.cc
 // defines an options struct, a Setup that declares its options on a CLI::App and returns
 // the runner, and registers itself with ATTEST_COMMAND. Runners only call the library and
-// return an exit code (verify/exit_codes.h); they throw UsageError for bad input.
+// return an exit code (verify/report/exit_codes.h); they throw UsageError for bad input.
 #pragma once
 
 #include <functional>
@@ -14,7 +14,7 @@
 
 #include "reference/status.h"
 #include "run/usage_error.h"
-#include "verify/exit_codes.h"
+#include "verify/report/exit_codes.h"
 
 namespace attest::cli {
 

@@ -6,7 +6,8 @@
 # reference/case/, and reference/data/ does not include reference/case/ (a case is a problem
 # plus the generator that fills it); kernels/device/ (the CUDA and HIP adapters) includes
 # nothing of kernels/plugin/ (the C ABI loader above it), also not the ABI header under its
-# installed name <attest/attest_kernel.h>.
+# installed name <attest/attest_kernel.h>. Inside verify/, metrics/ -> tolerance/ -> checks/ ->
+# report/.
 # Reads the #include lines of every C, C++, CUDA and HIP file under each folder (tests too)
 # and the paths its CMake files name outside comments, and prints every forbidden edge as
 # "FILE: the line  (the rule it breaks)". Run as: cmake -DROOT=<source root> -P this file.
@@ -110,6 +111,11 @@ forbid(include PREFIXES reference/ kernels/ verify/ run/ property_tests/ tools/ 
 forbid(reference/problem PREFIXES reference/data/ reference/case/)
 forbid(reference/data PREFIXES reference/case/)
 forbid(kernels/device PREFIXES kernels/plugin/ attest/attest_kernel.h)
+# Inside verify/: metrics -> tolerance (the tolerance model and the Verdict it returns) ->
+# checks -> report (the writers, which order failures by the checks' diagnosis order).
+forbid(verify/metrics EXCEPT_TESTS PREFIXES verify/tolerance/ verify/checks/ verify/report/)
+forbid(verify/tolerance EXCEPT_TESTS PREFIXES verify/checks/ verify/report/)
+forbid(verify/checks EXCEPT_TESTS PREFIXES verify/report/)
 
 if(violations GREATER 0)
   message(FATAL_ERROR "layering: ${violations} forbidden edges (above); docs/design.md "

@@ -2,7 +2,7 @@
 // that must not depend on the compiler or the C++ standard library (docs/design.md "Case files"):
 // the perturbation seed (reference/case/inputs.h CaseSeed), the SHA-256 of the inputs a
 // kernel is given (MakeCaseInputs: q, k, v, dO as float64, in that order), and the name a
-// failing case is saved under (verify/repro.h FailureCaseFileName). One line per file; exit 2
+// failing case is saved under (verify/report/repro.h FailureCaseFileName). One line per file; exit 2
 // on a file that does not load. tools/portability/libcxx_test.sh builds it with GCC and
 // libstdc++ and with clang and libc++ and compares the two outputs.
 #include <cstdio>
@@ -14,7 +14,7 @@
 #include "reference/case/case_file.h"
 #include "reference/case/inputs.h"
 #include "reference/golden/sha256.h"
-#include "verify/repro.h"
+#include "verify/report/repro.h"
 
 int main(int argc, char** argv) {
   using namespace attest;

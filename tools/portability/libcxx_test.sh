@@ -17,9 +17,9 @@ if [[ -z "$clangxx" ]] || ! "$clangxx" -std=c++20 -stdlib=libc++ "$probe" -o "$o
   echo "SKIP: no clang++ that builds against libc++ ($clangxx); tools/bootstrap installs libc++-19-dev"
   exit 77
 fi
-# The sources content_ids.cc reaches (reference/ and verify/repro.cc); fmt header-only, since
+# The sources content_ids.cc reaches (reference/ and verify/report/repro.cc); fmt header-only, since
 # the system's libfmt is built against libstdc++.
-srcs=(tools/portability/content_ids.cc verify/repro.cc reference/golden/sha256.cc
+srcs=(tools/portability/content_ids.cc verify/report/repro.cc reference/golden/sha256.cc
       reference/case/inputs.cc reference/case/case_file.cc reference/problem/problem.cc
       reference/problem/mask.cc reference/problem/budget.cc reference/data/generate.cc
       reference/data/element_stream.cc reference/io/json.cc reference/io/files.cc reference/io/safetensors.cc

@@ -1,5 +1,5 @@
 // The accuracy check (see accuracy.h): the same comparison as `attest compare`
-// (verify/compare.cc), run on a kernel's answers instead of a file.
+// (run/compare.cc), run on a kernel's answers instead of a file.
 #include "verify/checks/accuracy.h"
 
 #include <algorithm>
@@ -11,14 +11,14 @@
 
 #include "reference/formats/format.h"
 #include "reference/recipes/recipe.h"
-#include "verify/baseline.h"
-#include "verify/metrics.h"
-#include "verify/term_scale.h"
+#include "verify/tolerance/baseline.h"
+#include "verify/metrics/metrics.h"
+#include "verify/tolerance/term_scale.h"
 
 namespace attest {
 namespace {
 
-// Sampled cases (verify/sample.h): whether each element of output `name` (o, lse, dq: query
+// Sampled cases (verify/metrics/sample.h): whether each element of output `name` (o, lse, dq: query
 // rows; dk, dv: key rows) belongs to a sampled row.
 std::vector<uint8_t> JudgedElements(const Problem& p, const RowSample& sample,
                                     std::string_view name, const Shape& shape) {
@@ -153,7 +153,7 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     terms = std::move(t).value();
   }
   // The rounding floors of the profile's rounding points (tolerance.h Policy::rounding_floor,
-  // verify/term_scale.h), on the oracle's P, dS and D; dP rounded where the kernel says so.
+  // verify/tolerance/term_scale.h), on the oracle's P, dS and D; dP rounded where the kernel says so.
   std::optional<RoundingFloors> floors;
   if (ctx.profile->needs_rounding_floor()) {
     const Recipe* recipe = FindRecipe(ctx.profile->rounding_recipe);

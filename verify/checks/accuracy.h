@@ -1,6 +1,6 @@
 // The accuracy check (docs/design.md "Checks", first bullet; docs/checks.md): o, lse and,
 // for kernels with a backward, dq, dk, dv against the float64 oracle, judged by the kernel's
-// tolerance profile (baseline ratio with a ULP floor for bf16/f16/f32, verify/tolerance.h),
+// tolerance profile (baseline ratio with a ULP floor for bf16/f16/f32, verify/tolerance/tolerance.h),
 // localised per element; any NaN/Inf where the oracle is finite fails.
 #pragma once
 

@@ -294,7 +294,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   // 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
   // format edges). lse may be -inf exactly where the oracle's is. A sampled case
   // (CheckContext::sample): where the oracle did not compute (NaN), the kernel must be finite
-  // too, except the lse of an empty row (known exactly from the mask, verify/sample.h): the
+  // too, except the lse of an empty row (known exactly from the mask, verify/metrics/sample.h): the
   // oracle of finite inputs is finite there (o a convex combination of v rows, lse a finite
   // log-sum-exp).
   const bool sampled = ctx.sample.has_value();

@@ -17,9 +17,9 @@
 #include "reference/oracle/oracle.h"
 #include "reference/case/case_file.h"
 #include "reference/case/inputs.h"
-#include "verify/sample.h"
-#include "verify/tolerance.h"
-#include "verify/verdict.h"
+#include "verify/metrics/sample.h"
+#include "verify/tolerance/tolerance.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest {
 
@@ -37,7 +37,7 @@ struct CheckContext {
   // row even of a sampled case (checks still judge the sampled rows alone).
   std::optional<CudaOracleOptions> cuda_oracle;
   uint64_t seed = 0;  // for checks that draw their own perturbations
-  // Sampled rows (verify/sample.h; docs/checks.md "Sampled rows"), set by the runner when the
+  // Sampled rows (verify/metrics/sample.h; docs/checks.md "Sampled rows"), set by the runner when the
   // case is sampled (ShouldSample): the oracle then computes only the tiles holding a flagged
   // row or key (NaN elsewhere: not computed), checks judge only the flagged rows, say so in
   // their verdicts ("sampled: N of M query rows, K of L keys") and check the rest of the

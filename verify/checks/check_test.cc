@@ -18,7 +18,7 @@
 #include "reference/recipes/recipe.h"
 #include "reference/formats/format.h"
 #include "verify/checks/check.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

@@ -15,7 +15,7 @@
 #include "reference/oracle/oracle.h"
 #include "reference/problem/mask.h"
 #include "reference/problem/tile_walk.h"
-#include "verify/baseline.h"
+#include "verify/tolerance/baseline.h"
 #include "verify/checks/check.h"
 #include "verify/checks/consistency_internal.h"
 

@@ -19,7 +19,7 @@
 //   recipe-gradient dq/dk/dv  the kernel's gradients against the float64 oracle's backward
 //                at the operands as the recipe quantised them (QuantizeForRecipe on q, k, v),
 //                judged with the kernel's tolerance profile, whose baseline (the bf16 "pt",
-//                or the recipe reference of verify/baseline.h) is measured against the same
+//                or the recipe reference of verify/tolerance/baseline.h) is measured against the same
 //                quantised oracle.
 // A kernel that returns no lse (Capabilities::lse = false) gets no delta verdict; dk-sum,
 // dv-sum and the probe then weight P with the float64 oracle's lse at the recipe's Q·Kᵀ
@@ -39,8 +39,8 @@
 #include "reference/case/inputs.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
-#include "verify/tolerance.h"
-#include "verify/verdict.h"
+#include "verify/tolerance/tolerance.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest {
 

@@ -38,7 +38,7 @@
 #include "reference/problem/mask.h"
 #include "reference/problem/tile_walk.h"
 #include "verify/checks/check.h"
-#include "verify/metrics.h"
+#include "verify/metrics/metrics.h"
 
 namespace attest::consistency_detail {
 namespace {

@@ -17,8 +17,8 @@
 #include "reference/case/inputs.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
-#include "verify/tolerance.h"
-#include "verify/verdict.h"
+#include "verify/tolerance/tolerance.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest::consistency_detail {
 

@@ -6,9 +6,9 @@
 #include <limits>
 
 #include "reference/oracle/oracle.h"
-#include "verify/baseline.h"
-#include "verify/metrics.h"
-#include "verify/term_scale.h"
+#include "verify/tolerance/baseline.h"
+#include "verify/metrics/metrics.h"
+#include "verify/tolerance/term_scale.h"
 
 namespace attest::consistency_detail {
 

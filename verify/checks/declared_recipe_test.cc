@@ -24,7 +24,7 @@
 #include "verify/checks/check_test_kernels.h"
 #include "verify/checks/consistency.h"
 #include "verify/checks/recipe_test_kernels.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

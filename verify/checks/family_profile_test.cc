@@ -1,5 +1,5 @@
 // Kernels that declare only a low-precision family profile ("fp8", "mxfp8", "nvfp4";
-// verify/tolerance.cc) and no recipe: correct CPU models (kernels/models/lowp_models.h, and
+// verify/tolerance/tolerance.cc) and no recipe: correct CPU models (kernels/models/lowp_models.h, and
 // MXFP8 models of declared FLOOR / RCEIL recipes as in declared_recipe_test.cc) wrapped to
 // report the family profile alone must pass; seeded bugs (kernels/mutants/) wrapped the same
 // way must still fail accuracy. The survey (disabled by default; run with
@@ -29,11 +29,11 @@
 #include "reference/recipes/recipe_json.h"
 #include "verify/checks/check.h"
 #include "verify/checks/recipe_test_kernels.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
-#include "verify/term_scale.h"
-#include "verify/tolerance.h"
+#include "verify/tolerance/term_scale.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 namespace {
@@ -112,7 +112,7 @@ std::string FamilyOf(const MutantSpec& spec) {
   return "mxfp8";
 }
 
-// The element errors of the mxfp8 row (verify/tolerance.cc): a block whose amax is just below
+// The element errors of the mxfp8 row (verify/tolerance/tolerance.cc): a block whose amax is just below
 // a power of two saturates under OCP FLOOR scales by almost 1/8 of the value, above E4M3's RNE
 // 2^-4 (so 2^-4 alone would be too small) and never beyond 1/8; RCEIL stays within 2^-4.
 TEST(FamilyProfile, MxFloorSaturationIsTheEighthOfTheMxfp8Row) {

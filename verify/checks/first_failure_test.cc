@@ -15,7 +15,7 @@
 #include "kernels/builtin.h"
 #include "kernels/mutants/mutants.h"
 #include "verify/checks/check.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

@@ -21,9 +21,9 @@
 #include "reference/formats/quantize.h"
 #include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
-#include "verify/metrics.h"
-#include "verify/term_scale.h"
-#include "verify/tolerance.h"
+#include "verify/metrics/metrics.h"
+#include "verify/tolerance/term_scale.h"
+#include "verify/tolerance/tolerance.h"
 
 namespace attest {
 namespace {

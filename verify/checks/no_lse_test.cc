@@ -10,7 +10,7 @@
 
 #include "kernels/builtin.h"
 #include "kernels/no_lse_test_kernel.h"
-#include "verify/report.h"
+#include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
 

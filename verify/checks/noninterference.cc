@@ -16,7 +16,7 @@
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
 #include "verify/checks/check.h"
-#include "verify/metrics.h"
+#include "verify/metrics/metrics.h"
 
 namespace attest {
 namespace {

@@ -16,7 +16,7 @@
 #include "reference/case/inputs.h"
 #include "reference/problem/problem.h"
 #include "reference/recipes/recipe.h"
-#include "verify/verdict.h"
+#include "verify/tolerance/verdict.h"
 
 namespace attest {
 
@@ -37,7 +37,7 @@ struct NonInterferenceOptions {
   bool backward = true;  // also run the backward directions (when the kernel has backward)
   uint64_t seed = 0;
   std::string repro;  // the repro line copied into failing verdicts
-  // A sampled case (verify/sample.h; CheckContext::sample): [total_q] and [total_k] flags.
+  // A sampled case (verify/metrics/sample.h; CheckContext::sample): [total_q] and [total_k] flags.
   // Then, so that the cost stays O(S x D) per perturbation besides the kernel's own runs:
   // only the longest sequence pivots (when pivot_rows is empty: the first row of the 64-row
   // tile holding its middle row, a tile boundary row, and one drawn from its flagged rows),

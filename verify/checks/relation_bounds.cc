@@ -17,7 +17,7 @@
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
 #include "reference/problem/tile_walk.h"
-#include "verify/term_scale.h"
+#include "verify/tolerance/term_scale.h"
 
 namespace attest {
 namespace {

@@ -1,0 +1,204 @@
+// `attest compare` as a library call (see compare.h).
+#include "run/compare.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+
+#include "reference/case/inputs.h"
+#include "verify/tolerance/baseline.h"
+#include "verify/tolerance/term_scale.h"
+
+namespace attest {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string ShapeText(const Shape& s) {
+  std::string out = "[";
+  for (size_t k = 0; k < s.size(); ++k) out += (k ? ", " : "") + std::to_string(s[k]);
+  return out + "]";
+}
+
+}  // namespace
+
+Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors& outputs,
+                                              const CompareOutputsOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const Problem& p = c.problem;
+  const Profile* profile = options.profile ? options.profile : ProfileForDType(p.dtype);
+  if (profile == nullptr) {
+    return Error{fmt::format("problem.dtype: no tolerance profile for dtype {}; pass --profile",
+                             Name(p.dtype))};
+  }
+
+  // 1. Which outputs are there, with the problem's shapes.
+  struct Slot {
+    const char* name;
+    Shape shape;
+    bool required;
+    const Tensor* tensor = nullptr;
+  };
+  std::vector<Slot> slots = {{"o", p.OShape(), true},
+                             {"lse", p.LseShape(), true},
+                             {"dq", p.QShape(), false},
+                             {"dk", p.KShape(), false},
+                             {"dv", p.VShape(), false}};
+  bool any_grad = false;
+  for (Slot& s : slots) {
+    if (&s == &slots[1] && !options.lse) continue;  // a producer without lse: not judged
+    s.tensor = outputs.Find(s.name);
+    if (s.tensor == nullptr) {
+      if (s.required) return Error{fmt::format("outputs: no tensor named '{}'", s.name)};
+      continue;
+    }
+    const DType dt = s.tensor->dtype();
+    if (!Info(dt).is_float || dt == DType::kE8M0FNU) {
+      return Error{
+          fmt::format("outputs: tensor '{}' has dtype {}, not a float dtype", s.name, Name(dt))};
+    }
+    if (s.tensor->shape() != s.shape) {
+      return Error{fmt::format("outputs: tensor '{}' has shape {}, the problem needs {}", s.name,
+                               ShapeText(s.tensor->shape()), ShapeText(s.shape))};
+    }
+    if (!s.required) any_grad = true;
+  }
+
+  // 2. Inputs, oracle, baseline.
+  CompareOutputsResult result;
+  Report& report = result.report;
+  report.suite = "compare";
+  report.seed = c.generator ? c.generator->seed : 0;
+  auto inputs = MakeCaseInputs(c);
+  if (!inputs.ok()) return inputs.error();
+  if (any_grad && !inputs->dout.defined()) {
+    return Error{"outputs: gradients given but the case has no 'do' to differentiate with"};
+  }
+  Tensor ref[5];
+  std::optional<GradientTermScales> terms;
+  // The profile's rounding points (tolerance.h Policy::rounding_floor); a file carries no
+  // kernel, so dP is taken as fp32 (FlashAttention's).
+  std::optional<RoundingPoints> points;
+  std::optional<RoundingFloors> floors;
+  std::optional<FormatBounds> format_bounds;  // the family rows (tolerance.h kFormatBound)
+  if (profile->needs_rounding_floor()) {
+    const Recipe* recipe = FindRecipe(profile->rounding_recipe);
+    if (recipe == nullptr) {
+      return Error{fmt::format("profile {}: no rounding recipe '{}'", profile->name,
+                               profile->rounding_recipe)};
+    }
+    points = RoundingPointsOf(*recipe, p.dtype);
+  }
+  // The oracle's thread count for the terms, floors, bounds and baseline too (their results do
+  // not depend on it).
+  const int threads = options.oracle.threads;
+  auto start = Clock::now();
+  try {
+    if (any_grad) {
+      BackwardOut b =
+          Backward<double>(p, inputs->q, inputs->k, inputs->v, inputs->dout, options.oracle);
+      ref[0] = b.o;
+      ref[1] = b.lse;
+      ref[2] = b.dq;
+      ref[3] = b.dk;
+      ref[4] = b.dv;
+      // dq / dk floors on the terms' magnitude (tolerance.h FloorScale::kTerms).
+      if (profile->needs_term_scale()) {
+        auto t = ComputeGradientTermScales(p, inputs->q, inputs->k, inputs->v, inputs->dout,
+                                           b.lse, threads);
+        if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
+        terms = std::move(t).value();
+      }
+      if (profile->needs_format_bound()) {
+        auto f = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
+                                     inputs->v, inputs->dout, b.lse, threads);
+        if (!f.ok()) return Error{fmt::format("format bounds: {}", f.error().message)};
+        format_bounds = std::move(f).value();
+      }
+      if (points) {
+        auto f = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v,
+                                       inputs->dout, b.lse, b.o, b.delta, nullptr, threads);
+        if (!f.ok()) return Error{fmt::format("rounding floors: {}", f.error().message)};
+        floors = std::move(f).value();
+      }
+    } else {
+      ForwardOut f = Forward<double>(p, inputs->q, inputs->k, inputs->v, options.oracle);
+      ref[0] = f.o;
+      ref[1] = f.lse;
+      if (profile->needs_format_bound()) {
+        auto r = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
+                                     inputs->v, Tensor(), f.lse, threads);
+        if (!r.ok()) return Error{fmt::format("format bounds: {}", r.error().message)};
+        format_bounds = std::move(r).value();
+      }
+      if (points) {
+        auto r = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v, Tensor(),
+                                       f.lse, Tensor(), Tensor(), nullptr, threads);
+        if (!r.ok()) return Error{fmt::format("rounding floors: {}", r.error().message)};
+        floors = std::move(r).value();
+      }
+    }
+  } catch (const std::exception& e) {
+    return Error{fmt::format("oracle: {}", e.what())};
+  }
+  report.timings.push_back({"oracle", Since(start)});
+
+  Tensor base[5];
+  const bool with_baseline = profile->needs_baseline();
+  if (with_baseline) {
+    start = Clock::now();
+    auto b = ProfileBaseline(*profile, p, inputs->q, inputs->k, inputs->v,
+                             any_grad ? &inputs->dout : nullptr, nullptr, threads);
+    if (!b.ok()) {
+      return Error{fmt::format("profile {}: {}", profile->name, b.error().message)};
+    }
+    base[0] = b->o;
+    base[1] = b->lse;
+    base[2] = b->dq;
+    base[3] = b->dk;
+    base[4] = b->dv;
+    report.timings.push_back({"baseline", Since(start)});
+  }
+
+  // 3. Metrics and verdicts, tensor by tensor.
+  start = Clock::now();
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const Slot& s = slots[k];
+    if (s.tensor == nullptr) continue;
+    const Format format = options.output_format
+                              ? *options.output_format
+                              : FormatOf(s.tensor->dtype()).value_or(Format::kF64);
+    CompareOptions copts;
+    copts.allow_pos_inf_for_neg_inf = k == 1 && options.lse_pos_inf_for_empty;
+    const Layout layout = LayoutOf(p, s.name);
+    auto m = Compare(s.name, *s.tensor, ref[k], format, layout, copts);
+    if (!m.ok()) return m.error();
+    const char* what = "";
+    if (Status st = ApplyTermsAndFloors(*m, k, terms ? &*terms : nullptr,
+                                        format_bounds ? &*format_bounds : nullptr,
+                                        floors ? &*floors : nullptr, &what);
+        !st.ok()) {
+      return st.error();
+    }
+    const TensorMetrics* bm = nullptr;
+    if (with_baseline) {
+      auto b = Compare(s.name, base[k], ref[k], format, layout, copts);
+      if (!b.ok()) return b.error();
+      result.baseline_metrics.push_back(std::move(b).value());
+      bm = &result.baseline_metrics.back();
+    }
+    for (Verdict& v : EvaluateProfile(*profile, *m, bm)) {
+      if (!v.pass) v.repro = options.repro;
+      report.verdicts.push_back(std::move(v));
+    }
+    result.metrics.push_back(std::move(m).value());
+  }
+  report.timings.push_back({"compare", Since(start)});
+  return result;
+}
+
+}  // namespace attest
