@@ -41,7 +41,7 @@ if [ -n "$python" ]; then
 fi
 grep -q '^| PASS | accuracy | o |' "$dir/r.md" || fail "Markdown report lacks the o row"
 if [ -n "$xmllint" ]; then
-  "$xmllint" --noout --schema "$(dirname "$0")/testdata/junit.xsd" "$dir/r.xml" ||
+  "$xmllint" --noout --schema "$(dirname "$0")/../verify/report/testdata/junit.xsd" "$dir/r.xml" ||
     fail "JUnit report does not validate"
 fi
 
