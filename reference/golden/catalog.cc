@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace attest {
@@ -48,15 +50,20 @@ std::vector<int32_t> Runs(std::initializer_list<int32_t> lengths) {
   return ids;
 }
 
-std::vector<GoldenCaseSpec> Build() {
-  using D = DType;
-  std::vector<GoldenCaseSpec> cases;
-  auto add = [&](std::string name, std::string covers, Problem p, GeneratorSpec g) {
+// Appends golden cases to `cases` in the order of the calls.
+struct CaseList {
+  std::vector<GoldenCaseSpec>& cases;
+  void operator()(std::string name, std::string covers, Problem p, GeneratorSpec g) const {
     cases.push_back({std::move(name), std::move(covers), std::move(p), std::move(g)});
-  };
-  uint64_t seed = 1000;
+  }
+};
 
-  // --- No mask, dtypes, head dims, batch ---------------------------------------------------
+using D = DType;  // D::kBF16 and the like in the tables below
+
+// Each family below draws its generators' seeds from `seed` in order: ++seed per case.
+
+// --- No mask, dtypes, head dims, batch -----------------------------------------------------
+void AddNoMask(const CaseList& add, uint64_t& seed) {
   add("nomask_bf16", "no mask, bf16, Sq != Sk", Dense(1, 2, 33, 47, 64, D::kBF16),
       Gaussian(++seed));
   add("nomask_f16_batch3", "no mask, f16, batch 3", Dense(3, 2, 17, 29, 32, D::kF16),
@@ -72,8 +79,10 @@ std::vector<GoldenCaseSpec> Build() {
   }
   add("huge_logits_bf16", "near one-hot softmax: q std 24 gives |s| up to ~1e2",
       Dense(1, 2, 16, 40, 32, D::kBF16), Gaussian(++seed, {{"q", {{"std", 24.0}}}}));
+}
 
-  // --- Causal, both alignments -------------------------------------------------------------
+// --- Causal, both alignments ---------------------------------------------------------------
+void AddCausal(const CaseList& add, uint64_t& seed) {
   {
     Problem p = Dense(1, 2, 48, 20, 32, D::kBF16);
     p.causal = true;
@@ -109,8 +118,10 @@ std::vector<GoldenCaseSpec> Build() {
     add("decode_sq1_causal", "decode step: Sq = 1 sees every key under bottom-right causal", p,
         Gaussian(++seed));
   }
+}
 
-  // --- Sliding windows ---------------------------------------------------------------------
+// --- Sliding windows -----------------------------------------------------------------------
+void AddWindows(const CaseList& add, uint64_t& seed) {
   {
     Problem p = Dense(1, 2, 36, 30, 32, D::kBF16);
     p.window_left = 0;
@@ -148,8 +159,10 @@ std::vector<GoldenCaseSpec> Build() {
     add("causal_sliding_window", "causal + window (10, -1) (Mistral-style sliding window)", p,
         Gaussian(++seed));
   }
+}
 
-  // --- Prefix-LM, documents, block-sparse ----------------------------------------------------
+// --- Prefix-LM, documents, block-sparse ------------------------------------------------------
+void AddPrefixDocumentsBlockSparse(const CaseList& add, uint64_t& seed) {
   {
     Problem p = Dense(1, 2, 40, 40, 32, D::kBF16);
     p.causal = true;
@@ -200,8 +213,10 @@ std::vector<GoldenCaseSpec> Build() {
     add("block_sparse_causal", "block-sparse (16, 8) AND causal, uneven block shapes", p,
         Gaussian(++seed));
   }
+}
 
-  // --- GQA and Dv != D -----------------------------------------------------------------------
+// --- GQA and Dv != D -------------------------------------------------------------------------
+void AddGqaAndDv(const CaseList& add, uint64_t& seed) {
   {
     Problem p = Dense(1, 4, 24, 32, 32, D::kBF16);
     p.heads_kv = 2;
@@ -224,8 +239,10 @@ std::vector<GoldenCaseSpec> Build() {
     p.causal = true;
     add("dv_gt_d_f32", "Dv = 96 > D = 40, f32, causal", p, Gaussian(++seed));
   }
+}
 
-  // --- Softcap and ALiBi -------------------------------------------------------------------
+// --- Softcap and ALiBi ---------------------------------------------------------------------
+void AddSoftcapAndAlibi(const CaseList& add, uint64_t& seed) {
   {
     Problem p = Dense(1, 2, 32, 40, 32, D::kBF16);
     p.softcap = 5.0;
@@ -252,8 +269,10 @@ std::vector<GoldenCaseSpec> Build() {
     p.window_right = 3;
     add("softcap_window", "softcap + asymmetric window (7, 3)", p, Gaussian(++seed));
   }
+}
 
-  // --- Packed variable length ----------------------------------------------------------------
+// --- Packed variable length ------------------------------------------------------------------
+void AddVarlen(const CaseList& add, uint64_t& seed) {
   {
     Problem p = Dense(4, 2, 27, 26, 32, D::kBF16);
     p.cu_seqlens_q = std::vector<int32_t>{0, 13, 13, 40, 47};  // sequence 1 has no queries
@@ -281,8 +300,10 @@ std::vector<GoldenCaseSpec> Build() {
     add("varlen_window_alibi", "packed varlen + window (4, 4) + ALiBi, per-sequence diagonals",
         p, Gaussian(++seed));
   }
+}
 
-  // --- Sk = 1 and empty rows ---------------------------------------------------------------
+// --- Sk = 1 and empty rows -----------------------------------------------------------------
+void AddSk1AndEmptyRows(const CaseList& add, uint64_t& seed) {
   add("sk1", "a single key: o = v, dq = dk = 0", Dense(1, 2, 16, 1, 32, D::kBF16),
       Gaussian(++seed));
   {
@@ -303,6 +324,20 @@ std::vector<GoldenCaseSpec> Build() {
         "top-left diagonal AND documents: rows 8..15 see only keys of another document", p,
         Gaussian(++seed));
   }
+}
+
+std::vector<GoldenCaseSpec> Build() {
+  std::vector<GoldenCaseSpec> cases;
+  const CaseList add{cases};
+  uint64_t seed = 1000;
+  AddNoMask(add, seed);
+  AddCausal(add, seed);
+  AddWindows(add, seed);
+  AddPrefixDocumentsBlockSparse(add, seed);
+  AddGqaAndDv(add, seed);
+  AddSoftcapAndAlibi(add, seed);
+  AddVarlen(add, seed);
+  AddSk1AndEmptyRows(add, seed);
 
   std::sort(cases.begin(), cases.end(),
             [](const GoldenCaseSpec& a, const GoldenCaseSpec& b) { return a.name < b.name; });
