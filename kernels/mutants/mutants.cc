@@ -62,12 +62,17 @@ GeneratorSpec Gaussian(uint64_t seed, nlohmann::json params = nlohmann::json::ob
 
 // ---- The catalogue ---------------------------------------------------------------------------
 
-std::vector<MutantSpec> BuildCatalogue() {
-  const std::string_view kBf16 = "cpu/flash2-bf16";
-  std::vector<MutantSpec> rows;
-  auto add = [&rows](MutantSpec s) { rows.push_back(std::move(s)); };
+// Appends mutants to `rows` in the order of the calls (the catalogue's order: tests and docs
+// count and list it).
+struct MutantList {
+  std::vector<MutantSpec>& rows;
+  void operator()(MutantSpec s) const { rows.push_back(std::move(s)); }
+};
 
-  // -- Leakage through shared block scales --
+constexpr std::string_view kBf16 = "cpu/flash2-bf16";
+
+// -- Leakage through shared block scales --
+void AddLeakageMutants(const MutantList& add) {
   add({.name = "v-scale-crosses-causal",
        .parent = "cpu/mxfp8-pvbf16",
        .parent_recipe = "mxfp8-pvbf16",
@@ -146,8 +151,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(Case(64, 64), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(124),
        .differs = {"o", "lse"}});
+}
 
-  // -- Forward/backward mismatch --
+// -- Forward/backward mismatch --
+void AddForwardBackwardMismatchMutants(const MutantList& add) {
   add({.name = "bwd-dp-from-unquantized-v",
        .parent = "cpu/nvfp4-mixed",
        .parent_recipe = "nvfp4-mixed",
@@ -176,7 +183,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(64, 64),
        .generator = Gaussian(104),
        .differs = {"dq", "dk"}});
-  // -- Masks --
+}
+
+// -- Masks --
+void AddMaskMutants(const MutantList& add) {
   add({.name = "empty-row-nan",
        .parent = kBf16,
        .parent_recipe = "bf16",
@@ -222,7 +232,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(Case(32, 80), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(108),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
-  // -- Score modifiers --
+}
+
+// -- Score modifiers --
+void AddScoreModifierMutants(const MutantList& add) {
   add({.name = "softcap-s-tanh-s",
        .parent = kBf16,
        .parent_recipe = "bf16",
@@ -245,7 +258,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(Case(64, 64), [](Problem& p) { p.softcap = 2.0; }),
        .generator = Gaussian(110, {{"q", {{"std", 3.0}}}}),
        .differs = {"dq", "dk"}});
-  // -- Softmax statistics --
+}
+
+// -- Softmax statistics --
+void AddSoftmaxStatisticsMutants(const MutantList& add) {
   add({.name = "lse-log2",
        .parent = kBf16,
        .parent_recipe = "bf16",
@@ -291,7 +307,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(48, 48, 4, 2),
        .generator = Gaussian(114),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
-  // -- FP8 P and block scales --
+}
+
+// -- FP8 P and block scales --
+void AddFp8ScaleMutants(const MutantList& add) {
   add({.name = "p-scale-past-e4m3-max",
        .parent = "cpu/mxfp8-cudnn",
        .parent_recipe = "mxfp8-cudnn",
@@ -330,7 +349,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(64, 64),
        .generator = Gaussian(117),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
-  // -- Determinism, stores --
+}
+
+// -- Determinism, stores --
+void AddDeterminismAndStoreMutants(const MutantList& add) {
   add({.name = "nondeterministic-dq",
        .parent = kBf16,
        .parent_recipe = "bf16",
@@ -393,7 +415,10 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(64, 64),
        .generator = Gaussian(122, {{"v", {{"std", 0.0}}}}),
        .differs = {"o", "dq", "dk"}});
-  // -- Layouts --
+}
+
+// -- Layouts --
+void AddLayoutMutants(const MutantList& add) {
   add({.name = "strides-ignored",
        .parent = kBf16,
        .parent_recipe = "bf16",
@@ -407,10 +432,13 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(64, 64),
        .generator = Gaussian(135),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
-  // -- A tiled kernel with shape limits (cpu/tile64-bf16: Sq = Sk, multiples of 64, MHA) --
-  // The bugs a one-loop tiled kernel of the Triton tutorial's shape has in its loop bounds,
-  // its mask stages, its online softmax and its arguments; each case is inside the parent's
-  // shape limits (64-row tiles, equal lengths).
+}
+
+// -- A tiled kernel with shape limits (cpu/tile64-bf16: Sq = Sk, multiples of 64, MHA) --
+// The bugs a one-loop tiled kernel of the Triton tutorial's shape has in its loop bounds,
+// its mask stages, its online softmax and its arguments; each case is inside the parent's
+// shape limits (64-row tiles, equal lengths).
+void AddTiledKernelMutants(const MutantList& add) {
   const std::string_view kTile = Tile64Model::kName;
   add({.name = "tile-fwd-diag-unmasked",
        .parent = kTile,
@@ -462,6 +490,20 @@ std::vector<MutantSpec> BuildCatalogue() {
        .problem = Case(Case(64, 64), [](Problem& p) { p.scale = 0.5; }),
        .generator = Gaussian(134),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
+}
+
+std::vector<MutantSpec> BuildCatalogue() {
+  std::vector<MutantSpec> rows;
+  const MutantList add{rows};
+  AddLeakageMutants(add);
+  AddForwardBackwardMismatchMutants(add);
+  AddMaskMutants(add);
+  AddScoreModifierMutants(add);
+  AddSoftmaxStatisticsMutants(add);
+  AddFp8ScaleMutants(add);
+  AddDeterminismAndStoreMutants(add);
+  AddLayoutMutants(add);
+  AddTiledKernelMutants(add);
   return rows;
 }
 
