@@ -422,10 +422,8 @@ bool CheckedCount(const Shape& shape, int64_t* out) {
   return true;
 }
 
-}  // namespace
-
-Status Validate(const Problem& p) {
-  // 1. Sizes: positive counts, non-negative lengths, all within int32.
+// 1. Sizes: positive counts, non-negative lengths, all within int32.
+Status CheckSizes(const Problem& p) {
   struct SizeField {
     std::string_view name;
     int64_t value;
@@ -450,7 +448,11 @@ Status Validate(const Problem& p) {
     return Error{fmt::format("problem.heads_q: {} is not a multiple of heads_kv = {}", p.heads_q,
                              p.heads_kv)};
   }
-  // 2. Element type: a float format a kernel takes q/k/v in.
+  return {};
+}
+
+// 2. Element type: a float format a kernel takes q/k/v in.
+Status CheckDtype(const Problem& p) {
   if (!IsInputFloat(p.dtype)) {
     return Error{
         fmt::format("problem.dtype: \"{}\" is not an input float type (f64 f32 bf16 "
@@ -462,7 +464,11 @@ Status Validate(const Problem& p) {
     return Error{fmt::format("problem.mask_form: \"{}\" is not bool, additive or additive_f32",
                              p.mask_form.substr(0, 40))};
   }
-  // 3. Score transforms.
+  return {};
+}
+
+// 3. Score transforms.
+Status CheckScoreTransforms(const Problem& p) {
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0)) {
     return Error{fmt::format("problem.scale: {} must be finite and > 0 (or null)", *p.scale)};
   }
@@ -481,8 +487,12 @@ Status Validate(const Problem& p) {
       }
     }
   }
-  // 4. Window: -1 is the only spelling of "unbounded" (FA treats any negative as unbounded,
-  // flash-attention #1116; we ask for the explicit form so that typos fail).
+  return {};
+}
+
+// 4. Window: -1 is the only spelling of "unbounded" (FA treats any negative as unbounded,
+// flash-attention #1116; we ask for the explicit form so that typos fail).
+Status CheckWindow(const Problem& p) {
   const int64_t window[] = {p.window_left, p.window_right};
   for (int side = 0; side < 2; ++side) {
     if (window[side] < -1 || window[side] > kMaxIndex) {
@@ -490,7 +500,11 @@ Status Validate(const Problem& p) {
                                window[side], kMaxIndex)};
     }
   }
-  // 5. Packed variable length.
+  return {};
+}
+
+// 5. Packed variable length.
+Status CheckVarlen(const Problem& p) {
   if (p.cu_seqlens_q.has_value() != p.cu_seqlens_k.has_value()) {
     return Error{fmt::format("problem.{}: set without {} (give both or neither)",
                              p.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k",
@@ -506,7 +520,11 @@ Status Validate(const Problem& p) {
       return s;
     }
   }
-  // 6. Per-token document ids.
+  return {};
+}
+
+// 6. Per-token document ids.
+Status CheckDocuments(const Problem& p) {
   if (p.document_ids_q.has_value() != p.document_ids_k.has_value()) {
     return Error{fmt::format("problem.{}: set without {} (give both or neither)",
                              p.document_ids_q ? "document_ids_q" : "document_ids_k",
@@ -529,7 +547,11 @@ Status Validate(const Problem& p) {
       return s;
     }
   }
-  // 7. Prefix-LM: a bidirectional prefix in front of a causal suffix.
+  return {};
+}
+
+// 7. Prefix-LM: a bidirectional prefix in front of a causal suffix.
+Status CheckPrefixLm(const Problem& p) {
   if (p.prefix_lm < 0 || p.prefix_lm > kMaxIndex) {
     return Error{
         fmt::format("problem.prefix_lm: {} is out of range [0, {}]", p.prefix_lm, kMaxIndex)};
@@ -537,7 +559,11 @@ Status Validate(const Problem& p) {
   if (p.prefix_lm > 0 && !p.causal) {
     return Error{fmt::format("problem.prefix_lm: {} requires causal = true", p.prefix_lm)};
   }
-  // 8. Block-sparse lists: blocks tile each sequence from its start.
+  return {};
+}
+
+// 8. Block-sparse lists: blocks tile each sequence from its start.
+Status CheckBlockSparse(const Problem& p) {
   if (p.block_sparse) {
     const BlockSparse& bs = *p.block_sparse;
     if (bs.block_q < 1 || bs.block_q > kMaxIndex) {
@@ -566,7 +592,11 @@ Status Validate(const Problem& p) {
       }
     }
   }
-  // 9. Tensor sizes must be countable.
+  return {};
+}
+
+// 9. Tensor sizes must be countable.
+Status CheckTensorCounts(const Problem& p) {
   struct Named {
     std::string_view name;
     Shape shape;
@@ -578,6 +608,20 @@ Status Validate(const Problem& p) {
       return Error{fmt::format("problem: tensor {} of shape {} has more than 2^62 elements", t.name,
                                ShapeString(t.shape))};
     }
+  }
+  return {};
+}
+
+}  // namespace
+
+Status Validate(const Problem& p) {
+  // The first failing check's error; each check may assume the ones before it passed.
+  using Check = Status (*)(const Problem&);
+  constexpr Check kChecks[] = {CheckSizes,  CheckDtype,     CheckScoreTransforms,
+                               CheckWindow, CheckVarlen,    CheckDocuments,
+                               CheckPrefixLm, CheckBlockSparse, CheckTensorCounts};
+  for (Check check : kChecks) {
+    if (Status s = check(p); !s) return s;
   }
   return {};
 }
