@@ -3,10 +3,13 @@
 // accuracy, non-interference and consistency checks, generator case files. The leak maps are
 // the non-interference check's perturbation (largest finite values written into inputs a row
 // must not see) swept block by block, so that a leak shows where it happens.
+//
+// This file: the plans, the accuracy sweeps over sequence length, head dim and distribution,
+// the gradient bias and the run; the leak maps are in audit_leak.cc, the non-interference
+// and consistency cases in audit_checks.cc (audit_internal.h declares what they share).
 #include "run/audit/audit.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -19,15 +22,14 @@
 #include "reference/data/generate.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
 #include "verify/checks/accuracy.h"
 #include "verify/checks/check.h"
-#include "verify/checks/consistency.h"
 #include "verify/checks/noninterference.h"
 #include "verify/metrics/metrics.h"
 #include "verify/report/repro.h"
 #include "verify/report/report.h"
+#include "run/audit/audit_internal.h"
 #include "run/run.h"
 #include "run/suite.h"
 #include "verify/tolerance/tolerance.h"
@@ -84,16 +86,7 @@ int AuditResult::failures() const {
   return n;
 }
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Outputs of one kernel call pair, widened to f64.
-struct Outputs {
-  Tensor o, lse, dq, dk, dv;
-  std::string note;  // set when there are no outputs
-  bool ok() const { return o.defined(); }
-};
+namespace audit_internal {
 
 Outputs RunKernel(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& k,
                   const Tensor& v, const Tensor& dout, bool backward) {
@@ -124,6 +117,10 @@ Outputs RunKernel(Kernel& kernel, const Problem& p, const Tensor& q, const Tenso
   if (f.lse.defined()) out.lse = ToF64(f.lse);  // none from a kernel without lse: not plotted
   return out;
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 TensorError ErrorOf(const Problem& p, std::string_view name, const Tensor& observed,
                     const Tensor& reference) {
@@ -169,101 +166,7 @@ KernelErrors ErrorsOf(const Problem& p, const Outputs& out, const BackwardOut* b
   return k;
 }
 
-// Size of a change between two values as the non-interference check counts it: 0 when the
-// bits are equal, |a - b| otherwise (the smallest positive double for +0 / -0, inf when not
-// finite), so that a nonzero cell always means "some bit moved".
-double Change(double a, double b) {
-  if (std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b)) return 0;
-  const double d = std::fabs(a - b);
-  if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
-  return d > 0 ? d : std::numeric_limits<double>::denorm_min();
-}
-
-double MaxAbs(const Tensor& t) {
-  double m = 0;
-  for (double x : t.span<const double>()) {
-    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
-  }
-  return m;
-}
-
-// The non-interference check's "large" perturbation (noninterference.cc explains the 2^60 /
-// 2^16 limits): the value that moves a shared block scale the most while keeping every
-// product finite.
-double LargeValue(double x, Format f, bool query_side) {
-  const double sign = std::signbit(x) ? -1.0 : 1.0;
-  return sign * std::min(MaxFinite(f), query_side ? 0x1p16 : 0x1p60);
-}
-
-class Auditor {
- public:
-  Auditor(const AuditOptions& options, Kernel& kernel, Kernel& baseline, const Profile& profile,
-          DType dtype)
-      : opt_(options), kernel_(kernel), baseline_(baseline), profile_(profile), dtype_(dtype) {
-    caps_ = kernel.capabilities();
-    backward_ = caps_.backward;
-    // A kernel without a causal mask gets its curves, consistency and bias cases unmasked
-    // (else every one of them would be "not applicable" and the audit judge nothing).
-    causal_ = caps_.causal;
-    baseline_backward_ = baseline.capabilities().backward;
-    oracle_.threads = options.threads;
-  }
-
-  Expected<AuditResult> Run();
-
- private:
-  void Step(const std::string& what) {
-    if (opt_.progress) opt_.progress({done_, total_, what});
-    ++done_;
-  }
-  // "causal" or "non-causal", as the sweeps and cases are run (causal_).
-  std::string_view MaskWord() const { return causal_ ? "causal" : "non-causal"; }
-  Problem MakeProblem(int64_t s, int64_t d, bool causal) const {
-    Problem p;
-    p.batch = 1;
-    p.heads_q = p.heads_kv = opt_.plan.heads;
-    p.seqlen_q = p.seqlen_k = s;
-    p.head_dim = p.head_dim_v = d;
-    p.dtype = dtype_;
-    p.causal = causal;
-    return p;
-  }
-  Case MakeCase(const Problem& p, std::string generator, uint64_t row) const {
-    Case c;
-    c.problem = p;
-    const nlohmann::json& all = opt_.plan.distribution_params;
-    nlohmann::json params = all.is_object() && all.contains(generator) ? all[generator]
-                                                                       : nlohmann::json::object();
-    c.generator = GeneratorSpec{std::move(generator), MixSeed(opt_.seed, row), std::move(params)};
-    return c;
-  }
-  // Saves a failing verdict's case into out_dir/cases and points its repro line at it.
-  Status SaveRepro(Verdict& v, const Case& c) {
-    if (v.pass || opt_.out_dir.empty()) return {};
-    auto path = SaveFailureCase(c, opt_.out_dir / "cases", opt_.kernel_spec, v);
-    if (!path.ok()) return path.error();
-    v.repro = ReproCommand(opt_.kernel_spec, *path, v.check);
-    return {};
-  }
-  Expected<AuditCase> Measure(const std::string& label, const Case& c, bool judge);
-  Status MeasureLeakMaps(AuditResult& r);
-  Status MeasureNonInterference(AuditResult& r);
-  Status MeasureConsistency(AuditResult& r);
-  Status MeasureBias(AuditResult& r);
-
-  const AuditOptions& opt_;
-  Kernel& kernel_;
-  Kernel& baseline_;
-  const Profile& profile_;
-  DType dtype_;
-  Capabilities caps_;
-  bool backward_ = false;
-  bool causal_ = true;
-  bool baseline_backward_ = false;
-  OracleOptions oracle_;
-  int64_t done_ = 0, total_ = 0;
-  uint64_t row_ = 0;  // case counter mixed into generator seeds
-};
+}  // namespace
 
 Expected<AuditCase> Auditor::Measure(const std::string& label, const Case& c, bool judge) {
   AuditCase a;
@@ -324,301 +227,6 @@ Expected<AuditCase> Auditor::Measure(const std::string& label, const Case& c, bo
     return Error{label + ": " + e.what()};
   }
   return a;
-}
-
-Status Auditor::MeasureLeakMaps(AuditResult& r) {
-  const AuditPlan& plan = opt_.plan;
-  Problem p = MakeProblem(plan.leak_seqlen, plan.seqlen_head_dim, true);
-  p.heads_q = p.heads_kv = 1;
-  r.leak.problem = p;
-  const int64_t bs = plan.leak_block;
-  const int64_t nb = (p.seqlen_q + bs - 1) / bs;
-  const int64_t s = p.seqlen_q;
-  const Case c = MakeCase(p, "gaussian", ++row_);
-  auto in = MakeCaseInputs(c);
-  if (!in.ok()) return in.error();
-  const Format fmt = FormatOf(dtype_).value_or(Format::kBF16);
-  const MaskView mask(p, 0);
-  const bool bwd = backward_;
-
-  auto new_map = [&](std::string tensor, std::string rows, std::string cols, std::string pert) {
-    LeakMap m;
-    m.tensor = std::move(tensor);
-    m.row_label = std::move(rows);
-    m.col_label = std::move(cols);
-    m.perturbation = std::move(pert);
-    m.block = bs;
-    m.rows = m.cols = nb;
-    m.cells.assign(static_cast<size_t>(nb * nb), std::numeric_limits<double>::quiet_NaN());
-    return m;
-  };
-  // "2^60" when the value is a power of two, else its shortest decimal.
-  auto value_text = [](double v) {
-    int e = 0;
-    return std::frexp(v, &e) == 0.5 ? fmt::format("2^{}", e - 1) : fmt::format("{:g}", v);
-  };
-  const std::string key_pert =
-      fmt::format("k and v of every key of the column's block set to ±{}, sign kept",
-                  value_text(std::min(MaxFinite(fmt), 0x1p60)));
-  const std::string query_pert =
-      fmt::format("q and dO of every query of the column's block set to ±{}, sign kept",
-                  value_text(std::min(MaxFinite(fmt), 0x1p16)));
-  LeakMap mo = new_map("o", "query block", "perturbed key block", key_pert);
-  LeakMap mdq = new_map("dq", "query block", "perturbed key block", key_pert);
-  LeakMap mkv = new_map("dk,dv", "key block", "perturbed query block", query_pert);
-
-  const Outputs base = RunKernel(kernel_, p, in->q, in->k, in->v, in->dout, bwd);
-  if (!base.ok()) {
-    mo.note = mdq.note = mkv.note = base.note;
-    r.leak.maps = {mo};
-    if (bwd) r.leak.maps.push_back(mdq), r.leak.maps.push_back(mkv);
-    return {};
-  }
-  const int64_t d = p.head_dim, dv = p.head_dim_v;
-  // Per-row largest change of a [1, S, 1, width] tensor, relative to max |base|.
-  auto row_changes = [&](const Tensor& a, const Tensor& b, int64_t width) {
-    std::vector<double> out(static_cast<size_t>(s), 0.0);
-    if (!a.defined() || !b.defined()) return out;
-    const double norm = std::max(MaxAbs(a), std::numeric_limits<double>::min());
-    const auto x = a.span<const double>();
-    const auto y = b.span<const double>();
-    for (int64_t i = 0; i < s; ++i) {
-      double m = 0;
-      for (int64_t e = i * width; e < (i + 1) * width; ++e) {
-        m = std::max(m, Change(x[static_cast<size_t>(e)], y[static_cast<size_t>(e)]));
-      }
-      out[static_cast<size_t>(i)] = m / norm;
-    }
-    return out;
-  };
-  auto set_rows = [&](Tensor& t, int64_t begin, int64_t end, int64_t width, bool query_side) {
-    t = t.Clone();
-    auto span = t.span<double>();
-    for (int64_t e = begin * width; e < std::min(end, s) * width; ++e) {
-      span[static_cast<size_t>(e)] = LargeValue(span[static_cast<size_t>(e)], fmt, query_side);
-    }
-  };
-  // Forward direction: perturb key block kb; judge o and dq of rows blind to every key of it.
-  for (int64_t kb = 0; kb < nb; ++kb) {
-    Step(fmt::format("leak map: keys {}..{}", kb * bs, std::min(s, (kb + 1) * bs) - 1));
-    Tensor k = in->k, v = in->v;
-    set_rows(k, kb * bs, (kb + 1) * bs, d, false);
-    set_rows(v, kb * bs, (kb + 1) * bs, dv, false);
-    const Outputs pert = RunKernel(kernel_, p, in->q, k, v, in->dout, bwd);
-    if (!pert.ok()) {
-      mo.note = "kernel gave no outputs on a perturbed input: " + pert.note;
-      continue;
-    }
-    const std::vector<double> co = row_changes(base.o, pert.o, dv);
-    const std::vector<double> cq = row_changes(base.dq, pert.dq, d);
-    for (int64_t qb = 0; qb < nb; ++qb) {
-      double wo = -1, wq = -1;
-      for (int64_t i = qb * bs; i < std::min(s, (qb + 1) * bs); ++i) {
-        bool blind = true;
-        for (int64_t j = kb * bs; j < std::min(s, (kb + 1) * bs) && blind; ++j) {
-          blind = !mask.Visible(i, j);
-        }
-        if (!blind) continue;
-        wo = std::max(wo, co[static_cast<size_t>(i)]);
-        wq = std::max(wq, cq[static_cast<size_t>(i)]);
-      }
-      if (wo >= 0) mo.cells[static_cast<size_t>(qb * nb + kb)] = wo;
-      if (wq >= 0 && bwd) mdq.cells[static_cast<size_t>(qb * nb + kb)] = wq;
-    }
-  }
-  // Backward direction: perturb q and dO of query block qb; judge dk and dv of keys that no
-  // query of the block sees.
-  if (bwd) {
-    for (int64_t qb = 0; qb < nb; ++qb) {
-      Step(fmt::format("leak map: queries {}..{}", qb * bs, std::min(s, (qb + 1) * bs) - 1));
-      Tensor q = in->q, dout = in->dout;
-      set_rows(q, qb * bs, (qb + 1) * bs, d, true);
-      set_rows(dout, qb * bs, (qb + 1) * bs, dv, true);
-      const Outputs pert = RunKernel(kernel_, p, q, in->k, in->v, dout, true);
-      if (!pert.ok() || !pert.dk.defined()) {
-        mkv.note = "kernel gave no outputs on a perturbed input: " + pert.note;
-        continue;
-      }
-      const std::vector<double> ck = row_changes(base.dk, pert.dk, d);
-      const std::vector<double> cv = row_changes(base.dv, pert.dv, dv);
-      for (int64_t kb = 0; kb < nb; ++kb) {
-        double w = -1;
-        for (int64_t j = kb * bs; j < std::min(s, (kb + 1) * bs); ++j) {
-          bool unseen = true;
-          for (int64_t i = qb * bs; i < std::min(s, (qb + 1) * bs) && unseen; ++i) {
-            unseen = !mask.Visible(i, j);
-          }
-          if (!unseen) continue;
-          w = std::max({w, ck[static_cast<size_t>(j)], cv[static_cast<size_t>(j)]});
-        }
-        if (w >= 0) mkv.cells[static_cast<size_t>(kb * nb + qb)] = w;
-      }
-    }
-  }
-  r.leak.maps = {std::move(mo)};
-  if (bwd) {
-    r.leak.maps.push_back(std::move(mdq));
-    r.leak.maps.push_back(std::move(mkv));
-  } else {
-    mdq.note = mkv.note = "the kernel has no backward";
-  }
-  for (LeakMap& m : r.leak.maps) {
-    for (double x : m.cells) {
-      if (std::isnan(x)) continue;
-      ++m.judged_cells;
-      if (x != 0) ++m.leaking_cells;
-      m.max_change = std::max(m.max_change, x);
-    }
-  }
-  return {};
-}
-
-Status Auditor::MeasureNonInterference(AuditResult& r) {
-  const AuditPlan& plan = opt_.plan;
-  std::vector<NonInterferenceCase> cases;
-  auto add = [&](std::string label, const Problem& p) {
-    NonInterferenceCase n;
-    n.label = std::move(label);
-    n.c = MakeCase(p, "gaussian", ++row_);
-    for (int64_t b = 0; b < p.batch; ++b) {
-      const Sequence sq = SequenceOf(p, b);
-      n.size += sq.q_len * sq.k_len;
-    }
-    cases.push_back(std::move(n));
-  };
-  const int64_t d = plan.seqlen_head_dim;
-  for (int64_t s : plan.ni_seqlens) add(fmt::format("causal S={}", s), MakeProblem(s, d, true));
-  const int64_t big = plan.ni_seqlens.empty() ? 64 : plan.ni_seqlens.back();
-  {
-    Problem p = MakeProblem(big, d, true);
-    p.seqlen_q = big / 2;
-    add(fmt::format("causal Sq={} < Sk={}", p.seqlen_q, p.seqlen_k), p);
-  }
-  {
-    // A left window short enough that the middle row (the check's first pivot) hides keys.
-    Problem p = MakeProblem(big, d, false);
-    p.window_left = std::max<int64_t>(4, big / 8);
-    p.window_right = 0;
-    add(fmt::format("window ({}, 0) S={}", p.window_left, big), p);
-  }
-  {
-    // Three packed documents, the middle one empty, none a multiple of 32 long: every
-    // document boundary falls inside a 32-block.
-    Problem p = MakeProblem(big, d, false);
-    const int32_t a = static_cast<int32_t>(big / 2 + 3), b = static_cast<int32_t>(big - 5);
-    p.batch = 3;
-    p.cu_seqlens_q = p.cu_seqlens_k = std::vector<int32_t>{0, a, a, a + b};
-    p.seqlen_q = p.seqlen_k = std::max(a, b);
-    add(fmt::format("packed documents {}, 0, {}", a, b), p);
-  }
-  {
-    // Two dense sequences, no mask: the only thing the second may not see is the first. A
-    // scale shared across the batch (a per-tensor amax) moves it; every kernel claims this.
-    Problem p = MakeProblem(big, d, false);
-    p.batch = 2;
-    add(fmt::format("dense batch 2 S={}", big), p);
-  }
-  std::stable_sort(cases.begin(), cases.end(),
-                   [](const auto& x, const auto& y) { return x.size < y.size; });
-  for (NonInterferenceCase& n : cases) {
-    Step("non-interference: " + n.label);
-    std::string why;
-    if (!caps_.Covers(n.c.problem, &why)) {
-      n.note = "not applicable: the kernel does not claim " + why;
-      continue;
-    }
-    auto in = MakeCaseInputs(n.c);
-    if (!in.ok()) return Error{n.label + ": " + in.error().message};
-    NonInterferenceOptions o;
-    o.seed = n.c.generator->seed;  // as `attest repro` on the saved case draws it
-    o.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
-    n.verdicts = CheckNonInterference(kernel_, n.c.problem, *in, o);
-    if (n.verdicts.empty()) n.note = "not applicable: nothing is hidden from any row";
-    for (const Verdict& v : n.verdicts) {
-      if (v.pass) continue;
-      if (v.check == kKernelErrorCheck) {
-        if (n.kernel_error.empty()) n.kernel_error = v.message;
-      } else {
-        n.leaks = true;
-      }
-    }
-  }
-  r.non_interference.cases = std::move(cases);
-  for (size_t i = 0; i < r.non_interference.cases.size(); ++i) {
-    NonInterferenceCase& n = r.non_interference.cases[i];
-    if (!n.kernel_error.empty()) ++r.non_interference.kernel_errors;
-    for (Verdict& v : n.verdicts) {
-      if (v.pass) continue;
-      if (r.non_interference.smallest_leak < 0 && v.check != kKernelErrorCheck) {
-        r.non_interference.smallest_leak = static_cast<int>(i);
-        if (!opt_.out_dir.empty()) {
-          auto path = SaveFailureCase(n.c, opt_.out_dir, opt_.kernel_spec, v);
-          if (!path.ok()) return path.error();
-          r.non_interference.case_file = path->string();
-          r.non_interference.repro = ReproCommand(opt_.kernel_spec, *path);
-        }
-      }
-      if (Status s = SaveRepro(v, n.c); !s.ok()) return s;
-    }
-  }
-  return {};
-}
-
-Status Auditor::MeasureConsistency(AuditResult& r) {
-  const int64_t s = opt_.plan.consistency_seqlen, d = opt_.plan.seqlen_head_dim;
-  std::vector<ConsistencyCase> cases;
-  auto add = [&](std::string label, const Problem& p) {
-    ConsistencyCase c;
-    c.label = std::move(label);
-    c.c = MakeCase(p, "gaussian", ++row_);
-    cases.push_back(std::move(c));
-  };
-  const std::string_view mask = causal_ ? " causal" : "";
-  add(fmt::format("S={}", s), MakeProblem(s, d, false));
-  if (causal_) {
-    add(fmt::format("causal S={}", s), MakeProblem(s, d, true));
-  } else {
-    Problem p = MakeProblem(s, d, false);
-    p.seqlen_q = s / 2;
-    add(fmt::format("Sq={} < Sk={}", p.seqlen_q, s), p);
-  }
-  {
-    Problem p = MakeProblem(s, d, causal_);
-    p.heads_q = 4;
-    p.heads_kv = 2;
-    add(fmt::format("GQA 4:2{} S={}", mask, s), p);
-  }
-  {
-    Problem p = MakeProblem(s, d, causal_);
-    const int32_t a = static_cast<int32_t>(s / 2 + 3), b = static_cast<int32_t>(s - 7);
-    p.batch = 2;
-    p.cu_seqlens_q = p.cu_seqlens_k = std::vector<int32_t>{0, a, a + b};
-    p.seqlen_q = p.seqlen_k = std::max(a, b);
-    add(fmt::format("packed documents {}, {}{}", a, b, mask), p);
-  }
-  for (ConsistencyCase& c : cases) {
-    Step("consistency: " + c.label);
-    std::string why;
-    if (!backward_) {
-      c.note = "not applicable: the kernel has no backward";
-      continue;
-    }
-    if (!caps_.Covers(c.c.problem, &why)) {
-      c.note = "not applicable: the kernel does not claim " + why;
-      continue;
-    }
-    auto in = MakeCaseInputs(c.c);
-    if (!in.ok()) return Error{c.label + ": " + in.error().message};
-    ConsistencyOptions o;
-    o.repro = AuditCommand(opt_.kernel_spec, opt_.seed);
-    c.verdicts = CheckConsistency(kernel_, c.c.problem, *in, o, nullptr, &profile_);
-    if (c.verdicts.empty()) c.note = "not applicable to this case";
-    for (Verdict& v : c.verdicts) {
-      if (Status st = SaveRepro(v, c.c); !st.ok()) return st;
-    }
-  }
-  r.consistency = std::move(cases);
-  return {};
 }
 
 Status Auditor::MeasureBias(AuditResult& r) {
@@ -780,7 +388,7 @@ Expected<AuditResult> Auditor::Run() {
   return r;
 }
 
-}  // namespace
+}  // namespace audit_internal
 
 int64_t AuditSteps(const AuditPlan& plan, bool has_backward) {
   const int64_t nb = (plan.leak_seqlen + plan.leak_block - 1) / plan.leak_block;
@@ -822,7 +430,7 @@ Expected<AuditResult> RunAudit(const AuditOptions& options) {
   auto oracle = ResolveOracleDevice(options.oracle_device, caps, "--oracle-device", &note);
   if (!oracle.ok()) return oracle.error();
   resolved.cuda_oracle = *oracle;
-  Auditor auditor(resolved, **kernel, **baseline, **profile, *dtype);
+  audit_internal::Auditor auditor(resolved, **kernel, **baseline, **profile, *dtype);
   auto r = auditor.Run();
   if (r.ok()) r->oracle_note = note;
   return r;
