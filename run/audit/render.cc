@@ -289,28 +289,19 @@ std::string AuditToMarkdown(std::span<const AuditResult> results) {
   return md;
 }
 
-std::string AuditToHtml(std::span<const AuditResult> results) {
-  const std::vector<Figure> figs = Figures(results);
-  auto section_figs = [&](const std::string& section) {
-    std::string out = "<div class=\"figs\">\n";
-    for (const Figure& f : figs) {
-      if (f.section == section) out += f.svg;
-    }
-    return out + "</div>\n";
-  };
-  std::string title = "attest audit";
-  for (const AuditResult& r : results) title += " " + r.kernel;
-  std::string h = "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n"
-                  "<head>\n<meta charset=\"utf-8\"/>\n<title>" +
-                  Esc(title) + "</title>\n<style>" + kCss + "</style>\n</head>\n<body>\n";
-  h += "<h1>" + Esc(title) + "</h1>\n";
-  h += "<p class=\"note\">Is this low-precision attention mode safe to train with? Errors are "
-       "measured against attest's float64 oracle on the inputs the kernel saw (rounded to the "
-       "input dtype); the baseline, " +
-       Esc(results.empty() ? std::string() : results[0].baseline) +
-       " (dashed blue), runs the same cases, so a kernel close to it loses nothing that a run "
-       "with the baseline does not.</p>\n";
-  // Summary cards.
+namespace {
+
+// The charts of one section of the page, in a figure row.
+std::string SectionFigures(const std::vector<Figure>& figs, const std::string& section) {
+  std::string out = "<div class=\"figs\">\n";
+  for (const Figure& f : figs) {
+    if (f.section == section) out += f.svg;
+  }
+  return out + "</div>\n";
+}
+
+// The summary cards: one per kernel, its findings and how the run was made.
+void HtmlSummary(std::string& h, std::span<const AuditResult> results) {
   h += "<section id=\"summary\">\n<h2>Summary</h2>\n";
   for (const AuditResult& r : results) {
     const Findings f = Summarise(r);
@@ -336,7 +327,12 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     h += "</div>\n";
   }
   h += "</section>\n";
+}
 
+// The leak maps: what each column perturbs, then per kernel a table of its maps and their
+// charts.
+void HtmlLeakMaps(std::string& h, std::span<const AuditResult> results,
+                  const std::vector<Figure>& figs) {
   h += "<section id=\"leak\">\n<h2>Leak maps</h2>\n<p class=\"note\">";
   if (!results[0].leak.maps.empty()) {
     h += Esc(fmt::format(
@@ -368,7 +364,11 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     h += "</div>\n";
   }
   h += "</section>\n";
+}
 
+// The error charts against sequence length, head dim and input distribution.
+void HtmlErrorCurves(std::string& h, std::span<const AuditResult> results,
+                     const std::vector<Figure>& figs) {
   h += "<section id=\"seqlen\">\n<h2>Error against sequence length</h2>\n<p class=\"note\">"
        "Causal (non-causal for a kernel that claims no causal mask: the axis label says "
        "which), batch 1, " +
@@ -376,9 +376,9 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
        std::to_string(results[0].plan.seqlen_head_dim) +
        ", gaussian inputs; log scale. An open circle on the bottom edge is an exact result."
        "</p>\n" +
-       section_figs("seqlen") + "</section>\n";
-  h += "<section id=\"headdim\">\n<h2>Error against head dim</h2>\n" + section_figs("headdim") +
-       "</section>\n";
+       SectionFigures(figs, "seqlen") + "</section>\n";
+  h += "<section id=\"headdim\">\n<h2>Error against head dim</h2>\n" +
+       SectionFigures(figs, "headdim") + "</section>\n";
   h += "<section id=\"distribution\">\n<h2>Error by input distribution</h2>\n<p class=\"note\">"
        "Non-causal, S = " +
        std::to_string(results[0].plan.distribution_seqlen) +
@@ -386,8 +386,11 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
        "draws near the e4m3 maximum, 448). A bar at the top edge is infinite: the kernel "
        "returned non-finite values where the oracle is finite, or the oracle's tensor is "
        "exactly zero (dq and dk of constant rows) and the kernel's is not.</p>\n" +
-       section_figs("distribution") + "</section>\n";
+       SectionFigures(figs, "distribution") + "</section>\n";
+}
 
+// The non-interference cases per kernel, smallest first, and the smallest leak's message.
+void HtmlNonInterference(std::string& h, std::span<const AuditResult> results) {
   h += "<section id=\"non-interference\">\n<h2>Non-interference</h2>\n<p class=\"note\">"
        "Outputs of rows that must not see a set of inputs must stay bitwise unchanged when "
        "those inputs are perturbed (large values, the e4m3 maximum, sign flips, tiny values); "
@@ -426,7 +429,10 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     }
   }
   h += "</section>\n";
+}
 
+// The forward/backward consistency identities per kernel and case.
+void HtmlConsistency(std::string& h, std::span<const AuditResult> results) {
   h += "<section id=\"consistency\">\n<h2>Forward/backward consistency</h2>\n<p class=\"note\">"
        "Identities that hold only when the backward differentiates the forward that ran (delta, "
        "dk-sum, dv-sum, the constant-V probe) and the gradients against the oracle at the "
@@ -449,7 +455,11 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     h += "</table>\n";
   }
   h += "</section>\n";
+}
 
+// The gradient-bias charts and per kernel a table of the means and their reading.
+void HtmlBias(std::string& h, std::span<const AuditResult> results,
+              const std::vector<Figure>& figs) {
   h += fmt::format(
       "<section id=\"bias\">\n<h2>Gradient bias</h2>\n<p class=\"note\">Per tensor and seed, "
       "the mean signed error over its rms (signed), and the mean of err * sign(oracle) over "
@@ -460,7 +470,7 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
       "about 1/sqrt(elements) per seed.</p>\n",
       results[0].plan.bias_seeds, results[0].plan.bias_seqlen,
       TCritical(results[0].plan.bias_seeds - 1));
-  h += section_figs("bias");
+  h += SectionFigures(figs, "bias");
   for (const AuditResult& r : results) {
     h += "<h3>" + Esc(r.kernel) + "</h3>\n<table><tr><th>tensor</th><th>signed (kernel)</th>"
          "<th>signed (baseline)</th><th>magnitude (kernel)</th><th>magnitude (baseline)</th>"
@@ -479,7 +489,10 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     h += "</table>\n";
   }
   h += "</section>\n";
+}
 
+// The worst margin per area and tensor, then every failure with its repro line.
+void HtmlVerdicts(std::string& h, std::span<const AuditResult> results) {
   h += "<section id=\"verdicts\">\n<h2>Verdicts</h2>\n<p class=\"note\">Worst margin per area "
        "and tensor (margin = observed / allowed; above 1 fails), then every failure with its "
        "reason and repro line. Accuracy is judged on the sweep cases with the kernel's "
@@ -523,7 +536,33 @@ std::string AuditToHtml(std::span<const AuditResult> results) {
     }
     if (any) h += "</ul>\n";
   }
-  h += "</section>\n</body>\n</html>\n";
+  h += "</section>\n";
+}
+
+}  // namespace
+
+std::string AuditToHtml(std::span<const AuditResult> results) {
+  const std::vector<Figure> figs = Figures(results);
+  std::string title = "attest audit";
+  for (const AuditResult& r : results) title += " " + r.kernel;
+  std::string h = "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n"
+                  "<head>\n<meta charset=\"utf-8\"/>\n<title>" +
+                  Esc(title) + "</title>\n<style>" + kCss + "</style>\n</head>\n<body>\n";
+  h += "<h1>" + Esc(title) + "</h1>\n";
+  h += "<p class=\"note\">Is this low-precision attention mode safe to train with? Errors are "
+       "measured against attest's float64 oracle on the inputs the kernel saw (rounded to the "
+       "input dtype); the baseline, " +
+       Esc(results.empty() ? std::string() : results[0].baseline) +
+       " (dashed blue), runs the same cases, so a kernel close to it loses nothing that a run "
+       "with the baseline does not.</p>\n";
+  HtmlSummary(h, results);
+  HtmlLeakMaps(h, results, figs);
+  HtmlErrorCurves(h, results, figs);
+  HtmlNonInterference(h, results);
+  HtmlConsistency(h, results);
+  HtmlBias(h, results, figs);
+  HtmlVerdicts(h, results);
+  h += "</body>\n</html>\n";
   return h;
 }
 
