@@ -167,38 +167,23 @@ struct Box {
   double x = 0, y = 0, w = 0, h = 0;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::cerr << "usage: audit_render_test ATTEST_CLI XMLLINT [CHROMIUM]\n";
-    return 2;
-  }
-  const std::string cli = argv[1], xmllint = argv[2];
-  const std::string chromium = FindChromium(argc, argv);
-  if (chromium.empty()) {
-    std::cout << "SKIP: no chromium (Debian package `chromium`, installed by tools/bootstrap)\n";
-    return 77;
-  }
-  const fs::path dir = fs::temp_directory_path() / ("attest-audit-render-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-
-  // 1. The audit, as a person runs it. Exit 0 or 1 both write the reports; 2 is a fault.
+// 1. The audit, as a person runs it. Exit 0 or 1 both write the reports; 2 is a fault.
+// Writes report.html, report.md and report.json into dir.
+void RunAuditCli(const std::string& cli, const fs::path& dir) {
   const std::string audit = Quote(cli) + " audit --kernel cpu/mxfp8-cudnn --quick --out " +
                             Quote(dir.string()) + " > " + Quote((dir / "audit.log").string()) +
                             " 2>&1";
   const int rc = Run(audit);
   Expect(rc == 0 || rc == 1, "attest audit exit code " + std::to_string(rc) + "\n" +
                                  Read(dir / "audit.log"));
-  const fs::path html_path = dir / "report.html";
   for (const char* f : {"report.html", "report.md", "report.json"}) {
     Expect(fs::exists(dir / f) && fs::file_size(dir / f) > 0, std::string(f) + " written");
   }
-  if (failures) return 1;
-  const std::string html = Read(html_path);
+}
 
-  // 2. Valid markup (strict XML parse of the polyglot page) and self-contained.
+// 2. Valid markup (strict XML parse of the polyglot page) and self-contained.
+void CheckMarkup(const std::string& xmllint, const fs::path& html_path,
+                 const std::string& html) {
   Expect(Run(Quote(xmllint) + " --noout " + Quote(html_path.string()) + " 2>&1") == 0,
          "report.html parses as XML (xmllint --noout)");
   Expect(html.find("<script") == std::string::npos, "report.html has no script");
@@ -206,8 +191,11 @@ int main(int argc, char** argv) {
                                 std::regex(R"(url\(\s*['"]?(?!#)[a-z]+:)")}) {
     Expect(!std::regex_search(html, ref), "report.html references nothing outside itself");
   }
+}
 
-  // 3. The charts the page must show (a kernel with a backward: o, dq, dk, dv everywhere).
+// 3. The charts the page must show (a kernel with a backward: o, dq, dk, dv everywhere).
+// Returns each chart's data-colors by id.
+std::map<std::string, std::string> ChartColors(const std::string& html) {
   std::map<std::string, std::string> colors;  // id -> data-colors
   const std::regex svg_re(R"re(<svg [^>]*id="([^"]+)" class="plot"[^>]*data-colors="([^"]*)")re");
   for (auto it = std::sregex_iterator(html.begin(), html.end(), svg_re);
@@ -231,9 +219,14 @@ int main(int argc, char** argv) {
   expected.push_back("plot-bias-signed");
   expected.push_back("plot-bias-magnitude");
   for (const std::string& id : expected) Expect(colors.count(id) == 1, "chart " + id + " present");
+  return colors;
+}
 
-  // 4. Layout: a copy of the page with a measuring script, as Chromium lays it out.
-  const int width = 1400;
+// 4. Layout: a copy of the page with a measuring script, as Chromium lays it out: each
+// chart's box by id, and the page's height. False when a check has failed by then.
+bool MeasureCharts(const std::string& chromium, const std::string& flags, int width,
+                   const std::string& html, const fs::path& dir,
+                   std::map<std::string, Box>* boxes, int* page_height) {
   const std::string measure =
       "<script>const b=[];document.querySelectorAll('svg.plot').forEach(s=>{const "
       "r=s.getBoundingClientRect();b.push(s.id+','+(r.left+scrollX)+','+(r.top+scrollY)+','+"
@@ -244,9 +237,6 @@ int main(int argc, char** argv) {
   copy.insert(copy.rfind("</body>"), measure);
   const fs::path copy_path = dir / "measure.html";
   std::ofstream(copy_path) << copy;
-  const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars "
-                            "--force-device-scale-factor=1 --no-first-run --user-data-dir=" +
-                            Quote((dir / "profile").string());
   std::string dom;
   Run(Quote(chromium) + flags + " --window-size=" + std::to_string(width) +
           ",1000 --dump-dom file://" + copy_path.string() + " 2>/dev/null",
@@ -256,11 +246,10 @@ int main(int argc, char** argv) {
   const size_t b0 = dom.find(marker);
   const size_t b1 = b0 == std::string::npos ? b0 : dom.find("END", b0);
   Expect(b0 != std::string::npos && b1 != std::string::npos, "chromium --dump-dom measured boxes");
-  if (failures) return 1;
+  if (failures) return false;
   const std::string boxes_text = dom.substr(b0 + marker.size(), b1 - b0 - marker.size());
   const size_t bar = boxes_text.rfind('|');
-  const int page_height = std::stoi(boxes_text.substr(bar + 1));
-  std::map<std::string, Box> boxes;
+  *page_height = std::stoi(boxes_text.substr(bar + 1));
   std::stringstream bs(boxes_text.substr(0, bar));
   for (std::string item; std::getline(bs, item, ';');) {
     std::stringstream is(item);
@@ -275,22 +264,27 @@ int main(int argc, char** argv) {
     b.w = std::stod(v);
     std::getline(is, v, ',');
     b.h = std::stod(v);
-    boxes[id] = b;
+    (*boxes)[id] = b;
   }
-  Expect(boxes.size() == colors.size(), "chromium laid out every chart");
+  return true;
+}
 
-  // 5. The screenshot of the page itself (no script), one window tall enough for all of it.
+// 5. The screenshot of the page itself (no script), one window tall enough for all of it,
+// decoded into img. False when a check has failed by then.
+bool Screenshot(const std::string& chromium, const std::string& flags, int width,
+                int page_height, const fs::path& html_path, const fs::path& dir, Image& img) {
   const fs::path png = dir / "report.png";
   Run(Quote(chromium) + flags + " --window-size=" + std::to_string(width) + "," +
       std::to_string(page_height) + " --screenshot=" + Quote(png.string()) + " file://" +
       html_path.string() + " > /dev/null 2>&1");
-  Image img;
   std::string why;
   Expect(fs::exists(png) && DecodePng(Read(png), img, why), "screenshot decodes: " + why);
-  if (failures) return 1;
-  Expect(img.width == width, "screenshot width " + std::to_string(img.width));
+  return failures == 0;
+}
 
-  // 6. Every chart: inside the image, not blank, and showing each of its data colours.
+// 6. Every chart: inside the image, not blank, and showing each of its data colours.
+void CheckCharts(std::map<std::string, Box>& boxes, std::map<std::string, std::string>& colors,
+                 const Image& img) {
   for (const auto& [id, box] : boxes) {
     const int x0 = static_cast<int>(std::ceil(box.x)), y0 = static_cast<int>(std::ceil(box.y));
     const int x1 = static_cast<int>(box.x + box.w) - 1, y1 = static_cast<int>(box.y + box.h) - 1;
@@ -326,21 +320,62 @@ int main(int argc, char** argv) {
                                 std::to_string(hits[k]) + " pixels)");
     }
   }
-  // 7. The cudnn model leaks by construction: its o map must show leak colours (a band of
-  // non-green, non-grey cells), i.e. pixels that are neither background, grey nor green.
-  {
-    const Box b = boxes["plot-leak-cpu-mxfp8-cudnn-o"];
-    int64_t leak_pixels = 0;
-    for (int y = static_cast<int>(b.y); y < static_cast<int>(b.y + b.h) && y < img.height; ++y) {
-      for (int x = static_cast<int>(b.x); x < static_cast<int>(b.x + b.w); ++x) {
-        const auto p = img.At(x, y);
-        // The change ramp (YlOrRd) has red well above blue and above green.
-        if (p[0] > 90 && p[0] - p[2] > 80 && p[0] - p[1] > 15) ++leak_pixels;
-      }
+}
+
+// 7. The cudnn model leaks by construction: its o map must show leak colours (a band of
+// non-green, non-grey cells), i.e. pixels that are neither background, grey nor green.
+void CheckLeakBand(std::map<std::string, Box>& boxes, const Image& img) {
+  const Box b = boxes["plot-leak-cpu-mxfp8-cudnn-o"];
+  int64_t leak_pixels = 0;
+  for (int y = static_cast<int>(b.y); y < static_cast<int>(b.y + b.h) && y < img.height; ++y) {
+    for (int x = static_cast<int>(b.x); x < static_cast<int>(b.x + b.w); ++x) {
+      const auto p = img.At(x, y);
+      // The change ramp (YlOrRd) has red well above blue and above green.
+      if (p[0] > 90 && p[0] - p[2] > 80 && p[0] - p[1] > 15) ++leak_pixels;
     }
-    Expect(leak_pixels > 200, "the o leak map shows the leak (" + std::to_string(leak_pixels) +
-                                  " leak-coloured pixels)");
   }
+  Expect(leak_pixels > 200, "the o leak map shows the leak (" + std::to_string(leak_pixels) +
+                                " leak-coloured pixels)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: audit_render_test ATTEST_CLI XMLLINT [CHROMIUM]\n";
+    return 2;
+  }
+  const std::string cli = argv[1], xmllint = argv[2];
+  const std::string chromium = FindChromium(argc, argv);
+  if (chromium.empty()) {
+    std::cout << "SKIP: no chromium (Debian package `chromium`, installed by tools/bootstrap)\n";
+    return 77;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("attest-audit-render-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+
+  RunAuditCli(cli, dir);
+  const fs::path html_path = dir / "report.html";
+  if (failures) return 1;
+  const std::string html = Read(html_path);
+  CheckMarkup(xmllint, html_path, html);
+  std::map<std::string, std::string> colors = ChartColors(html);
+
+  const int width = 1400;
+  const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars "
+                            "--force-device-scale-factor=1 --no-first-run --user-data-dir=" +
+                            Quote((dir / "profile").string());
+  std::map<std::string, Box> boxes;
+  int page_height = 0;
+  if (!MeasureCharts(chromium, flags, width, html, dir, &boxes, &page_height)) return 1;
+  Expect(boxes.size() == colors.size(), "chromium laid out every chart");
+  Image img;
+  if (!Screenshot(chromium, flags, width, page_height, html_path, dir, img)) return 1;
+  Expect(img.width == width, "screenshot width " + std::to_string(img.width));
+
+  CheckCharts(boxes, colors, img);
+  CheckLeakBand(boxes, img);
   if (failures == 0) {
     std::cout << "report.html: " << colors.size() << " charts present and drawn ("
               << img.width << "x" << img.height << " screenshot)\n";
