@@ -92,6 +92,81 @@ std::filesystem::path FuzzCasePath(const std::filesystem::path& dir, const std::
   return dir / fmt::format("{}-{}.case.json", check, Sha256Hex(CaseToText(c)).substr(0, 12));
 }
 
+namespace {
+
+// Differential mode: a failure the baseline shares is not the kernel's own.
+bool BaselinePasses(const FuzzOptions& options, const CheckInfo& check, const Case& cand) {
+  if (options.baseline == nullptr) return true;
+  auto b = RunCheckOnCase(*options.baseline, options.baseline_spec, cand, check,
+                          options.oracle_threads);
+  return b.ok() && !b->failed();
+}
+
+// Shrinks the drawn case fc.c of failure f (f.shrunk and the shrink counts); returns the
+// first failing verdict of the shrunk case, or `worst` when it no longer fails.
+Verdict ShrinkFailure(Kernel& kernel, const FuzzOptions& options, const Capabilities& caps,
+                      const FuzzCase& fc, const CheckOutcome& outcome,
+                      std::chrono::steady_clock::time_point start, FuzzFailure& f,
+                      Verdict worst) {
+  // Never demand a larger margin than the drawn case has.
+  double original_margin = 0;
+  for (const Verdict& v : outcome.failing)
+    original_margin = std::max(original_margin, v.margin);
+  const double min_margin = std::min(options.shrink_min_margin, original_margin);
+  // The --time budget covers shrinking: past it (or after a stop signal) every further
+  // candidate counts as passing, so the best case so far is kept and saved, and the run
+  // ends within its budget plus one kernel call instead of being killed reportless.
+  auto fails = [&](const Case& cand) {
+    if (StopSignal() != 0) {
+      f.shrink_cut = "signal";
+      return false;
+    }
+    if (options.seconds && Since(start) >= *options.seconds) {
+      f.shrink_cut = "deadline";
+      return false;
+    }
+    auto o =
+        RunCheckOnCase(kernel, options.kernel_spec, cand, *fc.check, options.oracle_threads);
+    if (!o.ok() || !o->failed()) return false;
+    double margin = 0;
+    for (const Verdict& v : o->failing) margin = std::max(margin, v.margin);
+    return margin >= min_margin && BaselinePasses(options, *fc.check, cand);
+  };
+  ShrinkResult s = Shrink(fc.c, caps, fails, options.max_shrink_attempts);
+  f.shrunk = s.c;
+  f.shrink_steps = s.steps;
+  f.shrink_attempts = s.attempts;
+  auto final_o = RunCheckOnCase(kernel, options.kernel_spec, f.shrunk, *fc.check,
+                                options.oracle_threads);
+  if (final_o.ok() && final_o->failed()) worst = final_o->failing.front();
+  return worst;
+}
+
+// Where failure f of case n can be had again: its shrunk case saved into --out and a repro
+// of that file, or with no --out the fuzz command line that draws the case again.
+Status RecordRepro(const FuzzOptions& options, int64_t n, FuzzFailure& f) {
+  if (options.out_dir) {
+    const auto path = FuzzCasePath(*options.out_dir, f.check, f.shrunk);
+    if (Status s = SaveCase(path, f.shrunk); !s.ok()) return s;
+    f.case_file = path;
+    f.repro = ReproCommand(options.kernel_spec, path, f.check);
+  } else {
+    // No directory: the case is printed whole by the caller; the repro names the seed.
+    f.repro = fmt::format("attest fuzz --kernel {} --seed {} --cases {} --shard {}/{}",
+                          options.kernel_spec, options.seed, n + 1, options.shard_index,
+                          options.shard_count);
+    for (const std::string& c : options.checks) f.repro += " --check " + c;
+    for (const std::string& g : options.limits.generators) f.repro += " --generator " + g;
+    if (options.limits.max_seqlen != DrawLimits{}.max_seqlen) {
+      f.repro += fmt::format(" --max-seqlen {}", options.limits.max_seqlen);
+    }
+    if (options.baseline) f.repro += " --baseline " + options.baseline_spec;
+  }
+  return {};
+}
+
+}  // namespace
+
 Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
   if (options.cases.has_value() == options.seconds.has_value()) {
     return Error{"give exactly one of --cases and --time"};
@@ -166,15 +241,8 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
                                DescribeProblem(fc.c.problem), outcome.error().message)};
     }
     if (outcome->applicable) ++stats.judged;
-    // Differential mode: a failure the baseline shares is not the kernel's own.
-    auto baseline_passes = [&](const Case& cand) {
-      if (options.baseline == nullptr) return true;
-      auto b = RunCheckOnCase(*options.baseline, options.baseline_spec, cand, *fc.check,
-                              options.oracle_threads);
-      return b.ok() && !b->failed();
-    };
     bool counts = outcome->failed();
-    if (counts && !baseline_passes(fc.c)) {
+    if (counts && !BaselinePasses(options, *fc.check, fc.c)) {
       ++stats.baseline_failures;
       counts = false;
     }
@@ -188,58 +256,12 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
       Verdict worst = outcome->failing.front();
       if (options.shrink) {
         tick(true);
-        // Never demand a larger margin than the drawn case has.
-        double original_margin = 0;
-        for (const Verdict& v : outcome->failing)
-          original_margin = std::max(original_margin, v.margin);
-        const double min_margin = std::min(options.shrink_min_margin, original_margin);
-        // The --time budget covers shrinking: past it (or after a stop signal) every further
-        // candidate counts as passing, so the best case so far is kept and saved, and the run
-        // ends within its budget plus one kernel call instead of being killed reportless.
-        auto fails = [&](const Case& cand) {
-          if (StopSignal() != 0) {
-            f.shrink_cut = "signal";
-            return false;
-          }
-          if (options.seconds && Since(start) >= *options.seconds) {
-            f.shrink_cut = "deadline";
-            return false;
-          }
-          auto o =
-              RunCheckOnCase(kernel, options.kernel_spec, cand, *fc.check, options.oracle_threads);
-          if (!o.ok() || !o->failed()) return false;
-          double margin = 0;
-          for (const Verdict& v : o->failing) margin = std::max(margin, v.margin);
-          return margin >= min_margin && baseline_passes(cand);
-        };
-        ShrinkResult s = Shrink(fc.c, caps, fails, options.max_shrink_attempts);
-        f.shrunk = s.c;
-        f.shrink_steps = s.steps;
-        f.shrink_attempts = s.attempts;
-        auto final_o = RunCheckOnCase(kernel, options.kernel_spec, f.shrunk, *fc.check,
-                                      options.oracle_threads);
-        if (final_o.ok() && final_o->failed()) worst = final_o->failing.front();
+        worst = ShrinkFailure(kernel, options, caps, fc, *outcome, start, f, std::move(worst));
       }
       f.tensor = worst.tensor;
       f.message = worst.message;
       f.margin = worst.margin;
-      if (options.out_dir) {
-        const auto path = FuzzCasePath(*options.out_dir, f.check, f.shrunk);
-        if (Status s = SaveCase(path, f.shrunk); !s.ok()) return s.error();
-        f.case_file = path;
-        f.repro = ReproCommand(options.kernel_spec, path, f.check);
-      } else {
-        // No directory: the case is printed whole by the caller; the repro names the seed.
-        f.repro = fmt::format("attest fuzz --kernel {} --seed {} --cases {} --shard {}/{}",
-                              options.kernel_spec, options.seed, n + 1, options.shard_index,
-                              options.shard_count);
-        for (const std::string& c : options.checks) f.repro += " --check " + c;
-        for (const std::string& g : options.limits.generators) f.repro += " --generator " + g;
-        if (options.limits.max_seqlen != DrawLimits{}.max_seqlen) {
-          f.repro += fmt::format(" --max-seqlen {}", options.limits.max_seqlen);
-        }
-        if (options.baseline) f.repro += " --baseline " + options.baseline_spec;
-      }
+      if (Status s = RecordRepro(options, n, f); !s.ok()) return s.error();
       report.failures.push_back(std::move(f));
     }
     stats.seconds += Since(t0);
