@@ -1,57 +1,37 @@
-// Tests of verify/tolerance/term_scale.h: the tiled dgemm computation against a naive loop
-// over every mask / score feature, the Sk = 1 case whose exact dq, dk vanish while the terms
-// do not, and the FloorScale::kTerms floor end to end (rounding-sized noise on a cancelled
-// row passes, a mutant-sized error still fails); the rounding floors: the tiled
-// computation against their definition on the same features, FlashAttention-2's recipe
-// reference bounded by them on tiny cases (and reaching most of them), the profile wiring and
-// Evaluate's max(k x pt, R_e).
+// Tests of verify/tolerance/term_scale.h against the definitions: the tiled dgemm computation
+// of the term magnitudes against a naive loop over every mask / score feature, the Sk = 1 case
+// whose exact dq, dk vanish while the terms do not, the rounding floors' tiled computation
+// against their definition on the same features, and the bits of both whatever the thread
+// count. The floors in use are tested in terms_floor_test.cc and rounding_floor_test.cc.
 #include "verify/tolerance/term_scale.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
 #include <cstring>
-#include <string>
-#include <utility>
+#include <initializer_list>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "reference/case/inputs.h"
 #include "reference/formats/format.h"
 #include "reference/oracle/oracle.h"
-#include "reference/case/inputs.h"
 #include "reference/problem/mask.h"
 #include "reference/recipes/recipe.h"
-#include "verify/tolerance/baseline.h"
-#include "run/compare.h"
-#include "verify/metrics/metrics.h"
-#include "verify/tolerance/tolerance.h"
+#include "verify/tolerance/term_scale_test_util.h"
 
 namespace attest {
 namespace {
 
+using term_scale_test::Base;
+using term_scale_test::Computed;
+using term_scale_test::RunCase;
+
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-Case MakeCase(const Problem& p, uint64_t seed = 7) {
-  Case c;
-  c.problem = p;
-  c.generator = GeneratorSpec{"gaussian", seed, nlohmann::json::object()};
-  return c;
-}
-
-Problem Base() {
-  Problem p;
-  p.batch = 2;
-  p.heads_q = 4;
-  p.heads_kv = 2;
-  p.seqlen_q = 70;   // more than one query tile (64)
-  p.seqlen_k = 300;  // more than one key tile (256)
-  p.head_dim = 16;
-  p.head_dim_v = 8;
-  p.dtype = DType::kBF16;
-  return p;
-}
 
 // The definition, one element at a time: dq_terms = |scale| max_d sum_j A_ij |k_jd|,
 // dk_terms = |scale| max_d sum_{h, i} A_ij |q_id|, A = P (|dP| + |D|).
@@ -114,22 +94,6 @@ GradientTermScales Naive(const Problem& p, const CaseInputs& in, const BackwardO
     out.dk.data<double>()[r] = dv * std::fabs(scale) * *std::max_element(row, row + d);
   }
   return out;
-}
-
-struct Computed {
-  CaseInputs in;
-  BackwardOut ref;
-  GradientTermScales terms;
-};
-
-Computed RunCase(const Problem& p, uint64_t seed = 7) {
-  auto in = MakeCaseInputs(MakeCase(p, seed));
-  EXPECT_TRUE(in.ok()) << in.error().message;
-  Computed c{*in, Backward<double>(p, in->q, in->k, in->v, in->dout), {}};
-  auto t = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, c.in.dout, c.ref.lse);
-  EXPECT_TRUE(t.ok()) << t.error().message;
-  c.terms = *t;
-  return c;
 }
 
 // The rounding floors by their definition (term_scale.h), one element at a time, for the
@@ -518,325 +482,6 @@ TEST(GradientTermScales, ErrorsNameTheTensor) {
   auto no_do = ComputeGradientTermScales(p, c.in.q, c.in.k, c.in.v, Tensor(), c.ref.lse);
   ASSERT_FALSE(no_do.ok());
   EXPECT_NE(no_do.error().message.find("do"), std::string::npos) << no_do.error().message;
-}
-
-// The floor end to end on the Sk = 1 row of the gate ("tile boundary 129x1"): a kernel whose
-// dq is rounding noise of 4 fp32 ULPs of the terms fails the row floor (0 there) and passes
-// the terms floor; a mutant-sized error on a non-degenerate case fails both.
-TEST(TermsFloor, CancelledRowNoisePassesMutantSizedErrorFails) {
-  Problem p;
-  p.batch = 1;
-  p.heads_q = 2;
-  p.heads_kv = 1;
-  p.seqlen_q = 129;
-  p.seqlen_k = 1;
-  p.head_dim = 64;
-  p.head_dim_v = 64;
-  const Computed c = RunCase(p, 2026);
-  const Layout layout = LayoutOf(p, "dq");
-  // Noise: 4 u_fp32 (u = 2^-24) of the row's terms, alternating in sign.
-  Tensor noisy = Tensor::Zeros(DType::kF64, p.QShape());
-  double* n = noisy.data<double>();
-  for (int64_t e = 0; e < noisy.numel(); ++e) {
-    const double t = c.terms.dq.data<double>()[e / p.head_dim];
-    n[e] = (e % 2 ? 1 : -1) * std::ldexp(t, -24);
-  }
-  // The bf16 "pt" is exact here (dq = 0 in any precision with D = rowsum(P dP)).
-  auto base = Compare("dq", c.ref.dq, c.ref.dq, Format::kBF16, layout);
-  auto m = Compare("dq", noisy, c.ref.dq, Format::kBF16, layout);
-  ASSERT_TRUE(base.ok() && m.ok());
-  const Policy row = BaselineRatio(4, 2, FloorScale::kRow, Format::kBF16);
-  Policy terms = BaselineRatio(4, 2, FloorScale::kTerms, Format::kBF16);
-  terms.term_ulps = 2;  // as the bf16 profile: 2 fp32 ULPs of the (Dv-scaled) terms
-  EXPECT_FALSE(Evaluate(row, *m, &*base).pass);
-  // Without term magnitudes kTerms is the row floor and fails too.
-  EXPECT_FALSE(Evaluate(terms, *m, &*base).pass);
-  ASSERT_TRUE(SetRowTermScales(*m, c.terms.dq).ok());
-  const Verdict v = Evaluate(terms, *m, &*base);
-  EXPECT_TRUE(v.pass) << v.message;
-  // 1 u_fp32 of the terms against 2 fp32 ULPs of them: at most 0.5.
-  EXPECT_LE(v.margin, 0.5) << v.message;
-  EXPECT_NE(v.policy.find("ulp(terms)"), std::string::npos) << v.policy;
-  EXPECT_NE(v.message.find("terms"), std::string::npos) << v.message;
-  // A wrong count of term magnitudes is an error naming the tensor.
-  Status bad = SetRowTermScales(*m, c.terms.dk);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("dq"), std::string::npos);
-
-  // A non-degenerate case: dq scaled by 1.05 (a 5% error, far above bf16 rounding) fails the
-  // terms floor too, with an exact baseline so that only the floor allows anything.
-  const Problem q = Base();
-  const Computed d = RunCase(q, 11);
-  const Layout ql = LayoutOf(q, "dq");
-  Tensor scaled = d.ref.dq.Clone();
-  for (double& x : scaled.span<double>()) x *= 1.05;
-  auto qb = Compare("dq", d.ref.dq, d.ref.dq, Format::kBF16, ql);
-  auto qm = Compare("dq", scaled, d.ref.dq, Format::kBF16, ql);
-  ASSERT_TRUE(qb.ok() && qm.ok());
-  ASSERT_TRUE(SetRowTermScales(*qm, d.terms.dq).ok());
-  const Verdict w = Evaluate(terms, *qm, &*qb);
-  EXPECT_FALSE(w.pass) << w.message;
-}
-
-TEST(TermsFloor, ProfilesUseTermsForDqDkOnly) {
-  for (const char* name : {"f32", "bf16", "f16", "mxfp8-cudnn", "mxfp8-pvbf16", "nvfp4-mixed",
-                           "fp8-e4m3-tensor"}) {
-    const Profile* prof = FindProfile(name);
-    ASSERT_NE(prof, nullptr) << name;
-    EXPECT_TRUE(prof->needs_term_scale()) << name;
-    for (const char* t : {"dq", "dk"}) {
-      ASSERT_NE(prof->For(t), nullptr);
-      EXPECT_EQ(prof->For(t)->front().floor_scale, FloorScale::kTerms) << name << " " << t;
-    }
-    for (const char* t : {"o", "lse", "dv"}) {
-      EXPECT_EQ(prof->For(t)->front().floor_scale, FloorScale::kRow) << name << " " << t;
-    }
-    EXPECT_NE(Summary(*prof).find("ulp(terms)"), std::string::npos) << Summary(*prof);
-  }
-  EXPECT_TRUE(FindProfile("fp8")->needs_term_scale());  // its dq, dk floor on the terms too
-}
-
-}  // namespace
-}  // namespace attest
-
-namespace attest {
-namespace {
-
-// The H200 measurement that motivated kTerms (docs/gpu-results.md, gate row "tile boundary 129x1",
-// failing case accuracy-dq-f083e65f of the sdpa-cudnn bf16 run: the gate's problem and
-// generator seed below). PyTorch sdpa-cudnn and sdpa-efficient returned
-// these worst errors where the exact dq / dk are 0; each must now be within the bf16 floor
-// of 2 ULPs of the row's terms (the baseline is exact, so the floor is all that is allowed).
-TEST(TermsFloor, H200MeasuredSingleKeyErrorsPass) {
-  Problem p;
-  p.batch = 1;
-  p.heads_q = 2;
-  p.heads_kv = 1;
-  p.seqlen_q = 129;
-  p.seqlen_k = 1;
-  p.head_dim = 64;
-  p.head_dim_v = 64;
-  const Computed c = RunCase(p, 3673004375947936861ULL);
-  struct Measured {
-    const char* what;
-    bool dq;
-    int64_t h, i;  // i: query (dq) or key (dk)
-    double err;
-  };
-  for (const Measured& m : {Measured{"cudnn dq (h0 i31)", true, 0, 31, 6.258487701416016e-07},
-                            Measured{"efficient dq (h0 i29)", true, 0, 29, 9.387731552124023e-07},
-                            Measured{"cudnn dk (j0)", false, 0, 0, 3.2186508178710938e-06},
-                            Measured{"efficient dk (j0)", false, 0, 0, 3.6507844924926758e-06}}) {
-    const double terms = m.dq ? c.terms.dq.data<double>()[m.i * p.heads_q + m.h]
-                              : c.terms.dk.data<double>()[m.i * p.heads_kv + m.h];
-    const double allowed = 2 * Quantum(terms, Format::kBF16);
-    EXPECT_LE(m.err, allowed) << m.what << ": terms " << terms;
-    // And the error is rounding-sized: within 64 fp32 ULPs of the terms (fp32 accumulation).
-    EXPECT_LE(m.err, 64 * Quantum(terms, Format::kF32)) << m.what << ": terms " << terms;
-    std::printf("%s: err %.3g terms %.3g allowed %.3g margin %.3g\n", m.what, m.err, terms,
-                allowed, m.err / allowed);
-  }
-}
-
-}  // namespace
-}  // namespace attest
-
-namespace attest {
-namespace {
-
-// `attest compare` (run/compare.h) end to end: the oracle's outputs rounded to bf16, dq
-// replaced by `dq` (f64, rounded to bf16 too).
-Expected<CompareOutputsResult> CompareWithDq(const Case& c, const Tensor& dq,
-                                             const Profile* profile) {
-  auto in = MakeCaseInputs(c);
-  EXPECT_TRUE(in.ok());
-  const BackwardOut r = Backward<double>(c.problem, in->q, in->k, in->v, in->dout);
-  NamedTensors out;
-  out.Add("o", *FromF64(r.o, DType::kBF16));
-  out.Add("lse", *FromF64(r.lse, DType::kF32));
-  out.Add("dq", *FromF64(dq, DType::kBF16));
-  out.Add("dk", *FromF64(r.dk, DType::kBF16));
-  out.Add("dv", *FromF64(r.dv, DType::kBF16));
-  CompareOutputsOptions opt;
-  opt.profile = profile;
-  return CompareOutputs(c, out, opt);
-}
-
-const Verdict* Find(const Report& r, std::string_view tensor) {
-  for (const Verdict& v : r.verdicts) {
-    if (v.tensor == tensor) return &v;
-  }
-  return nullptr;
-}
-
-TEST(TermsFloor, CompareOutputsFillsTermsForDq) {
-  Problem p;
-  p.batch = 1;
-  p.heads_q = 2;
-  p.heads_kv = 1;
-  p.seqlen_q = 129;
-  p.seqlen_k = 1;
-  p.head_dim = 64;
-  p.head_dim_v = 64;
-  const Case c = MakeCase(p, 3673004375947936861ULL);
-  const Computed k = RunCase(p, 3673004375947936861ULL);
-  Tensor noisy = Tensor::Zeros(DType::kF64, p.QShape());
-  double* n = noisy.data<double>();
-  for (int64_t e = 0; e < noisy.numel(); ++e) {
-    n[e] = (e % 3 ? 1 : -1) * std::ldexp(k.terms.dq.data<double>()[e / p.head_dim], -24);
-  }
-  // The bf16 profile (dq floors on terms) passes; the same profile with the row floor alone
-  // (no terms, no rounding floor: with one key D's rounding from the bf16 O is a legitimate
-  // error of this size, term_scale.h) fails.
-  auto with_terms = CompareWithDq(c, noisy, nullptr);
-  ASSERT_TRUE(with_terms.ok()) << with_terms.error().message;
-  const Verdict* v = Find(with_terms->report, "dq");
-  ASSERT_NE(v, nullptr);
-  EXPECT_TRUE(v->pass) << v->message;
-  Profile row_only = *FindProfile("bf16");
-  for (TensorPolicies& t : row_only.tensors) {
-    for (Policy& pol : t.policies) {
-      pol.floor_scale = FloorScale::kRow;
-      pol.rounding_floor = false;
-    }
-  }
-  auto with_row = CompareWithDq(c, noisy, &row_only);
-  ASSERT_TRUE(with_row.ok());
-  const Verdict* w = Find(with_row->report, "dq");
-  ASSERT_NE(w, nullptr);
-  EXPECT_FALSE(w->pass) << w->message;
-  EXPECT_GT(w->margin, 1e20) << w->message;
-
-  // A mutant-sized error (dq x 1.05) on a non-degenerate case still fails.
-  const Problem q = Base();
-  const Case cq = MakeCase(q, 11);
-  const Computed d = RunCase(q, 11);
-  Tensor scaled = d.ref.dq.Clone();
-  for (double& x : scaled.span<double>()) x *= 1.05;
-  auto bad = CompareWithDq(cq, scaled, nullptr);
-  ASSERT_TRUE(bad.ok()) << bad.error().message;
-  const Verdict* b = Find(bad->report, "dq");
-  ASSERT_NE(b, nullptr);
-  EXPECT_FALSE(b->pass) << b->message;
-  std::printf("dq x 1.05: margin %.3g (%s)\n", b->margin, b->message.c_str());
-}
-
-// The floor bounds what it claims to bound: FlashAttention-2's recipe reference
-// (baseline.h RecipeReferenceBackward: P and dS rounded to the input dtype, D from the rounded
-// O, everything else float64, outputs rounded once) differs from the oracle by at most the
-// rounding floor plus its own output rounding, on the tiny cases where the SDPA-math "pt"
-// collapses (Sq, Sk <= 6: every row within the floor's exact worst-case range of 16 terms).
-// And the floor is not vacuous: the largest ratio is reported and must exceed 0.2.
-TEST(RoundingFloors, BoundFlashAttention2RoundingOnTinyCases) {
-  double worst = 0;
-  int64_t cases = 0;
-  for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    const Recipe& recipe = *FindRecipe(dtype == DType::kBF16 ? "bf16" : "f16");
-    const Format f = *FormatOf(dtype);
-    const RoundingPoints pts = RoundingPointsOf(recipe, dtype);
-    for (uint64_t seed = 1; seed <= 60; ++seed) {
-      Problem p;
-      p.batch = 1;
-      p.heads_q = 2;
-      p.heads_kv = seed % 2 ? 1 : 2;
-      p.seqlen_q = 1 + static_cast<int64_t>(seed % 3) * 2;
-      p.seqlen_k = 1 + static_cast<int64_t>(seed % 6);
-      p.head_dim = 16;
-      p.head_dim_v = seed % 4 ? 16 : 32;
-      p.causal = seed % 5 == 0;
-      p.softcap = seed % 7 == 0 ? 1.0 : 0.0;
-      p.dtype = dtype;
-      Case c;
-      c.problem = p;
-      c.generator = seed % 2 ? GeneratorSpec{"outlier-channels", seed,
-                                             nlohmann::json{{"count", 1}, {"scale", 8.0}}}
-                             : GeneratorSpec{"gaussian", seed, nlohmann::json{{"std", 3.0}}};
-      auto in = MakeCaseInputs(c);
-      ASSERT_TRUE(in.ok()) << in.error().message;
-      const BackwardOut ref = Backward<double>(p, in->q, in->k, in->v, in->dout);
-      auto rr = RecipeReferenceBackward(p, recipe, in->q, in->k, in->v, in->dout);
-      ASSERT_TRUE(rr.ok()) << rr.error().message;
-      auto fl = ComputeRoundingFloors(p, pts, in->q, in->k, in->v, in->dout, ref.lse, ref.o,
-                                      ref.delta);
-      ASSERT_TRUE(fl.ok()) << fl.error().message;
-      ++cases;
-      for (const auto& [got_t, ref_t, fl_t, name] :
-           {std::tuple{&rr->o, &ref.o, &fl->o, "o"}, std::tuple{&rr->dq, &ref.dq, &fl->dq, "dq"},
-            std::tuple{&rr->dk, &ref.dk, &fl->dk, "dk"},
-            std::tuple{&rr->dv, &ref.dv, &fl->dv, "dv"}}) {
-        const auto g = got_t->span<const double>();
-        const auto r = ref_t->span<const double>();
-        const auto b = fl_t->span<const double>();
-        for (size_t e = 0; e < g.size(); ++e) {
-          // The reference's own output rounding (<= 1/2 ulp at the rounded value; one ulp
-          // at the exact one covers a binade change), plus second-order terms (u^2).
-          const double out_round = Quantum(std::max(std::fabs(r[e]), std::fabs(g[e])), f);
-          const double err = std::fabs(g[e] - r[e]);
-          EXPECT_LE(err, 1.01 * b[e] + out_round)
-              << Name(dtype) << " seed " << seed << " " << name << "[" << e << "]";
-          if (b[e] > out_round) worst = std::max(worst, (err - 0.5 * out_round) / b[e]);
-        }
-      }
-    }
-  }
-  std::printf("recipe reference vs oracle: largest (err - ulp/2) / floor over %lld cases: %.3g\n",
-              static_cast<long long>(cases), worst);
-  EXPECT_GT(worst, 0.2) << "a floor this far above the rounding it bounds proves nothing";
-}
-
-TEST(RoundingFloors, OnlyTheBf16AndF16ProfilesUseThem) {
-  for (const Profile& pr : AllProfiles()) {
-    const bool want = pr.name == "bf16" || pr.name == "f16";
-    EXPECT_EQ(pr.needs_rounding_floor(), want) << pr.name;
-    if (want) {
-      EXPECT_EQ(pr.rounding_recipe, pr.name);
-      for (const char* t : {"o", "dq", "dk", "dv"}) {
-        EXPECT_TRUE(pr.For(t)->front().rounding_floor) << pr.name << " " << t;
-      }
-      EXPECT_FALSE(pr.For("lse")->front().rounding_floor) << pr.name;
-    }
-  }
-  // Recipe rounding points: block-scaled and fp32 operands have none.
-  const RoundingPoints mx = RoundingPointsOf(*FindRecipe("mxfp8-cudnn"), DType::kBF16);
-  EXPECT_FALSE(mx.ds_dq || mx.ds_dk);
-  EXPECT_TRUE(mx.p_pv && mx.p_pv->format == Format::kE4M3FN && mx.p_pv->pre_scale == 16);
-}
-
-// max(k B, R): the floor replaces k x pt only where it is larger; elsewhere the bound is the
-// old one to the bit.
-TEST(RoundingFloors, EvaluateTakesTheLargerOfRatioAndFloor) {
-  Tensor obs = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
-  Tensor ref = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
-  Tensor base = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
-  for (int e = 0; e < 4; ++e) {
-    ref.data<double>()[e] = 1.0;
-    base.data<double>()[e] = 1.0;
-    obs.data<double>()[e] = 1.0 + 0.01 * (e + 1);
-  }
-  base.data<double>()[0] = 1.0 + 1e-3;
-  Problem p;
-  p.batch = p.heads_q = p.heads_kv = p.seqlen_q = 1;
-  p.seqlen_k = 1;
-  p.head_dim = p.head_dim_v = 4;
-  auto m = Compare("o", obs, ref, Format::kBF16, LayoutOf(p, "o"));
-  auto bm = Compare("o", base, ref, Format::kBF16, LayoutOf(p, "o"));
-  ASSERT_TRUE(m.ok() && bm.ok());
-  Policy pol = BaselineRatio(2, 0, FloorScale::kRow, Format::kBF16);
-  pol.rounding_floor = true;
-  const Verdict without = Evaluate(pol, *m, &*bm);  // no floors set: 2 x 1e-3
-  EXPECT_NEAR(without.allowed, 2e-3, 1e-12);
-  Tensor fl = Tensor::Zeros(DType::kF64, {1, 1, 1, 4});
-  for (int e = 0; e < 4; ++e) fl.data<double>()[e] = e < 2 ? 1e-4 : 0.05;
-  ASSERT_TRUE(SetRoundingFloor(*m, fl).ok());
-  const Verdict with = Evaluate(pol, *m, &*bm);
-  // Elements 0, 1: 2e-3 (floor smaller) -> margins 5, 10; elements 2, 3: 0.05 -> 0.6, 0.8.
-  EXPECT_FALSE(with.pass);
-  EXPECT_NEAR(with.allowed, 2e-3, 1e-12);
-  EXPECT_NEAR(with.margin, 10, 1e-9);
-  EXPECT_EQ(with.worst.flat, 1);
-  pol.rounding_floor = false;  // the policy decides, not the metrics
-  EXPECT_NEAR(Evaluate(pol, *m, &*bm).allowed, 2e-3, 1e-12);
-  EXPECT_FALSE(SetRoundingFloor(*m, Tensor::Zeros(DType::kF64, {3})).ok());
 }
 
 }  // namespace
