@@ -1,8 +1,8 @@
-// Tolerance policies, the profile table and Evaluate (see tolerance.h). Every number in the
-// table cites its evidence; numbers marked "estimate" come from format precision, not from a
-// measurement. The family rows fp8 / mxfp8 / nvfp4 are bounds derived from the element formats
-// (below). docs/tolerances.md shows the measured ratios of the low-precision models against
-// the bound.
+// Tolerance policies, the profile table and Evaluate (see tolerance.h; the profiles as JSON
+// are profile_json.cc). Every number in the table cites its evidence; numbers marked
+// "estimate" come from format precision, not from a measurement. The family rows fp8 / mxfp8 /
+// nvfp4 are bounds derived from the element formats (below). docs/tolerances.md shows the
+// measured ratios of the low-precision models against the bound.
 #include "verify/tolerance/tolerance.h"
 
 #include <fmt/format.h>
@@ -12,7 +12,6 @@
 #include <deque>
 #include <mutex>
 #include <limits>
-#include <nlohmann/json.hpp>
 
 #include "reference/names.h"
 #include "reference/recipes/recipe.h"
@@ -539,108 +538,169 @@ Expected<const Profile*> ProfileFor(const Capabilities& caps) {
   return Error{"capabilities: the kernel declares no profile, recipe or dtype"};
 }
 
-nlohmann::json PolicyToJson(const Policy& p) {
-  nlohmann::json j = {{"kind", Name(p.kind)}, {"rule", p.Describe()}};
-  if (p.format) j["format"] = Name(*p.format);
-  if (p.format && p.format_scale != 1.0) j["format_scale"] = p.format_scale;
-  switch (p.kind) {
-    case PolicyKind::kBaselineRatio:
-      j["ratio"] = p.ratio;
-      j["floor_ulps"] = p.floor_ulps;
-      j["floor_scale"] = Name(p.floor_scale);
-      if (p.rounding_floor) j["rounding_floor"] = true;
-      if (p.floor_scale == FloorScale::kTerms) j["term_ulps"] = p.term_ulps;
-      break;
-    case PolicyKind::kAbsRel:
-      j["atol"] = p.atol;
-      j["rtol"] = p.rtol;
-      j["atol_relative_to_max"] = p.atol_relative_to_max;
-      break;
-    case PolicyKind::kUlpBudget:
-      j["ulps"] = p.ulps;
-      break;
-    case PolicyKind::kCosineFloor:
-      j["min_cosine"] = p.min_cosine;
-      j["per_row"] = p.per_row;
-      break;
-    case PolicyKind::kFormatBound:
-      j["floor_ulps"] = p.floor_ulps;
-      j["floor_scale"] = Name(p.floor_scale);
-      if (p.floor_scale == FloorScale::kTerms) j["term_ulps"] = p.term_ulps;
-      break;
-  }
-  return j;
+namespace {
+
+// The failing verdict of a tensor with non-finite mismatches.
+void NonFiniteVerdict(const TensorMetrics& m, Verdict& v) {
+  v.pass = false;
+  v.observed = static_cast<double>(m.nonfinite_mismatches);
+  v.allowed = 0;
+  v.margin = kInf;
+  v.worst = m.first_nonfinite;
+  v.message = m.reference_nans > 0
+                  ? fmt::format(
+                        "{}: the reference holds {} NaN (a broken comparison never "
+                        "passes); first mismatch at {}",
+                        m.tensor, m.reference_nans, m.first_nonfinite.ToString())
+                  : fmt::format(
+                        "{}: {} non-finite value(s) where the oracle is finite (or "
+                        "finite where it is infinite), first at {}",
+                        m.tensor, m.nonfinite_mismatches, m.first_nonfinite.ToString());
 }
 
-nlohmann::json ProfileToJson(const Profile& p) {
-  nlohmann::json tensors = nlohmann::json::object();
-  for (const TensorPolicies& t : p.tensors) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const Policy& pol : t.policies) list.push_back(PolicyToJson(pol));
-    tensors[t.tensor] = list;
+// The baseline ratio: ratio x the baseline's error (or the rounding floor where the policy takes
+// it and it is larger) plus the ULP floor, element by element.
+void BaselineRatioVerdict(const Policy& policy, const TensorMetrics& m,
+                          const TensorMetrics& baseline, Verdict& v) {
+  const double b = baseline.max_abs_error;
+  const double base_k = policy.ratio * b;
+  const Format f = policy.format.value_or(m.format);
+  const double* rfloor = policy.rounding_floor && m.rounding_floor.defined()
+                             ? m.rounding_floor.data<double>()
+                             : nullptr;
+  WorstElement(
+      m,
+      [&](int64_t e, int64_t r) {
+        const RowMetrics& row = m.rows[static_cast<size_t>(r)];
+        const double base_term = rfloor != nullptr ? std::max(base_k, rfloor[e]) : base_k;
+        double scale = 0;
+        switch (policy.floor_scale) {
+          case FloorScale::kElement:
+            scale = std::fabs(m.reference.data<double>()[e]);
+            break;
+          case FloorScale::kRow:
+            scale = row.ref_max_abs;
+            break;
+          case FloorScale::kTerms:
+            return base_term + policy.floor_ulps * PolicyQuantum(policy, row.ref_max_abs, f) +
+                   policy.term_ulps * Quantum(row.term_scale, Format::kF32) +
+                   m.declared_allowance;
+        }
+        return base_term + policy.floor_ulps * PolicyQuantum(policy, scale, f) +
+               m.declared_allowance;
+      },
+      v);
+  v.message = fmt::format("{}: error {} vs allowed {} ({}x baseline {} + floor) at {}",
+                          m.tensor, Num(v.observed), Num(v.allowed), Num(policy.ratio), Num(b),
+                          v.worst.ToString());
+  if (policy.floor_scale == FloorScale::kTerms && v.worst.flat >= 0) {
+    const RowMetrics& row = m.rows[static_cast<size_t>(m.RowOf(v.worst.flat))];
+    v.message += m.has_term_scale
+                     ? fmt::format("; row max|ref| {}, terms {}", Num(row.ref_max_abs),
+                                   Num(row.term_scale))
+                     : std::string("; term magnitudes unknown: row floor");
   }
-  return {{"name", p.name},
-          {"description", p.description},
-          {"evidence", p.evidence},
-          {"summary", Summary(p)},
-          {"tensors", tensors}};
+  if (rfloor != nullptr && v.worst.flat >= 0) {
+    v.message += fmt::format("; rounding floor {}", Num(rfloor[v.worst.flat]));
+  }
+  if (m.declared_allowance > 0) {
+    v.message += fmt::format("; + {} ({})", Num(m.declared_allowance), m.declared_note);
+  }
+  if (baseline.nonfinite_mismatches > 0) {
+    v.message += fmt::format("; the baseline had {} non-finite values (ignored)",
+                             baseline.nonfinite_mismatches);
+  }
 }
 
-std::string Summary(const Profile& p) {
-  // Tensors with identical policy lists share one entry ("dq dk dv: ...").
-  std::vector<std::pair<std::string, std::string>> groups;
-  for (const TensorPolicies& t : p.tensors) {
-    std::string rules;
-    for (const Policy& pol : t.policies) rules += (rules.empty() ? "" : ", ") + pol.Describe();
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.second == rules; });
-    if (it != groups.end()) {
-      it->first += " " + t.tensor;
-    } else {
-      groups.emplace_back(t.tensor, rules);
+void AbsRelVerdict(const Policy& policy, const TensorMetrics& m, Verdict& v) {
+  const double atol = policy.atol * (policy.atol_relative_to_max ? m.ref_max_abs : 1.0);
+  const double* ref = m.reference.data<double>();
+  WorstElement(
+      m, [&](int64_t e, int64_t) { return atol + policy.rtol * std::fabs(ref[e]); }, v);
+  v.message = fmt::format("{}: error {} vs allowed {} at {}", m.tensor, Num(v.observed),
+                          Num(v.allowed), v.worst.ToString());
+}
+
+void UlpBudgetVerdict(const Policy& policy, const TensorMetrics& m, Verdict& v) {
+  const Format f = policy.format.value_or(m.format);
+  const double fs = policy.format ? policy.format_scale : 1.0;
+  if (f == m.format && fs == 1.0) {
+    v.observed = m.max_ulp;
+    v.worst = m.worst_ulp;
+  } else {
+    // Recount in the policy's format: the largest distance wins.
+    const double* obs = m.observed.data<double>();
+    const double* ref = m.reference.data<double>();
+    int64_t worst_flat = -1;
+    v.observed = 0;
+    for (int64_t e = 0; e < m.elements; ++e) {
+      if (ClassifyPair(obs[e], ref[e], m.options) != PairKind::kFinite) continue;
+      const double u = UlpDistance(obs[e] * fs, ref[e] * fs, f);
+      if (worst_flat < 0 || u > v.observed) {
+        v.observed = u;
+        worst_flat = e;
+      }
     }
+    if (worst_flat >= 0) v.worst = LocateFlat(m, worst_flat);
   }
-  std::string out;
-  for (const auto& [names, rules] : groups) {
-    out += (out.empty() ? "" : "; ") + names + ": " + rules;
-  }
-  return out;
+  v.allowed = policy.ulps;
+  v.margin = Margin(v.observed, v.allowed);
+  v.message = fmt::format("{}: {} ulp of {} vs allowed {} at {}", m.tensor, Num(v.observed),
+                          Name(f), Num(v.allowed), v.worst.ToString());
 }
 
-nlohmann::json ProfilesToJson() {
-  nlohmann::json out = nlohmann::json::array();
-  for (const Profile& p : AllProfiles()) {
-    nlohmann::json j = ProfileToJson(p);
-    j["description"] = p.description + " -- " + Summary(p);
-    out.push_back(std::move(j));
+void FormatBoundVerdict(const Policy& policy, const TensorMetrics& m, Verdict& v) {
+  const Format f = policy.format.value_or(m.format);
+  const double* fb = m.rounding_floor.defined() ? m.rounding_floor.data<double>() : nullptr;
+  WorstElement(
+      m,
+      [&](int64_t e, int64_t r) {
+        const RowMetrics& row = m.rows[static_cast<size_t>(r)];
+        double allowed = (fb != nullptr ? fb[e] : 0.0) +
+                         policy.floor_ulps * PolicyQuantum(policy, row.ref_max_abs, f) +
+                         m.declared_allowance;
+        if (policy.floor_scale == FloorScale::kTerms) {
+          allowed += policy.term_ulps * Quantum(row.term_scale, Format::kF32);
+        }
+        return allowed;
+      },
+      v);
+  v.message = fmt::format("{}: error {} vs allowed {} at {}", m.tensor, Num(v.observed),
+                          Num(v.allowed), v.worst.ToString());
+  if (fb != nullptr && v.worst.flat >= 0) {
+    v.message += fmt::format("; format bound {}", Num(fb[v.worst.flat]));
+  } else if (fb == nullptr) {
+    v.message += "; format bounds unknown: ULP floor alone";
   }
-  return out;
+  if (m.declared_allowance > 0) {
+    v.message += fmt::format("; + {} ({})", Num(m.declared_allowance), m.declared_note);
+  }
 }
+
+void CosineFloorVerdict(const Policy& policy, const TensorMetrics& m, Verdict& v) {
+  const double cos = policy.per_row ? m.min_row_cosine : m.cosine;
+  v.observed = std::max(0.0, 1.0 - cos);
+  v.allowed = 1.0 - policy.min_cosine;
+  v.margin = Margin(v.observed, v.allowed);
+  v.worst = policy.per_row ? m.worst_row_cosine : m.worst_abs;
+  v.message = fmt::format("{}: {}cosine {:.6f} vs floor {} at {}", m.tensor,
+                          policy.per_row ? "lowest row " : "", cos, policy.min_cosine,
+                          v.worst.Coordinates());
+}
+
+}  // namespace
 
 Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetrics* baseline,
                  std::string_view check) {
   Verdict v = Base(policy, m, check);
   // 1. Non-finite mismatches fail whatever the policy says (a NaN must never hide in a max).
   if (m.nonfinite_mismatches > 0) {
-    v.pass = false;
-    v.observed = static_cast<double>(m.nonfinite_mismatches);
-    v.allowed = 0;
-    v.margin = kInf;
-    v.worst = m.first_nonfinite;
-    v.message = m.reference_nans > 0
-                    ? fmt::format(
-                          "{}: the reference holds {} NaN (a broken comparison never "
-                          "passes); first mismatch at {}",
-                          m.tensor, m.reference_nans, m.first_nonfinite.ToString())
-                    : fmt::format(
-                          "{}: {} non-finite value(s) where the oracle is finite (or "
-                          "finite where it is infinite), first at {}",
-                          m.tensor, m.nonfinite_mismatches, m.first_nonfinite.ToString());
+    NonFiniteVerdict(m, v);
     return v;
   }
   // 2. The policy's bound.
   switch (policy.kind) {
-    case PolicyKind::kBaselineRatio: {
+    case PolicyKind::kBaselineRatio:
       if (baseline == nullptr) {
         v.pass = false;
         v.margin = kInf;
@@ -648,133 +708,20 @@ Verdict Evaluate(const Policy& policy, const TensorMetrics& m, const TensorMetri
                                 v.policy);
         return v;
       }
-      const double b = baseline->max_abs_error;
-      const double base_k = policy.ratio * b;
-      const Format f = policy.format.value_or(m.format);
-      const double* rfloor = policy.rounding_floor && m.rounding_floor.defined()
-                                 ? m.rounding_floor.data<double>()
-                                 : nullptr;
-      WorstElement(
-          m,
-          [&](int64_t e, int64_t r) {
-            const RowMetrics& row = m.rows[static_cast<size_t>(r)];
-            const double base_term =
-                rfloor != nullptr ? std::max(base_k, rfloor[e]) : base_k;
-            double scale = 0;
-            switch (policy.floor_scale) {
-              case FloorScale::kElement:
-                scale = std::fabs(m.reference.data<double>()[e]);
-                break;
-              case FloorScale::kRow:
-                scale = row.ref_max_abs;
-                break;
-              case FloorScale::kTerms:
-                return base_term + policy.floor_ulps * PolicyQuantum(policy, row.ref_max_abs, f) +
-                       policy.term_ulps * Quantum(row.term_scale, Format::kF32) +
-                       m.declared_allowance;
-            }
-            return base_term + policy.floor_ulps * PolicyQuantum(policy, scale, f) +
-                   m.declared_allowance;
-          },
-          v);
-      v.message = fmt::format("{}: error {} vs allowed {} ({}x baseline {} + floor) at {}",
-                              m.tensor, Num(v.observed), Num(v.allowed), Num(policy.ratio), Num(b),
-                              v.worst.ToString());
-      if (policy.floor_scale == FloorScale::kTerms && v.worst.flat >= 0) {
-        const RowMetrics& row = m.rows[static_cast<size_t>(m.RowOf(v.worst.flat))];
-        v.message += m.has_term_scale
-                         ? fmt::format("; row max|ref| {}, terms {}", Num(row.ref_max_abs),
-                                       Num(row.term_scale))
-                         : std::string("; term magnitudes unknown: row floor");
-      }
-      if (rfloor != nullptr && v.worst.flat >= 0) {
-        v.message += fmt::format("; rounding floor {}", Num(rfloor[v.worst.flat]));
-      }
-      if (m.declared_allowance > 0) {
-        v.message += fmt::format("; + {} ({})", Num(m.declared_allowance), m.declared_note);
-      }
-      if (baseline->nonfinite_mismatches > 0) {
-        v.message += fmt::format("; the baseline had {} non-finite values (ignored)",
-                                 baseline->nonfinite_mismatches);
-      }
+      BaselineRatioVerdict(policy, m, *baseline, v);
       break;
-    }
-    case PolicyKind::kAbsRel: {
-      const double atol = policy.atol * (policy.atol_relative_to_max ? m.ref_max_abs : 1.0);
-      const double* ref = m.reference.data<double>();
-      WorstElement(
-          m, [&](int64_t e, int64_t) { return atol + policy.rtol * std::fabs(ref[e]); }, v);
-      v.message = fmt::format("{}: error {} vs allowed {} at {}", m.tensor, Num(v.observed),
-                              Num(v.allowed), v.worst.ToString());
+    case PolicyKind::kAbsRel:
+      AbsRelVerdict(policy, m, v);
       break;
-    }
-    case PolicyKind::kUlpBudget: {
-      const Format f = policy.format.value_or(m.format);
-      const double fs = policy.format ? policy.format_scale : 1.0;
-      if (f == m.format && fs == 1.0) {
-        v.observed = m.max_ulp;
-        v.worst = m.worst_ulp;
-      } else {
-        // Recount in the policy's format: the largest distance wins.
-        const double* obs = m.observed.data<double>();
-        const double* ref = m.reference.data<double>();
-        int64_t worst_flat = -1;
-        v.observed = 0;
-        for (int64_t e = 0; e < m.elements; ++e) {
-          if (ClassifyPair(obs[e], ref[e], m.options) != PairKind::kFinite) continue;
-          const double u = UlpDistance(obs[e] * fs, ref[e] * fs, f);
-          if (worst_flat < 0 || u > v.observed) {
-            v.observed = u;
-            worst_flat = e;
-          }
-        }
-        if (worst_flat >= 0) v.worst = LocateFlat(m, worst_flat);
-      }
-      v.allowed = policy.ulps;
-      v.margin = Margin(v.observed, v.allowed);
-      v.message = fmt::format("{}: {} ulp of {} vs allowed {} at {}", m.tensor, Num(v.observed),
-                              Name(f), Num(v.allowed), v.worst.ToString());
+    case PolicyKind::kUlpBudget:
+      UlpBudgetVerdict(policy, m, v);
       break;
-    }
-    case PolicyKind::kFormatBound: {
-      const Format f = policy.format.value_or(m.format);
-      const double* fb = m.rounding_floor.defined() ? m.rounding_floor.data<double>() : nullptr;
-      WorstElement(
-          m,
-          [&](int64_t e, int64_t r) {
-            const RowMetrics& row = m.rows[static_cast<size_t>(r)];
-            double allowed = (fb != nullptr ? fb[e] : 0.0) +
-                             policy.floor_ulps * PolicyQuantum(policy, row.ref_max_abs, f) +
-                             m.declared_allowance;
-            if (policy.floor_scale == FloorScale::kTerms) {
-              allowed += policy.term_ulps * Quantum(row.term_scale, Format::kF32);
-            }
-            return allowed;
-          },
-          v);
-      v.message = fmt::format("{}: error {} vs allowed {} at {}", m.tensor, Num(v.observed),
-                              Num(v.allowed), v.worst.ToString());
-      if (fb != nullptr && v.worst.flat >= 0) {
-        v.message += fmt::format("; format bound {}", Num(fb[v.worst.flat]));
-      } else if (fb == nullptr) {
-        v.message += "; format bounds unknown: ULP floor alone";
-      }
-      if (m.declared_allowance > 0) {
-        v.message += fmt::format("; + {} ({})", Num(m.declared_allowance), m.declared_note);
-      }
+    case PolicyKind::kFormatBound:
+      FormatBoundVerdict(policy, m, v);
       break;
-    }
-    case PolicyKind::kCosineFloor: {
-      const double cos = policy.per_row ? m.min_row_cosine : m.cosine;
-      v.observed = std::max(0.0, 1.0 - cos);
-      v.allowed = 1.0 - policy.min_cosine;
-      v.margin = Margin(v.observed, v.allowed);
-      v.worst = policy.per_row ? m.worst_row_cosine : m.worst_abs;
-      v.message = fmt::format("{}: {}cosine {:.6f} vs floor {} at {}", m.tensor,
-                              policy.per_row ? "lowest row " : "", cos, policy.min_cosine,
-                              v.worst.Coordinates());
+    case PolicyKind::kCosineFloor:
+      CosineFloorVerdict(policy, m, v);
       break;
-    }
   }
   v.pass = v.margin <= 1.0;
   return v;
