@@ -190,9 +190,12 @@ int64_t TensorMetrics::RowOf(int64_t flat) const {
   return static_cast<int64_t>(it - row_begin.begin()) - 1;
 }
 
-Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
-                                const Tensor& reference, Format output_format, const Layout& layout,
-                                const CompareOptions& options) {
+namespace {
+
+// Compare's inputs checked against each other; the layout to use (a flat one when `layout`
+// names no axes).
+Expected<Layout> CheckedLayout(std::string_view tensor, const Tensor& observed,
+                               const Tensor& reference, const Layout& layout) {
   if (!observed.defined() || !reference.defined()) {
     return Error{fmt::format("tensor '{}': {} tensor is undefined", tensor,
                              observed.defined() ? "reference" : "observed")};
@@ -221,21 +224,12 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
                       lay.cu_seqlens.empty() ? -1 : lay.cu_seqlens.back())};
     }
   }
+  return lay;
+}
 
-  TensorMetrics m;
-  m.tensor = std::string(tensor);
-  m.format = output_format;
-  m.layout = lay;
-  m.shape = observed.shape();
-  m.options = options;
-  m.observed = ToF64(observed);
-  m.reference = ToF64(reference);
-  m.elements = observed.numel();
-  m.worst_abs.seq_name = m.worst_ulp.seq_name = m.first_nonfinite.seq_name = lay.seq_name;
-  m.worst_row_cosine.seq_name = m.worst_row_rel_l2.seq_name = lay.seq_name;
-
-  // The row axis: the d axis, else the sequence axis (lse), else the last axis. A row is a
-  // maximal run of consecutive elements whose other coordinates (and sequence) agree.
+// The row axis: the d axis, else the sequence axis (lse), else the last axis. A row is a
+// maximal run of consecutive elements whose other coordinates (and sequence) agree.
+int64_t RowAxisOf(const Layout& lay) {
   const auto rank = static_cast<int64_t>(lay.axes.size());
   int64_t row_axis = rank - 1;
   for (int64_t a = rank - 1; a >= 0; --a) {
@@ -253,152 +247,179 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
       }
     }
   }
+  return row_axis;
+}
 
-  const double* obs = m.observed.data<double>();
-  const double* ref = m.reference.data<double>();
-  int64_t token_axis = -1;
-  for (int64_t a = 0; a < rank; ++a) {
-    if (lay.axes[static_cast<size_t>(a)] == AxisRole::kToken) token_axis = a;
+// What the per-element pass finds over a piece of the flat elements: rows, counts, maxima and
+// their locations.
+struct Part {
+  std::vector<RowMetrics> rows;
+  std::vector<int64_t> row_begin;
+  int64_t compared = 0, nonfinite_mismatches = 0, reference_nans = 0, matched_nonfinite = 0;
+  double max_abs_error = 0, ref_max_abs = 0, max_ulp = 0;
+  Location worst_abs, worst_ulp, first_nonfinite;
+};
+
+// The per-element pass over flat elements [f0, f1) of m's tensors. A new row starts where an
+// index other than the row axis's changes, or, on a packed token axis, the sequence (Locate's
+// b); a Location is built only where one is stored.
+class ElementPass {
+ public:
+  ElementPass(const TensorMetrics& m, int64_t row_axis, Format output_format,
+              const CompareOptions& options)
+      : m_(m),
+        lay_(m.layout),
+        rank_(static_cast<int64_t>(m.layout.axes.size())),
+        row_axis_(row_axis),
+        output_format_(output_format),
+        options_(options),
+        obs_(m.observed.data<double>()),
+        ref_(m.reference.data<double>()),
+        cu_(m.layout.cu_seqlens) {
+    for (int64_t a = 0; a < rank_; ++a) {
+      if (lay_.axes[static_cast<size_t>(a)] == AxisRole::kToken) token_axis_ = a;
+    }
   }
-  const std::vector<int32_t>& cu = lay.cu_seqlens;
 
-  // The per-element pass over flat elements [f0, f1): rows, counts, maxima and their
-  // locations. A new row starts where an index other than the row axis's changes, or, on a
-  // packed token axis, the sequence (Locate's b); a Location is built only where one is stored.
-  struct Part {
-    std::vector<RowMetrics> rows;
-    std::vector<int64_t> row_begin;
-    int64_t compared = 0, nonfinite_mismatches = 0, reference_nans = 0, matched_nonfinite = 0;
-    double max_abs_error = 0, ref_max_abs = 0, max_ulp = 0;
-    Location worst_abs, worst_ulp, first_nonfinite;
-  };
-  const auto run = [&](int64_t f0, int64_t f1, Part& part) {
+  void Run(int64_t f0, int64_t f1, Part& part) const {
     if (f0 >= f1) return;  // (an empty tensor may have an extent 0)
-    std::vector<int64_t> index(static_cast<size_t>(rank), 0);
-    for (int64_t a = rank - 1, f = f0; a >= 0; --a) {
-      const int64_t extent = m.shape[static_cast<size_t>(a)];
+    std::vector<int64_t> index(static_cast<size_t>(rank_), 0);
+    for (int64_t a = rank_ - 1, f = f0; a >= 0; --a) {
+      const int64_t extent = m_.shape[static_cast<size_t>(a)];
       index[static_cast<size_t>(a)] = f % extent;
       f /= extent;
     }
-    std::vector<int64_t> prev_key(static_cast<size_t>(rank), -1);
+    std::vector<int64_t> prev_key(static_cast<size_t>(rank_), -1);
     int64_t prev_b = -1;
     size_t cb = 0;  // cached sequence of the token axis: cu[cb] <= token < cu[cb + 1]
     for (int64_t flat = f0; flat < f1; ++flat) {
-      const double o = obs[flat];
-      const double r = ref[flat];
-      const auto locate = [&] {
-        Location loc = Locate(lay, index);
-        loc.flat = flat;
-        return loc;
-      };
-      // The sequence of a token axis as Locate finds it: the last b with cu[b] <= token
-      // (sequences of zero length own no token).
-      int64_t b_key = -1;
-      if (token_axis >= 0) {
-        const int64_t v = index[static_cast<size_t>(token_axis)];
-        if (!(cb + 1 < cu.size() && cu[cb] <= v && v < cu[cb + 1])) {
-          const auto it = std::upper_bound(cu.begin(), cu.end(), v);
-          cb = it == cu.begin() || it == cu.end() ? cu.size()
-                                                  : static_cast<size_t>(it - cu.begin()) - 1;
-        }
-        b_key = cb < cu.size() ? static_cast<int64_t>(cb) : -1;
-      }
+      const double o = obs_[flat];
+      const double r = ref_[flat];
+      const int64_t b_key = TokenSequence(index, cb);
       bool new_row = part.rows.empty() || b_key != prev_b;
-      for (int64_t a = 0; a < rank && !new_row; ++a) {
+      for (int64_t a = 0; a < rank_ && !new_row; ++a) {
         const auto ua = static_cast<size_t>(a);
-        new_row = a != row_axis && index[ua] != prev_key[ua];
+        new_row = a != row_axis_ && index[ua] != prev_key[ua];
       }
       if (new_row) {
-        RowMetrics row;
-        row.where = locate();
-        row.where.flat = -1;
-        row.where.observed = row.where.reference = std::numeric_limits<double>::quiet_NaN();
-        if (row_axis >= 0) {
-          switch (lay.axes[static_cast<size_t>(row_axis)]) {
-            case AxisRole::kDim:
-              row.where.d = -1;
-              break;
-            case AxisRole::kSeq:
-            case AxisRole::kToken:
-              row.where.i = -1;
-              break;
-            default:
-              break;
-          }
-        }
-        part.rows.push_back(row);
+        part.rows.push_back(NewRow(index, flat));
         part.row_begin.push_back(flat);
         prev_key = index;
         prev_b = b_key;
       }
       RowMetrics& row = part.rows.back();
       ++row.length;
-
-      const auto where = [&] {
-        Location loc = locate();
-        loc.observed = o;
-        loc.reference = r;
-        return loc;
-      };
-      switch (ClassifyPair(o, r, options)) {
-        case PairKind::kMismatch:
-          if (part.nonfinite_mismatches == 0) part.first_nonfinite = where();
-          ++part.nonfinite_mismatches;
-          ++row.nonfinite_mismatches;
-          if (std::isnan(r)) ++part.reference_nans;
-          break;
-        case PairKind::kMatchedNonFinite:
-          ++part.matched_nonfinite;
-          break;
-        case PairKind::kFinite: {
-          ++part.compared;
-          const double e = o - r;
-          const double ae = std::fabs(e);
-          if (ae > part.max_abs_error || part.compared == 1) {
-            part.max_abs_error = ae;
-            part.worst_abs = where();
-          }
-          part.ref_max_abs = std::max(part.ref_max_abs, std::fabs(r));
-          const double ulp = UlpDistance(o, r, output_format);
-          if (ulp > part.max_ulp || part.compared == 1) {
-            part.max_ulp = ulp;
-            part.worst_ulp = where();
-          }
-          row.max_abs_error = std::max(row.max_abs_error, ae);
-          row.ref_max_abs = std::max(row.ref_max_abs, std::fabs(r));
-          row.err_l2 += e * e;
-          row.ref_l2 += r * r;
-          row.obs_l2 += o * o;
-          row.dot += o * r;
-          break;
-        }
-      }
-      for (int64_t a = rank - 1; a >= 0; --a) {
-        if (++index[static_cast<size_t>(a)] < m.shape[static_cast<size_t>(a)]) break;
+      AddPair(index, flat, o, r, part, row);
+      for (int64_t a = rank_ - 1; a >= 0; --a) {
+        if (++index[static_cast<size_t>(a)] < m_.shape[static_cast<size_t>(a)]) break;
         index[static_cast<size_t>(a)] = 0;
       }
     }
-  };
-
-  // Where rows run along the last axis, no row crosses a line of it: the pass runs on
-  // options.threads workers over pieces of whole lines, merged in order (maxima: the first
-  // element holding the largest value, as one pass finds it). One piece otherwise.
-  const int64_t line = rank > 0 ? m.shape[static_cast<size_t>(rank - 1)] : 1;
-  const int64_t lines = line > 0 ? m.elements / line : 0;
-  const int workers = oracle_internal::ThreadCount(options.threads);
-  const bool split = workers > 1 && row_axis == rank - 1 && lines > 1 &&
-                     m.elements >= (int64_t{1} << 16);
-  const int64_t pieces = split ? std::min<int64_t>(lines, 8 * static_cast<int64_t>(workers)) : 1;
-  std::vector<Part> parts(static_cast<size_t>(pieces));
-  if (pieces == 1) {
-    run(0, m.elements, parts[0]);
-  } else {
-    oracle_internal::ParallelFor(
-        pieces, oracle_internal::ThreadCount(workers, pieces), [&](int64_t x, int) {
-          run(lines * x / pieces * line, lines * (x + 1) / pieces * line,
-              parts[static_cast<size_t>(x)]);
-        });
   }
+
+ private:
+  Location Locate(const std::vector<int64_t>& index, int64_t flat) const {
+    Location loc = attest::Locate(lay_, index);
+    loc.flat = flat;
+    return loc;
+  }
+
+  // The sequence of a token axis as Locate finds it: the last b with cu[b] <= token
+  // (sequences of zero length own no token); -1 without a token axis.
+  int64_t TokenSequence(const std::vector<int64_t>& index, size_t& cb) const {
+    int64_t b_key = -1;
+    if (token_axis_ >= 0) {
+      const int64_t v = index[static_cast<size_t>(token_axis_)];
+      if (!(cb + 1 < cu_.size() && cu_[cb] <= v && v < cu_[cb + 1])) {
+        const auto it = std::upper_bound(cu_.begin(), cu_.end(), v);
+        cb = it == cu_.begin() || it == cu_.end() ? cu_.size()
+                                                  : static_cast<size_t>(it - cu_.begin()) - 1;
+      }
+      b_key = cb < cu_.size() ? static_cast<int64_t>(cb) : -1;
+    }
+    return b_key;
+  }
+
+  // A row starting at `flat`: its location without the row axis's coordinate.
+  RowMetrics NewRow(const std::vector<int64_t>& index, int64_t flat) const {
+    RowMetrics row;
+    row.where = Locate(index, flat);
+    row.where.flat = -1;
+    row.where.observed = row.where.reference = std::numeric_limits<double>::quiet_NaN();
+    if (row_axis_ >= 0) {
+      switch (lay_.axes[static_cast<size_t>(row_axis_)]) {
+        case AxisRole::kDim:
+          row.where.d = -1;
+          break;
+        case AxisRole::kSeq:
+        case AxisRole::kToken:
+          row.where.i = -1;
+          break;
+        default:
+          break;
+      }
+    }
+    return row;
+  }
+
+  // The pair (o, r) of element `flat` into the piece's counts and maxima and its row's sums.
+  void AddPair(const std::vector<int64_t>& index, int64_t flat, double o, double r, Part& part,
+               RowMetrics& row) const {
+    const auto where = [&] {
+      Location loc = Locate(index, flat);
+      loc.observed = o;
+      loc.reference = r;
+      return loc;
+    };
+    switch (ClassifyPair(o, r, options_)) {
+      case PairKind::kMismatch:
+        if (part.nonfinite_mismatches == 0) part.first_nonfinite = where();
+        ++part.nonfinite_mismatches;
+        ++row.nonfinite_mismatches;
+        if (std::isnan(r)) ++part.reference_nans;
+        break;
+      case PairKind::kMatchedNonFinite:
+        ++part.matched_nonfinite;
+        break;
+      case PairKind::kFinite: {
+        ++part.compared;
+        const double e = o - r;
+        const double ae = std::fabs(e);
+        if (ae > part.max_abs_error || part.compared == 1) {
+          part.max_abs_error = ae;
+          part.worst_abs = where();
+        }
+        part.ref_max_abs = std::max(part.ref_max_abs, std::fabs(r));
+        const double ulp = UlpDistance(o, r, output_format_);
+        if (ulp > part.max_ulp || part.compared == 1) {
+          part.max_ulp = ulp;
+          part.worst_ulp = where();
+        }
+        row.max_abs_error = std::max(row.max_abs_error, ae);
+        row.ref_max_abs = std::max(row.ref_max_abs, std::fabs(r));
+        row.err_l2 += e * e;
+        row.ref_l2 += r * r;
+        row.obs_l2 += o * o;
+        row.dot += o * r;
+        break;
+      }
+    }
+  }
+
+  const TensorMetrics& m_;
+  const Layout& lay_;
+  const int64_t rank_;
+  const int64_t row_axis_;
+  const Format output_format_;
+  const CompareOptions& options_;
+  const double* obs_;
+  const double* ref_;
+  const std::vector<int32_t>& cu_;
+  int64_t token_axis_ = -1;
+};
+
+// The pieces' counts, maxima and rows into m, in order.
+void MergeParts(std::vector<Part>& parts, TensorMetrics& m) {
   for (Part& part : parts) {
     if (part.nonfinite_mismatches > 0 && m.nonfinite_mismatches == 0) {
       m.first_nonfinite = part.first_nonfinite;
@@ -419,7 +440,12 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
     m.rows.insert(m.rows.end(), part.rows.begin(), part.rows.end());
     m.row_begin.insert(m.row_begin.end(), part.row_begin.begin(), part.row_begin.end());
   }
-  // The whole tensor's sums, in element order.
+}
+
+// The whole tensor's sums, in element order; returns the sum of the errors.
+double WholeSums(TensorMetrics& m, const CompareOptions& options) {
+  const double* obs = m.observed.data<double>();
+  const double* ref = m.reference.data<double>();
   double sum_err = 0;
   for (int64_t flat = 0; flat < m.elements; ++flat) {
     const double o = obs[flat];
@@ -432,8 +458,11 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
     m.obs_l2 += o * o;
     m.dot += o * r;
   }
+  return sum_err;
+}
 
-  // Squared sums become norms.
+// Squared sums become norms; the whole tensor's and the rows' summary statistics.
+void Finish(TensorMetrics& m, double sum_err) {
   const auto finish = [](auto& x) {
     x.err_l2 = std::sqrt(x.err_l2);
     x.ref_l2 = std::sqrt(x.ref_l2);
@@ -471,6 +500,55 @@ Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
     }
     first_row = false;
   }
+}
+
+}  // namespace
+
+Expected<TensorMetrics> Compare(std::string_view tensor, const Tensor& observed,
+                                const Tensor& reference, Format output_format, const Layout& layout,
+                                const CompareOptions& options) {
+  Expected<Layout> checked = CheckedLayout(tensor, observed, reference, layout);
+  if (!checked.ok()) return checked.error();
+  const Layout& lay = *checked;
+
+  TensorMetrics m;
+  m.tensor = std::string(tensor);
+  m.format = output_format;
+  m.layout = lay;
+  m.shape = observed.shape();
+  m.options = options;
+  m.observed = ToF64(observed);
+  m.reference = ToF64(reference);
+  m.elements = observed.numel();
+  m.worst_abs.seq_name = m.worst_ulp.seq_name = m.first_nonfinite.seq_name = lay.seq_name;
+  m.worst_row_cosine.seq_name = m.worst_row_rel_l2.seq_name = lay.seq_name;
+
+  const auto rank = static_cast<int64_t>(lay.axes.size());
+  const int64_t row_axis = RowAxisOf(lay);
+  const ElementPass pass(m, row_axis, output_format, options);
+
+  // Where rows run along the last axis, no row crosses a line of it: the pass runs on
+  // options.threads workers over pieces of whole lines, merged in order (maxima: the first
+  // element holding the largest value, as one pass finds it). One piece otherwise.
+  const int64_t line = rank > 0 ? m.shape[static_cast<size_t>(rank - 1)] : 1;
+  const int64_t lines = line > 0 ? m.elements / line : 0;
+  const int workers = oracle_internal::ThreadCount(options.threads);
+  const bool split = workers > 1 && row_axis == rank - 1 && lines > 1 &&
+                     m.elements >= (int64_t{1} << 16);
+  const int64_t pieces = split ? std::min<int64_t>(lines, 8 * static_cast<int64_t>(workers)) : 1;
+  std::vector<Part> parts(static_cast<size_t>(pieces));
+  if (pieces == 1) {
+    pass.Run(0, m.elements, parts[0]);
+  } else {
+    oracle_internal::ParallelFor(
+        pieces, oracle_internal::ThreadCount(workers, pieces), [&](int64_t x, int) {
+          pass.Run(lines * x / pieces * line, lines * (x + 1) / pieces * line,
+                   parts[static_cast<size_t>(x)]);
+        });
+  }
+  MergeParts(parts, m);
+  const double sum_err = WholeSums(m, options);
+  Finish(m, sum_err);
   return m;
 }
 
