@@ -24,31 +24,19 @@ std::string ShapeText(const Shape& s) {
   return out + "]";
 }
 
-}  // namespace
+// An output of the problem: its name, its shape, whether it must be given, and the tensor
+// given.
+struct Slot {
+  const char* name;
+  Shape shape;
+  bool required;
+  const Tensor* tensor = nullptr;
+};
 
-Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors& outputs,
-                                              const CompareOutputsOptions& options) {
-  using Clock = std::chrono::steady_clock;
-  const Problem& p = c.problem;
-  const Profile* profile = options.profile ? options.profile : ProfileForDType(p.dtype);
-  if (profile == nullptr) {
-    return Error{fmt::format("problem.dtype: no tolerance profile for dtype {}; pass --profile",
-                             Name(p.dtype))};
-  }
-
-  // 1. Which outputs are there, with the problem's shapes.
-  struct Slot {
-    const char* name;
-    Shape shape;
-    bool required;
-    const Tensor* tensor = nullptr;
-  };
-  std::vector<Slot> slots = {{"o", p.OShape(), true},
-                             {"lse", p.LseShape(), true},
-                             {"dq", p.QShape(), false},
-                             {"dk", p.KShape(), false},
-                             {"dv", p.VShape(), false}};
-  bool any_grad = false;
+// 1. Which outputs are there, with the problem's shapes: the slots' tensors; sets any_grad when
+// a gradient is given.
+Status FindOutputs(const NamedTensors& outputs, const CompareOutputsOptions& options,
+                   std::vector<Slot>& slots, bool& any_grad) {
   for (Slot& s : slots) {
     if (&s == &slots[1] && !options.lse) continue;  // a producer without lse: not judged
     s.tensor = outputs.Find(s.name);
@@ -67,6 +55,133 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     }
     if (!s.required) any_grad = true;
   }
+  return Status::Ok();
+}
+
+// The oracle's outputs and what the profile's policies add to them: term magnitudes, rounding
+// floors and format bounds.
+struct OracleSide {
+  Tensor ref[5];
+  std::optional<GradientTermScales> terms;
+  std::optional<RoundingFloors> floors;
+  std::optional<FormatBounds> format_bounds;  // the family rows (tolerance.h kFormatBound)
+};
+
+// The backward oracle, with the term magnitudes, format bounds and rounding floors the
+// profile needs.
+Status OracleBackward(const Problem& p, const Profile& profile, const CaseInputs& in,
+                      const std::optional<RoundingPoints>& points,
+                      const CompareOutputsOptions& options, OracleSide& o) {
+  const int threads = options.oracle.threads;
+  BackwardOut b = Backward<double>(p, in.q, in.k, in.v, in.dout, options.oracle);
+  o.ref[0] = b.o;
+  o.ref[1] = b.lse;
+  o.ref[2] = b.dq;
+  o.ref[3] = b.dk;
+  o.ref[4] = b.dv;
+  // dq / dk floors on the terms' magnitude (tolerance.h FloorScale::kTerms).
+  if (profile.needs_term_scale()) {
+    auto t = ComputeGradientTermScales(p, in.q, in.k, in.v, in.dout, b.lse, threads);
+    if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
+    o.terms = std::move(t).value();
+  }
+  if (profile.needs_format_bound()) {
+    auto f = ComputeFormatBounds(p, *profile.format_errors, in.q, in.k, in.v, in.dout, b.lse,
+                                 threads);
+    if (!f.ok()) return Error{fmt::format("format bounds: {}", f.error().message)};
+    o.format_bounds = std::move(f).value();
+  }
+  if (points) {
+    auto f = ComputeRoundingFloors(p, *points, in.q, in.k, in.v, in.dout, b.lse, b.o, b.delta,
+                                   nullptr, threads);
+    if (!f.ok()) return Error{fmt::format("rounding floors: {}", f.error().message)};
+    o.floors = std::move(f).value();
+  }
+  return Status::Ok();
+}
+
+// The forward oracle, with the format bounds and rounding floors the profile needs.
+Status OracleForward(const Problem& p, const Profile& profile, const CaseInputs& in,
+                     const std::optional<RoundingPoints>& points,
+                     const CompareOutputsOptions& options, OracleSide& o) {
+  const int threads = options.oracle.threads;
+  ForwardOut f = Forward<double>(p, in.q, in.k, in.v, options.oracle);
+  o.ref[0] = f.o;
+  o.ref[1] = f.lse;
+  if (profile.needs_format_bound()) {
+    auto r = ComputeFormatBounds(p, *profile.format_errors, in.q, in.k, in.v, Tensor(), f.lse,
+                                 threads);
+    if (!r.ok()) return Error{fmt::format("format bounds: {}", r.error().message)};
+    o.format_bounds = std::move(r).value();
+  }
+  if (points) {
+    auto r = ComputeRoundingFloors(p, *points, in.q, in.k, in.v, Tensor(), f.lse, Tensor(),
+                                   Tensor(), nullptr, threads);
+    if (!r.ok()) return Error{fmt::format("rounding floors: {}", r.error().message)};
+    o.floors = std::move(r).value();
+  }
+  return Status::Ok();
+}
+
+// 3. Metrics and verdicts, tensor by tensor, into result.
+Status JudgeOutputs(const Problem& p, const Profile& profile, const std::vector<Slot>& slots,
+                    const OracleSide& o, const Tensor (&base)[5], bool with_baseline,
+                    const CompareOutputsOptions& options, CompareOutputsResult& result) {
+  Report& report = result.report;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const Slot& s = slots[k];
+    if (s.tensor == nullptr) continue;
+    const Format format = options.output_format
+                              ? *options.output_format
+                              : FormatOf(s.tensor->dtype()).value_or(Format::kF64);
+    CompareOptions copts;
+    copts.allow_pos_inf_for_neg_inf = k == 1 && options.lse_pos_inf_for_empty;
+    const Layout layout = LayoutOf(p, s.name);
+    auto m = Compare(s.name, *s.tensor, o.ref[k], format, layout, copts);
+    if (!m.ok()) return m.error();
+    const char* what = "";
+    if (Status st = ApplyTermsAndFloors(*m, k, o.terms ? &*o.terms : nullptr,
+                                        o.format_bounds ? &*o.format_bounds : nullptr,
+                                        o.floors ? &*o.floors : nullptr, &what);
+        !st.ok()) {
+      return st.error();
+    }
+    const TensorMetrics* bm = nullptr;
+    if (with_baseline) {
+      auto b = Compare(s.name, base[k], o.ref[k], format, layout, copts);
+      if (!b.ok()) return b.error();
+      result.baseline_metrics.push_back(std::move(b).value());
+      bm = &result.baseline_metrics.back();
+    }
+    for (Verdict& v : EvaluateProfile(profile, *m, bm)) {
+      if (!v.pass) v.repro = options.repro;
+      report.verdicts.push_back(std::move(v));
+    }
+    result.metrics.push_back(std::move(m).value());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors& outputs,
+                                              const CompareOutputsOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const Problem& p = c.problem;
+  const Profile* profile = options.profile ? options.profile : ProfileForDType(p.dtype);
+  if (profile == nullptr) {
+    return Error{fmt::format("problem.dtype: no tolerance profile for dtype {}; pass --profile",
+                             Name(p.dtype))};
+  }
+
+  // 1. Which outputs are there, with the problem's shapes.
+  std::vector<Slot> slots = {{"o", p.OShape(), true},
+                             {"lse", p.LseShape(), true},
+                             {"dq", p.QShape(), false},
+                             {"dk", p.KShape(), false},
+                             {"dv", p.VShape(), false}};
+  bool any_grad = false;
+  if (Status st = FindOutputs(outputs, options, slots, any_grad); !st.ok()) return st.error();
 
   // 2. Inputs, oracle, baseline.
   CompareOutputsResult result;
@@ -78,13 +193,10 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   if (any_grad && !inputs->dout.defined()) {
     return Error{"outputs: gradients given but the case has no 'do' to differentiate with"};
   }
-  Tensor ref[5];
-  std::optional<GradientTermScales> terms;
+  OracleSide oracle;
   // The profile's rounding points (tolerance.h Policy::rounding_floor); a file carries no
   // kernel, so dP is taken as fp32 (FlashAttention's).
   std::optional<RoundingPoints> points;
-  std::optional<RoundingFloors> floors;
-  std::optional<FormatBounds> format_bounds;  // the family rows (tolerance.h kFormatBound)
   if (profile->needs_rounding_floor()) {
     const Recipe* recipe = FindRecipe(profile->rounding_recipe);
     if (recipe == nullptr) {
@@ -98,50 +210,9 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   const int threads = options.oracle.threads;
   auto start = Clock::now();
   try {
-    if (any_grad) {
-      BackwardOut b =
-          Backward<double>(p, inputs->q, inputs->k, inputs->v, inputs->dout, options.oracle);
-      ref[0] = b.o;
-      ref[1] = b.lse;
-      ref[2] = b.dq;
-      ref[3] = b.dk;
-      ref[4] = b.dv;
-      // dq / dk floors on the terms' magnitude (tolerance.h FloorScale::kTerms).
-      if (profile->needs_term_scale()) {
-        auto t = ComputeGradientTermScales(p, inputs->q, inputs->k, inputs->v, inputs->dout,
-                                           b.lse, threads);
-        if (!t.ok()) return Error{fmt::format("term magnitudes: {}", t.error().message)};
-        terms = std::move(t).value();
-      }
-      if (profile->needs_format_bound()) {
-        auto f = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
-                                     inputs->v, inputs->dout, b.lse, threads);
-        if (!f.ok()) return Error{fmt::format("format bounds: {}", f.error().message)};
-        format_bounds = std::move(f).value();
-      }
-      if (points) {
-        auto f = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v,
-                                       inputs->dout, b.lse, b.o, b.delta, nullptr, threads);
-        if (!f.ok()) return Error{fmt::format("rounding floors: {}", f.error().message)};
-        floors = std::move(f).value();
-      }
-    } else {
-      ForwardOut f = Forward<double>(p, inputs->q, inputs->k, inputs->v, options.oracle);
-      ref[0] = f.o;
-      ref[1] = f.lse;
-      if (profile->needs_format_bound()) {
-        auto r = ComputeFormatBounds(p, *profile->format_errors, inputs->q, inputs->k,
-                                     inputs->v, Tensor(), f.lse, threads);
-        if (!r.ok()) return Error{fmt::format("format bounds: {}", r.error().message)};
-        format_bounds = std::move(r).value();
-      }
-      if (points) {
-        auto r = ComputeRoundingFloors(p, *points, inputs->q, inputs->k, inputs->v, Tensor(),
-                                       f.lse, Tensor(), Tensor(), nullptr, threads);
-        if (!r.ok()) return Error{fmt::format("rounding floors: {}", r.error().message)};
-        floors = std::move(r).value();
-      }
-    }
+    Status st = any_grad ? OracleBackward(p, *profile, *inputs, points, options, oracle)
+                         : OracleForward(p, *profile, *inputs, points, options, oracle);
+    if (!st.ok()) return st.error();
   } catch (const std::exception& e) {
     return Error{fmt::format("oracle: {}", e.what())};
   }
@@ -166,36 +237,9 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
 
   // 3. Metrics and verdicts, tensor by tensor.
   start = Clock::now();
-  for (size_t k = 0; k < slots.size(); ++k) {
-    const Slot& s = slots[k];
-    if (s.tensor == nullptr) continue;
-    const Format format = options.output_format
-                              ? *options.output_format
-                              : FormatOf(s.tensor->dtype()).value_or(Format::kF64);
-    CompareOptions copts;
-    copts.allow_pos_inf_for_neg_inf = k == 1 && options.lse_pos_inf_for_empty;
-    const Layout layout = LayoutOf(p, s.name);
-    auto m = Compare(s.name, *s.tensor, ref[k], format, layout, copts);
-    if (!m.ok()) return m.error();
-    const char* what = "";
-    if (Status st = ApplyTermsAndFloors(*m, k, terms ? &*terms : nullptr,
-                                        format_bounds ? &*format_bounds : nullptr,
-                                        floors ? &*floors : nullptr, &what);
-        !st.ok()) {
-      return st.error();
-    }
-    const TensorMetrics* bm = nullptr;
-    if (with_baseline) {
-      auto b = Compare(s.name, base[k], ref[k], format, layout, copts);
-      if (!b.ok()) return b.error();
-      result.baseline_metrics.push_back(std::move(b).value());
-      bm = &result.baseline_metrics.back();
-    }
-    for (Verdict& v : EvaluateProfile(*profile, *m, bm)) {
-      if (!v.pass) v.repro = options.repro;
-      report.verdicts.push_back(std::move(v));
-    }
-    result.metrics.push_back(std::move(m).value());
+  if (Status st = JudgeOutputs(p, *profile, slots, oracle, base, with_baseline, options, result);
+      !st.ok()) {
+    return st.error();
   }
   report.timings.push_back({"compare", Since(start)});
   return result;
