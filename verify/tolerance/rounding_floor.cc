@@ -517,7 +517,7 @@ RoundingPoints RoundingPointsOf(const Recipe& recipe, DType dtype, std::optional
   r.dp = PointOf(dp ? dp : recipe.dp);
   // Which dO D reads (Recipe::delta_do) adds no point: operand quantisation (dov.a) is not a
   // rounding point here, for dP's dO either; the profiles of such recipes judge against the
-  // recipe reference (baseline.cc), which forms D from the same dO.
+  // recipe reference (recipe_reference.cc), which forms D from the same dO.
   if (recipe.delta == DeltaSource::kRoundedO) {
     const std::optional<Format> out = recipe.output ? recipe.output : FormatOf(dtype);
     if (PointOf(out)) r.delta_o = out;
