@@ -1,6 +1,6 @@
 // The sweep over query x key tiles, written once for every layer that walks scores: the
 // oracle (reference/oracle/oracle_double.cc), the gradient term scales (verify/tolerance/term_scale.cc),
-// the recipe baselines (verify/tolerance/baseline.cc), the consistency check (verify/checks/) and the
+// the recipe baselines (verify/tolerance/recipe_reference.cc), the consistency check (verify/checks/) and the
 // CPU models (kernels/models/flash_engine*.cc). What a caller accumulates stays with the
 // caller; which tiles exist, which of them some row may see, which keys each row sees, how a
 // row of scores is transformed and masked, and what an empty row is, live here.
