@@ -45,6 +45,7 @@ except ImportError:
 import attest_worker as aw  # noqa: E402
 import torch_backends as tb  # noqa: E402
 import torch_backends_common as tbc  # noqa: E402
+import torch_call as tc  # noqa: E402
 import torch_probe as tp  # noqa: E402
 
 CALLS = []
@@ -636,16 +637,13 @@ def repeating_kv(run):
 def self_test_public():
     """Broken public routes (F.scaled_dot_product_attention under sdpa_kernel) that the checks
     must catch; returns how many were."""
-    from torch.nn.attention import sdpa_kernel, SDPBackend
     caught = 0
     # 4. Runs the math backend while naming the memory-efficient one: a route that passes every
     # accuracy check and judges the wrong kernel.
     b = public_stand_in("sdpa-efficient", "bool")
 
-    def call_math(q, k, v, **kw):
-        with sdpa_kernel([SDPBackend.MATH]):
-            return tb.entry("scaled_dot_product_attention")(q, k, v, **kw)
-    b.call = call_math
+    b.context = lambda: tc.Invoke(tc.Attr("torch.nn.attention", "sdpa_kernel"),
+                                  [tc.Attr("torch.nn.attention", "SDPBackend.MATH")])
     caught += check_backend("mutant: runs another backend", b, verbose=False) > 0
     # 5. Repeats kv heads instead of passing enable_gqa.
     b = public_stand_in("sdpa-cudnn", "bool")

@@ -42,6 +42,7 @@ import sys
 import torch
 
 import attest_worker as aw
+import torch_call as tc
 from torch_backends_common import (  # noqa: F401  (re-exported: callers use tb.NAME)
     ENTRY, entry, TORCH_DTYPES, to_torch, to_tensor, window_of, has_window, is_varlen,
     bottom_right, diagonal_rules, square_everywhere, extra_masks, any_mask, covers, dense_visible,
@@ -80,16 +81,37 @@ class SdpaMath(Backend):
         return c
 
     def run(self, p, q, k, v, need_lse):
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        mask, is_causal = self.mask(p, q.dtype)
-        self.route = sdpa_route(mask, is_causal)
+        call = self.describe_call(p, q.dtype)
+        self.last_call = call  # what `attest repro --export` renders (torch_export.py)
+        env = {"q": q, "k": k, "v": v}
+        self.route = sdpa_route(tc.evaluate(call.kwargs["attn_mask"], env),
+                                call.kwargs["is_causal"])
+        return call.run(env), None
+
+    def describe_call(self, p, dtype):
+        """The call run() makes, as data (torch_call.py): fn(q, k, v [B, H, S, D] views of
+        attest's [B, S, H, D] inputs, attn_mask=, is_causal=, scale=[, enable_gqa=True]) inside
+        context(), o transposed back; the result's first element where it is a tuple (a
+        function that also returns its weights)."""
+        mask, is_causal = self.mask(p, dtype)
+        if mask is not None and not isinstance(mask, tc.Invoke):
+            mask = tc.Data("attn_mask", mask)
         kw = {"attn_mask": mask, "is_causal": is_causal, "scale": aw.scale_of(p)}
         if p["heads_q"] != p["heads_kv"]:
             kw["enable_gqa"] = True
-        o = self.call(qt, kt, vt, **kw)
-        if isinstance(o, (tuple, list)):  # a function that also returns its weights
-            o = o[0]
-        return o.transpose(1, 2), None
+        views = [tc.Method(tc.Ref(n), "transpose", 1, 2) for n in ("q", "k", "v")]
+        return tc.Call(self.target(), views, kw, context=self.context(),
+                       output=tc.Method(tc.Ref("out"), "transpose", 1, 2), first_of_tuple=True)
+
+    def target(self):
+        """The function called: the public F.scaled_dot_product_attention."""
+        return tc.Attr("torch.nn.functional", "scaled_dot_product_attention",
+                       obj=entry("scaled_dot_product_attention"))
+
+    def context(self):
+        """sdpa_kernel([SDPBackend.<sdp>]): the backend the call selects."""
+        return tc.Invoke(tc.Attr("torch.nn.attention", "sdpa_kernel"),
+                         [tc.Attr("torch.nn.attention", f"SDPBackend.{self.sdp}")])
 
     def mask(self, p, dtype):
         """(attn_mask, is_causal) as a model passes them (sdpa_mask): in the form the problem
@@ -98,10 +120,6 @@ class SdpaMath(Backend):
         form = p.get("mask_form") or self.args.mask_form
         return sdpa_mask(p, self.device, dtype, form, allow_is_causal=not p.get("mask_form"))
 
-    def call(self, q, k, v, **kw):
-        from torch.nn.attention import sdpa_kernel, SDPBackend
-        with sdpa_kernel([SDPBackend.MATH]):
-            return entry("scaled_dot_product_attention")(q, k, v, **kw)
 
 
 class SdpaCallable(SdpaMath):
@@ -135,8 +153,13 @@ class SdpaCallable(SdpaMath):
         c["deterministic"] = False
         return c
 
-    def call(self, q, k, v, **kw):
-        return self.fn(q, k, v, **kw)
+    def target(self):
+        """The user's function, named by its module and qualified name."""
+        return tc.Attr(getattr(self.fn, "__module__", None) or "__main__",
+                       getattr(self.fn, "__qualname__", None) or repr(self.fn), obj=self.fn)
+
+    def context(self):
+        return None
 
 
 # The forms of an attn_mask (attest's problem "mask_form", reference/problem/problem.h).
@@ -231,14 +254,9 @@ class SdpaPublic(SdpaMath):
                        p.get("alibi_slopes") is None)
         if (self.causal_bias and causal_only and bottom_right(p) and
                 p["seqlen_q"] != p["seqlen_k"]):
-            from torch.nn.attention.bias import causal_lower_right
-            return causal_lower_right(p["seqlen_q"], p["seqlen_k"]), False
+            return tc.Invoke(tc.Attr("torch.nn.attention.bias", "causal_lower_right"),
+                             p["seqlen_q"], p["seqlen_k"]), False
         return super().mask(p, dtype)
-
-    def call(self, q, k, v, **kw):
-        from torch.nn.attention import sdpa_kernel, SDPBackend
-        with sdpa_kernel([getattr(SDPBackend, self.sdp)]):
-            return entry("scaled_dot_product_attention")(q, k, v, **kw)
 
     def refusal(self, **kw):
         """None if the public function takes the problem `kw` describes (forward, and backward
