@@ -37,6 +37,9 @@ def main(argv=None):
                         help="a folder to import MODULE from (put first on sys.path)")
     parser.add_argument("--backward", default=None, help="MODULE:FUNCTION of an explicit "
                         "backward(problem, q, k, v, o, lse, do) -> (dq, dk, dv)")
+    parser.add_argument("--export", default=None, metavar="FOLDER",
+                        help="write repro.py and REPORT.md into FOLDER, filled by `attest "
+                        "repro --export`, and exit (0 written, 3 not exportable)")
     args = parser.parse_args(argv)
 
     import attest_worker as aw
@@ -48,6 +51,10 @@ def main(argv=None):
     runner = _kernel.make_runner(fn, args.api, args.dtype, device, caps, backward,
                                  args.deterministic, args.mask_form)
     import torch_backends as tb
+    if args.export:
+        import torch_export
+        sys.exit(torch_export.main_export(args.export, runner, args.dtype, device,
+                                          fn_path=args.target))
 
     def load(inputs, names):
         # The inputs in the problem's dtype; o and lse (a backward's) in their own.

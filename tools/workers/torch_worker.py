@@ -120,10 +120,17 @@ def main():
                         help="print the describe reply ({name, capabilities}) as JSON and exit: "
                         "a declared recipe in it runs on the CPU as `attest ... --kernel "
                         "recipe:FILE`")
+    parser.add_argument("--export", default=None, metavar="FOLDER",
+                        help="write repro.py and REPORT.md into FOLDER, which `attest repro "
+                        "--export` has filled (tools/workers/torch_export.py), and exit: 0 "
+                        "written, 3 not exportable (the reason on stdout)")
     args = parser.parse_args()
     if args.dtype == "f32" and args.backend not in ("sdpa-math", "sdpa-flash", "sdpa-flash+lse"):
         parser.error("--dtype f32 is for sdpa-math, sdpa-flash and sdpa-flash+lse only")
     worker = Worker(args)
+    if args.export:
+        import torch_export
+        sys.exit(torch_export.main_export(args.export, worker.runner, args.dtype, args.device))
     if args.describe:
         name, caps = worker.describe()
         print(json.dumps({"name": name, "capabilities": caps}, indent=1, sort_keys=True))
