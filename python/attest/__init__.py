@@ -115,7 +115,7 @@ def check(fn, api="sdpa", suite="gate", dtype="bf16", device=None, seed=0, caps=
         raise ValueError(f"attest check: {run.error}")
     if run.note:
         warnings.warn(f"attest check: {run.note}", RuntimeWarning, stacklevel=2)
-    return Report(run, k.display)
+    return Report(run, k.display, k)
 
 
 def suite_rows(fn, suite="gate", seed=0, **kw):
@@ -161,9 +161,15 @@ def fuzz(fn, seed=0, cases=None, time=None, out=None, check=None, baseline=None,
                          max_seqlen=max_seqlen, no_shrink=no_shrink, quiet=quiet))
 
 
-def repro(fn, case, check=None, dump=None, **kernel_kw):
-    """`attest repro`: runs the checks of one saved case file on the kernel; the exit code."""
+def repro(fn, case, check=None, dump=None, export=None, **kernel_kw):
+    """`attest repro`: runs the checks of one saved case file on the kernel; the exit code.
+    With `export` (a new or empty folder), `attest repro --export`: the first failing verdict
+    as a folder to send upstream, with repro.py for a Python function (docs/python.md
+    "Exporting a finding"); then the exit code is 1 with a folder written, 0 without."""
     k = kernel(fn, **kernel_kw)
+    if export is not None:
+        from . import export as _export
+        return 1 if _export.export_case(k, case, export, check=check) else 0
     return cli("repro", "--kernel", k.spec, *_options(case=case, check=check, dump=dump))
 
 

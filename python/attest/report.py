@@ -14,9 +14,11 @@ class Verdict:
     a failure; `case_label` and `case_file` the case judged and where it was saved."""
 
     __slots__ = ("check", "tensor", "policy", "passed", "observed", "allowed", "margin",
-                 "worst", "message", "detail", "repro", "case_label", "case_file", "problem")
+                 "worst", "message", "detail", "repro", "case_label", "case_file", "problem",
+                 "_kernel")
 
-    def __init__(self, d):
+    def __init__(self, d, kernel=None):
+        self._kernel = kernel
         self.check = d["check"]
         self.tensor = d["tensor"]
         self.policy = d["policy"]
@@ -51,6 +53,26 @@ class Verdict:
                  f"  repro: {self.repro}" if self.repro else None]
         return "\n".join(x for x in lines if x)
 
+    def export(self, folder):
+        """This failing verdict as a folder to send upstream (docs/python.md "Exporting a
+        finding"): its case, inputs and float64 oracle, REPORT.md, and for a Python function
+        repro.py, a script that needs PyTorch alone and exits 1 while the finding
+        reproduces. `folder` must be new or empty; returns it."""
+        from . import export as _export
+        if self.passed:
+            raise ValueError("export: this verdict passed; only a failing one is exported")
+        if not self.case_file:
+            raise ValueError("export: the verdict's case was not saved (no case file)")
+        if self._kernel is None:
+            raise ValueError("export: the verdict does not know its kernel (a Report "
+                             "made by attest.check knows it)")
+        out = _export.export_case(self._kernel, self.case_file, folder, check=self.check,
+                                  tensor=self.tensor or None)
+        if out is None:
+            raise ValueError(f"export: {self.check}/{self.tensor} does not fail on a re-run "
+                             f"of {self.case_file}")
+        return out
+
     def __repr__(self):
         return (f"Verdict({self.check}/{self.tensor} {'pass' if self.passed else 'FAIL'} "
                 f"margin={self.margin:.3g} case={self.case_label!r})")
@@ -61,12 +83,13 @@ class Report:
     code 0 means); `failures` the failing verdicts in diagnosis order (the first names the
     bug class); `summary()` the console report."""
 
-    def __init__(self, run, kernel):
+    def __init__(self, run, kernel, kernel_obj=None):
         self._run = run
         self.kernel = kernel
+        self._kernel = kernel_obj  # the attest.Kernel, for export
         self.exit_code = run.exit_code
         self.data = json.loads(run.json)
-        self.verdicts = [Verdict(v) for v in self.data["verdicts"]]
+        self.verdicts = [Verdict(v, self._kernel) for v in self.data["verdicts"]]
         self.skipped = list(self.data["skipped"])
         self.failure_cases = list(run.failure_cases)
 
@@ -77,6 +100,13 @@ class Report:
     @property
     def failures(self):
         return [v for v in self.verdicts if not v.passed]
+
+    def export(self, folder):
+        """The first failing verdict (the one naming the bug class) exported to `folder`:
+        Verdict.export."""
+        if not self.failures:
+            raise ValueError("export: no verdict failed")
+        return self.failures[0].export(folder)
 
     def summary(self):
         return self._run.console
