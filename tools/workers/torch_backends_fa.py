@@ -6,6 +6,7 @@ import inspect
 import torch
 
 import attest_worker as aw
+import torch_call as tc
 from torch_backends_common import (window_of, has_window, is_varlen, bottom_right,
                                    diagonal_rules, square_everywhere, extra_masks, cu_tensor,
                                    lse_to_attest, Backend)
@@ -93,8 +94,8 @@ class FlashAttn(Backend):
         if p.get("softcap"):
             kw["softcap"] = float(p["softcap"])
         if p.get("alibi_slopes") is not None:
-            kw["alibi_slopes"] = torch.tensor(p["alibi_slopes"], dtype=torch.float32,
-                                              device=self.device)
+            kw["alibi_slopes"] = tc.Data("alibi_slopes", torch.tensor(
+                p["alibi_slopes"], dtype=torch.float32, device=self.device))
         if "deterministic" in self.params:
             kw["deterministic"] = self.deterministic
         if self.fa4:
@@ -103,15 +104,28 @@ class FlashAttn(Backend):
             kw["return_attn_probs"] = True
         return kw
 
-    def run(self, p, q, k, v, need_lse):
+    def describe_call(self, p, dtype, need_lse=False):
+        """The padded batch's call as data (torch_call.py): fn(q, k, v, **kwargs) on attest's
+        own [B, S, H, D] layout, as run() makes it; the result's first element is o. (A
+        FlashAttention-4 mask_mod is a CuTe function: rendering such a call fails, and the
+        export says so.)"""
         kw = self._kwargs(p, need_lse)
+        target = tc.Attr(getattr(self.fn, "__module__", None) or "__main__",
+                         getattr(self.fn, "__qualname__", None) or repr(self.fn), obj=self.fn)
+        return tc.Call(target, [tc.Ref("q"), tc.Ref("k"), tc.Ref("v")], kw,
+                       first_of_tuple=not need_lse)
+
+    def run(self, p, q, k, v, need_lse):
         if is_varlen(p):
+            kw = {n: tc.evaluate(x, {}) for n, x in self._kwargs(p, need_lse).items()}
             out = self.varlen_fn(q, k, v, cu_seqlens_q=cu_tensor(p["cu_seqlens_q"], self.device),
                                  cu_seqlens_k=cu_tensor(p["cu_seqlens_k"], self.device),
                                  max_seqlen_q=p["seqlen_q"], max_seqlen_k=p["seqlen_k"], **kw)
             self.route += ", varlen"
         else:
-            out = self.fn(q, k, v, **kw)
+            call = self.describe_call(p, q.dtype, need_lse)
+            self.last_call = call  # what `attest repro --export` renders (torch_export.py)
+            out = call.run({"q": q, "k": k, "v": v})
         if isinstance(out, (tuple, list)):
             o, lse = out[0], (out[1] if len(out) > 1 else None)
         else:
