@@ -63,3 +63,23 @@ def fake_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     o = (p @ vt).transpose(1, 2).to(q.dtype)
     lse = lse.masked_fill(torch.isneginf(lse), float("inf"))
     return (o, lse, None) if return_attn_probs else o
+
+
+def sdpa_float64(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """A correct function: PyTorch's math SDPA on float64 copies of the inputs, o (and through
+    autograd the gradients) rounded once to the inputs' dtype. What an exported repro.py is
+    pointed at to show that it exits 0 once the finding is gone (python/tests/test_export.py)."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.double()
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), attn_mask=attn_mask, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa)
+    return o.to(q.dtype)
+
+
+def flash_attn_scale_bug(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                         return_attn_probs=False):
+    """The seeded bug of a flash_attn_func: softmax_scale ignored (1 used)."""
+    return fake_flash_attn_func(q, k, v, dropout_p, 1.0, causal, return_attn_probs)

@@ -72,7 +72,7 @@ def _why_not(backend, verdict, problem):
     if verdict["tensor"] not in ("o", "lse", "dq", "dk", "dv"):
         return f"the verdict judges {verdict['tensor']!r}, not an output tensor"
     if verdict["tensor"] == "lse":
-        return "the adapter's call returns no lse"
+        return "lse verdicts are not rendered (the script compares what the call returns first)"
     if problem.get("cu_seqlens_q") is not None:
         return "packed (varlen) batches are not rendered"
     if problem.get("softcap"):
@@ -95,6 +95,10 @@ def export(folder, runner, dtype, device, fn_path=None, check=None, tensor=None)
     verdict = pick_verdict(report, check or meta.get("check"), tensor or meta.get("tensor"))
     backend = runner.backend
     why = _why_not(backend, verdict, problem)
+    if not why and runner.explicit_backward is not None and \
+            verdict["tensor"] in ("dq", "dk", "dv"):
+        why = ("the gradients come from an explicit backward function, not from autograd "
+               "through the call the script renders")
     if why:
         raise NotExportable(why)
     files = aw.read_safetensors(os.path.join(folder, "inputs.safetensors"))
@@ -106,8 +110,15 @@ def export(folder, runner, dtype, device, fn_path=None, check=None, tensor=None)
         for d in mha.data():
             d.name = "mha_" + d.name
         calls.append(("kernel_call_mha", mha))
+    for _, call in calls:
+        try:
+            call.source("f", set())
+        except TypeError as e:
+            raise NotExportable(f"the call has an argument with no source form ({e})")
     target = calls[0][1].target
     default_fn = fn_path or f"{target.module}:{target.name}"
+    if target.module == "__main__" or "<" in target.name:
+        default_fn = None  # not importable by name: the script asks for --fn
     context = calls[0][1].context
     meta["kernel_label"] = (f"{target.path}" +
                             (f" under {tc.render(context, set())}" if context else "") +
@@ -265,7 +276,7 @@ attest {meta['attest_version']} saw {tensor} = {_num(worst and worst.get('observ
 {_num(worst and worst.get('reference'))} at {_where(worst)}: |error| \
 {_num(verdict.get('observed'))}, allowed {_num(verdict.get('allowed'))}.
 
-Written by `attest repro --export`; needs PyTorch only{'' if inline else ' (and safetensors, for inputs.safetensors beside it)'}.
+Written by `attest repro --export`; needs PyTorch and the kernel's own module only{'' if inline else ' (and safetensors, for inputs.safetensors beside it)'}.
     python3 repro.py                        exit 1 while the finding reproduces, 0 once not
     python3 repro.py --fn MODULE:FUNCTION   the same call on another function with the same
                                             signature (or ATTEST_REPRO_FN=MODULE:FUNCTION)
@@ -282,6 +293,7 @@ Written by `attest repro --export`; needs PyTorch only{'' if inline else ' (and 
              f"RULE = {rule_in_words(verdict, problem)!r}",
              f"CHECK = {verdict['check']!r}",
              f"TENSOR = {tensor!r}",
+             f"KERNEL = {meta.get('kernel_label') or meta['kernel']!r}",
              f"DEFAULT_FN = {default_fn!r}",
              f"FN_PATH = {[path_root] if path_root else []!r}  # where DEFAULT_FN is "
              "imported from",
@@ -302,7 +314,7 @@ Written by `attest repro --export`; needs PyTorch only{'' if inline else ' (and 
 
 
 def _num(x):
-    return "-" if x is None else f"{x:.6g}"
+    return "-" if x is None else f"{x:.9g}"
 
 
 def _pyjson(obj):
@@ -457,6 +469,9 @@ def _main(verdict, data_names, mha_names):
              '                    help="a folder to import MODULE from")',
              '    ap.add_argument("--device", default=DEVICE)',
              '    args = ap.parse_args()',
+             '    if args.fn is None:',
+             '        ap.error(f"the kernel ({KERNEL}) is not importable by name: pass --fn '
+             'MODULE:FUNCTION")',
              '    print_environment()',
              '    fn = resolve(args.fn, args.path + (FN_PATH if args.fn == DEFAULT_FN else []))',
              '    print(f"function: {args.fn}")',
@@ -523,6 +538,8 @@ def _report(problem, verdict, meta, script, calls, has_data):
         f"|error| {_num(verdict.get('observed'))} where attest allows "
         f"{_num(verdict.get('allowed'))} ({verdict.get('policy')}).",
         "",
+        f"**What the script compares.** {_compares(verdict)}",
+        "",
         f"attest's verdict: {verdict.get('message')}",
         "",
         "**Reproduce** with PyTorch alone" +
@@ -559,6 +576,22 @@ def _report(problem, verdict, meta, script, calls, has_data):
               "the gradients), `outputs.safetensors` (what the kernel returned to attest), "
               "`report.json` (the verdicts), `repro.sh` (the attest command).", ""]
     return "\n".join(lines)
+
+
+def _compares(verdict):
+    t = verdict["tensor"]
+    worst = verdict.get("worst")
+    if verdict["check"] == "determinism":
+        return f"{t} of two identical calls, byte for byte; any difference fails."
+    expected = ("the float64 reference computed in the script" if verdict["check"] == "accuracy"
+                else "the relation's prediction computed in the script")
+    if not worst:
+        return (f"the largest |{t} - expected| over the tensor, expected being {expected}, "
+                f"with attest's allowance {_num(verdict.get('allowed'))}.")
+    return (f"|{t} - expected| at flat index {worst['flat']} (row-major, {t} in attest's "
+            f"layout: [B, S, H, D], lse [B, H, Sq]), expected being {expected}, with attest's "
+            f"allowance there, {verdict.get('allowed')!r}; it fails above it, or where one "
+            f"side is not finite. The largest error over the tensor is printed too.")
 
 
 def _shape(p):
