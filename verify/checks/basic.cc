@@ -245,6 +245,170 @@ std::vector<Verdict> RunUnwrittenOutputs(CheckContext& ctx) {
   return out;
 }
 
+namespace {
+
+// An output special-values judges: the kernel's tensor, its shape and the oracle's values.
+struct OracleSlot {
+  const char* name;
+  const Tensor* t;
+  Shape shape;
+  Tensor ref;
+};
+
+// The special-values rules' view of one case: the kernel's outputs widened to f64 (obs[k] for
+// slots[k]; lse only where the kernel returns it) and, for a sampled case, its empty rows.
+struct SpecialValuesCase {
+  const Problem& p;
+  const std::vector<OracleSlot>& slots;
+  const std::vector<Tensor>& obs;
+  bool judge_lse;
+  bool sampled;
+  const std::vector<uint8_t>& empty_q;
+};
+
+// 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
+// format edges). lse may be -inf exactly where the oracle's is. A sampled case
+// (CheckContext::sample): where the oracle did not compute (NaN), the kernel must be finite
+// too, except the lse of an empty row (known exactly from the mask, verify/metrics/sample.h): the
+// oracle of finite inputs is finite there (o a convex combination of v rows, lse a finite
+// log-sum-exp).
+void JudgeFiniteWhereOracleIs(const SpecialValuesCase& c, const std::string& sample_note,
+                              std::vector<Verdict>& out) {
+  const Problem& p = c.p;
+  const auto lse_token = [&](int64_t e) {
+    return p.varlen() ? e % p.TotalQ()
+                      : (e / (p.heads_q * p.seqlen_q)) * p.seqlen_q + e % p.seqlen_q;
+  };
+  for (size_t k = 0; k < c.slots.size(); ++k) {
+    if (k == 1 && !c.judge_lse) continue;
+    const auto so = c.obs[k].span<const double>();
+    const auto sr = c.slots[k].ref.span<const double>();
+    Violations v;
+    int64_t finite_refs = 0;
+    for (size_t e = 0; e < so.size(); ++e) {
+      if (c.sampled && std::isnan(sr[e])) {
+        if (k == 1 && c.empty_q[static_cast<size_t>(lse_token(static_cast<int64_t>(e)))]) continue;
+        ++finite_refs;
+        if (!std::isfinite(so[e])) {
+          v.Add(p, c.slots[k].name, c.obs[k], static_cast<int64_t>(e), so[e]);
+        }
+        continue;
+      }
+      if (!std::isfinite(sr[e])) continue;
+      ++finite_refs;
+      if (!std::isfinite(so[e])) {
+        v.Add(p, c.slots[k].name, c.obs[k], static_cast<int64_t>(e), so[e]);
+        if (v.count == 1) v.first.reference = sr[e];
+      }
+    }
+    out.push_back(ExactRule(c.slots[k].name, "finite where the oracle is finite", v, finite_refs,
+                            "finite-reference"));
+    out.back().message += sample_note;
+  }
+}
+
+// What step 2 of special-values found: elements breaking the exact rules of empty rows
+// (o, lse, dq) and of keys no query sees (dk, dv), and how many rows and keys were judged.
+struct ExactZeros {
+  Violations o_bad, lse_bad, dq_bad, dk_bad, dv_bad;
+  int64_t empty_rows = 0, unseen_keys = 0;
+};
+
+// Empty rows of sequence b (oracle lse = -inf): o and dq exactly 0, lse exactly `empty_lse`.
+void JudgeEmptyRows(const SpecialValuesCase& c, int64_t b, const Sequence& s, bool backward,
+                    double empty_lse, ExactZeros& z) {
+  const Problem& p = c.p;
+  const auto rl = c.slots[1].ref.span<const double>();
+  const Offsets at{p};
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      const int64_t l = at.Lse(b, s, h, i);
+      const bool empty = c.sampled ? c.empty_q[static_cast<size_t>(s.q_begin + i)] != 0
+                                   : std::isinf(rl[static_cast<size_t>(l)]) &&
+                                         rl[static_cast<size_t>(l)] < 0;
+      if (!empty) continue;
+      ++z.empty_rows;
+      if (c.judge_lse) {
+        const double lo = c.obs[1].span<const double>()[static_cast<size_t>(l)];
+        if (lo != empty_lse) z.lse_bad.Add(p, "lse", c.obs[1], l, lo);
+      }
+      const int64_t ro = at.RowO(s, h, i, p.head_dim_v);
+      for (int64_t d = 0; d < p.head_dim_v; ++d) {
+        const double x = c.obs[0].span<const double>()[static_cast<size_t>(ro + d)];
+        if (x != 0) z.o_bad.Add(p, "o", c.obs[0], ro + d, x);
+      }
+      if (backward) {
+        const int64_t rq = at.RowO(s, h, i, p.head_dim);
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          const double x = c.obs[2].span<const double>()[static_cast<size_t>(rq + d)];
+          if (x != 0) z.dq_bad.Add(p, "dq", c.obs[2], rq + d, x);
+        }
+      }
+    }
+  }
+}
+
+// Keys no query of sequence b sees (the mask is the same for every head): dk and dv exactly 0.
+void JudgeUnseenKeys(const SpecialValuesCase& c, int64_t b, const Sequence& s, ExactZeros& z) {
+  const Problem& p = c.p;
+  const Offsets at{p};
+  const MaskView mask(p, b);
+  for (int64_t j = 0; j < s.k_len; ++j) {
+    bool seen = false;
+    for (int64_t i = 0; i < s.q_len && !seen; ++i) seen = mask.Visible(i, j);
+    if (seen) continue;
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      ++z.unseen_keys;
+      const int64_t rk = at.RowK(s, hk, j, p.head_dim);
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        const double x = c.obs[3].span<const double>()[static_cast<size_t>(rk + d)];
+        if (x != 0) z.dk_bad.Add(p, "dk", c.obs[3], rk + d, x);
+      }
+      const int64_t rv = at.RowK(s, hk, j, p.head_dim_v);
+      for (int64_t d = 0; d < p.head_dim_v; ++d) {
+        const double x = c.obs[4].span<const double>()[static_cast<size_t>(rv + d)];
+        if (x != 0) z.dv_bad.Add(p, "dv", c.obs[4], rv + d, x);
+      }
+    }
+  }
+}
+
+// 2. Empty rows (oracle lse = -inf) and unseen keys: exact zeros, and lse = -inf or the
+// +inf the kernel declares (Capabilities::empty_row_lse; docs/design.md: nothing else).
+void JudgeEmptyRowsAndUnseenKeys(const SpecialValuesCase& c, const Kernel& kernel, bool backward,
+                                 std::vector<Verdict>& out) {
+  const Problem& p = c.p;
+  const double empty_lse = EmptyRowLse(kernel.capabilities());
+  const std::string lse_rule =
+      fmt::format("lse = {} on empty rows", empty_lse > 0 ? "+inf (declared)" : "-inf");
+  ExactZeros z;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence s = SequenceOf(p, b);
+    JudgeEmptyRows(c, b, s, backward, empty_lse, z);
+    if (!backward) continue;
+    JudgeUnseenKeys(c, b, s, z);
+  }
+  if (z.empty_rows > 0) {
+    out.push_back(ExactRule("o", "o = 0 on empty rows", z.o_bad, z.empty_rows * p.head_dim_v,
+                            "empty-row"));
+    if (c.judge_lse) {
+      out.push_back(ExactRule("lse", lse_rule, z.lse_bad, z.empty_rows, "empty-row"));
+    }
+    if (backward) {
+      out.push_back(ExactRule("dq", "dq = 0 on empty rows", z.dq_bad, z.empty_rows * p.head_dim,
+                              "empty-row"));
+    }
+  }
+  if (z.unseen_keys > 0) {
+    out.push_back(ExactRule("dk", "dk = 0 for keys no query sees", z.dk_bad,
+                            z.unseen_keys * p.head_dim, "unseen-key"));
+    out.push_back(ExactRule("dv", "dv = 0 for keys no query sees", z.dv_bad,
+                            z.unseen_keys * p.head_dim_v, "unseen-key"));
+  }
+}
+
+}  // namespace
+
 std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   constexpr std::string_view kCheck = "special-values";
   const Problem& p = ctx.case_.problem;
@@ -261,13 +425,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
       bwd = &std::get<BackwardResult>(b);
     }
   }
-  struct Slot {
-    const char* name;
-    const Tensor* t;
-    Shape shape;
-    Tensor ref;
-  };
-  std::vector<Slot> slots;
+  std::vector<OracleSlot> slots;
   if (bwd != nullptr) {
     const BackwardOut& o = ctx.OracleBackward();
     slots = {{"o", &fwd.o, p.OShape(), o.o},   {"lse", &fwd.lse, p.LseShape(), o.lse},
@@ -291,119 +449,12 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
     obs[k] = ToF64(*slots[k].t);
   }
 
-  // 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
-  // format edges). lse may be -inf exactly where the oracle's is. A sampled case
-  // (CheckContext::sample): where the oracle did not compute (NaN), the kernel must be finite
-  // too, except the lse of an empty row (known exactly from the mask, verify/metrics/sample.h): the
-  // oracle of finite inputs is finite there (o a convex combination of v rows, lse a finite
-  // log-sum-exp).
   const bool sampled = ctx.sample.has_value();
   const std::vector<uint8_t> empty_q = sampled ? EmptyQueryRows(p) : std::vector<uint8_t>();
-  const auto lse_token = [&](int64_t e) {
-    return p.varlen() ? e % p.TotalQ()
-                      : (e / (p.heads_q * p.seqlen_q)) * p.seqlen_q + e % p.seqlen_q;
-  };
   const std::string sample_note = sampled ? " [" + ctx.sample->Describe() + "]" : "";
-  for (size_t k = 0; k < slots.size(); ++k) {
-    if (k == 1 && !judge_lse) continue;
-    const auto so = obs[k].span<const double>();
-    const auto sr = slots[k].ref.span<const double>();
-    Violations v;
-    int64_t finite_refs = 0;
-    for (size_t e = 0; e < so.size(); ++e) {
-      if (sampled && std::isnan(sr[e])) {
-        if (k == 1 && empty_q[static_cast<size_t>(lse_token(static_cast<int64_t>(e)))]) continue;
-        ++finite_refs;
-        if (!std::isfinite(so[e])) v.Add(p, slots[k].name, obs[k], static_cast<int64_t>(e), so[e]);
-        continue;
-      }
-      if (!std::isfinite(sr[e])) continue;
-      ++finite_refs;
-      if (!std::isfinite(so[e])) {
-        v.Add(p, slots[k].name, obs[k], static_cast<int64_t>(e), so[e]);
-        if (v.count == 1) v.first.reference = sr[e];
-      }
-    }
-    out.push_back(ExactRule(slots[k].name, "finite where the oracle is finite", v, finite_refs,
-                            "finite-reference"));
-    out.back().message += sample_note;
-  }
-
-  // 2. Empty rows (oracle lse = -inf) and unseen keys: exact zeros, and lse = -inf or the
-  // +inf the kernel declares (Capabilities::empty_row_lse; docs/design.md: nothing else).
-  const double empty_lse = EmptyRowLse(ctx.kernel->capabilities());
-  const std::string lse_rule =
-      fmt::format("lse = {} on empty rows", empty_lse > 0 ? "+inf (declared)" : "-inf");
-  const Tensor& ref_lse = slots[1].ref;
-  const auto rl = ref_lse.span<const double>();
-  const Offsets at{p};
-  Violations o_bad, lse_bad, dq_bad, dk_bad, dv_bad;
-  int64_t empty_rows = 0, unseen_keys = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const Sequence s = SequenceOf(p, b);
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        const int64_t l = at.Lse(b, s, h, i);
-        const bool empty = sampled ? empty_q[static_cast<size_t>(s.q_begin + i)] != 0
-                                   : std::isinf(rl[static_cast<size_t>(l)]) &&
-                                         rl[static_cast<size_t>(l)] < 0;
-        if (!empty) continue;
-        ++empty_rows;
-        if (judge_lse) {
-          const double lo = obs[1].span<const double>()[static_cast<size_t>(l)];
-          if (lo != empty_lse) lse_bad.Add(p, "lse", obs[1], l, lo);
-        }
-        const int64_t ro = at.RowO(s, h, i, p.head_dim_v);
-        for (int64_t d = 0; d < p.head_dim_v; ++d) {
-          const double x = obs[0].span<const double>()[static_cast<size_t>(ro + d)];
-          if (x != 0) o_bad.Add(p, "o", obs[0], ro + d, x);
-        }
-        if (bwd != nullptr) {
-          const int64_t rq = at.RowO(s, h, i, p.head_dim);
-          for (int64_t d = 0; d < p.head_dim; ++d) {
-            const double x = obs[2].span<const double>()[static_cast<size_t>(rq + d)];
-            if (x != 0) dq_bad.Add(p, "dq", obs[2], rq + d, x);
-          }
-        }
-      }
-    }
-    if (bwd == nullptr) continue;
-    // Keys no query of the sequence sees (the mask is the same for every head).
-    const MaskView mask(p, b);
-    for (int64_t j = 0; j < s.k_len; ++j) {
-      bool seen = false;
-      for (int64_t i = 0; i < s.q_len && !seen; ++i) seen = mask.Visible(i, j);
-      if (seen) continue;
-      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-        ++unseen_keys;
-        const int64_t rk = at.RowK(s, hk, j, p.head_dim);
-        for (int64_t d = 0; d < p.head_dim; ++d) {
-          const double x = obs[3].span<const double>()[static_cast<size_t>(rk + d)];
-          if (x != 0) dk_bad.Add(p, "dk", obs[3], rk + d, x);
-        }
-        const int64_t rv = at.RowK(s, hk, j, p.head_dim_v);
-        for (int64_t d = 0; d < p.head_dim_v; ++d) {
-          const double x = obs[4].span<const double>()[static_cast<size_t>(rv + d)];
-          if (x != 0) dv_bad.Add(p, "dv", obs[4], rv + d, x);
-        }
-      }
-    }
-  }
-  if (empty_rows > 0) {
-    out.push_back(ExactRule("o", "o = 0 on empty rows", o_bad, empty_rows * p.head_dim_v,
-                            "empty-row"));
-    if (judge_lse) out.push_back(ExactRule("lse", lse_rule, lse_bad, empty_rows, "empty-row"));
-    if (bwd != nullptr) {
-      out.push_back(ExactRule("dq", "dq = 0 on empty rows", dq_bad, empty_rows * p.head_dim,
-                              "empty-row"));
-    }
-  }
-  if (unseen_keys > 0) {
-    out.push_back(ExactRule("dk", "dk = 0 for keys no query sees", dk_bad,
-                            unseen_keys * p.head_dim, "unseen-key"));
-    out.push_back(ExactRule("dv", "dv = 0 for keys no query sees", dv_bad,
-                            unseen_keys * p.head_dim_v, "unseen-key"));
-  }
+  const SpecialValuesCase c{p, slots, obs, judge_lse, sampled, empty_q};
+  JudgeFiniteWhereOracleIs(c, sample_note, out);
+  JudgeEmptyRowsAndUnseenKeys(c, *ctx.kernel, bwd != nullptr, out);
   return out;
 }
 
