@@ -247,6 +247,335 @@ std::vector<int64_t> Pivots(const std::vector<int64_t>& given, int64_t len, std:
   return out;
 }
 
+// The case's sequences as the perturbation sets see them: their masks and, for a sampled
+// case (protected rows and keys are the flagged ones; one sequence pivots), the flags.
+struct SetPlanner {
+  const Problem& p;
+  const CaseInputs& in;
+  const NonInterferenceOptions& options;
+  std::vector<MaskView> views;
+  bool sampled = false;
+
+  SetPlanner(const Problem& problem, const CaseInputs& inputs,
+             const NonInterferenceOptions& opts)
+      : p(problem), in(inputs), options(opts) {
+    const int64_t nseq = p.batch;
+    views.reserve(static_cast<size_t>(nseq));
+    for (int64_t b = 0; b < nseq; ++b) views.emplace_back(p, b);
+    sampled = options.query_rows != nullptr && options.key_rows != nullptr;
+  }
+  bool QKept(int64_t token) const {
+    return !sampled || (*options.query_rows)[static_cast<size_t>(token)] != 0;
+  }
+  bool KKept(int64_t token) const {
+    return !sampled || (*options.key_rows)[static_cast<size_t>(token)] != 0;
+  }
+  // Rows / keys of every sequence but `b` (cross-sequence protection comes free with every set:
+  // a padded batch entry or a packed neighbour must not move either).
+  void AddOtherSequences(int64_t b, Protected& keep) const {
+    const int64_t nseq = p.batch;
+    for (int64_t c = 0; c < nseq; ++c) {
+      if (c == b) continue;
+      const Sequence& s = views[static_cast<size_t>(c)].sequence();
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        if (!QKept(s.q_begin + i)) continue;
+        AddTokenRows(in.q, s.q_begin + i, keep.dq);
+        AddLseRows(p, s, i, keep.lse);
+      }
+      for (int64_t j = 0; j < s.k_len; ++j) {
+        if (!KKept(s.k_begin + j)) continue;
+        AddTokenRows(in.k, s.k_begin + j, keep.dk);
+        AddTokenRows(in.v, s.k_begin + j, keep.dv);
+      }
+    }
+  }
+  // o rows use the output's row length (Dv), dq rows q's (D): build o from dq's token list.
+  void AddOutputRows(Protected& keep, const std::vector<int64_t>& q_tokens) const {
+    for (int64_t t : q_tokens) {
+      if (!QKept(t)) continue;
+      const int64_t dv = p.head_dim_v * p.heads_q;
+      for (int64_t e = 0; e < dv; ++e) keep.o.push_back(t * dv + e);
+    }
+  }
+};
+
+// Sampled: the longest sequence (the first of equals); -1 otherwise.
+int64_t PivotSequence(const SetPlanner& sp) {
+  const int64_t nseq = sp.p.batch;
+  int64_t pivot_sequence = -1;
+  if (sp.sampled) {
+    for (int64_t b = 0; b < nseq; ++b) {
+      const Sequence& s = sp.views[static_cast<size_t>(b)].sequence();
+      if (pivot_sequence < 0 ||
+          s.q_len > sp.views[static_cast<size_t>(pivot_sequence)].sequence().q_len) {
+        pivot_sequence = b;
+      }
+    }
+  }
+  return pivot_sequence;
+}
+
+// The pivot queries of sequence s (the options' or drawn from `rng`).
+std::vector<int64_t> PivotRows(const SetPlanner& sp, const Sequence& s, std::mt19937_64& rng) {
+  std::vector<int64_t> pivots;
+  if (sp.sampled && sp.options.pivot_rows.empty()) {
+    // A tile's first row near the middle (its neighbour keys share the tile and a 32-block),
+    // and a flagged row drawn from the seed.
+    pivots.push_back(s.q_len / 2 / 64 * 64);
+    std::vector<int64_t> flagged;
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      if (sp.QKept(s.q_begin + i)) flagged.push_back(i);
+    }
+    const int64_t r = flagged[static_cast<size_t>(rng() % flagged.size())];
+    if (r != pivots[0]) pivots.push_back(r);
+  } else {
+    pivots = Pivots(sp.options.pivot_rows, s.q_len, rng);
+  }
+  return pivots;
+}
+
+// Forward direction: keys of sequence b hidden from pivot query i0, perturbed in k and v;
+// nullopt when none is.
+std::optional<PerturbSet> HiddenKeysSet(const SetPlanner& sp, int64_t b, int64_t i0) {
+  const NonInterferenceOptions& options = sp.options;
+  const int64_t nseq = sp.p.batch;
+  const MaskView& m = sp.views[static_cast<size_t>(b)];
+  const Sequence& s = m.sequence();
+  std::vector<int64_t> hidden;
+  for (int64_t j = 0; j < s.k_len; ++j) {
+    if (m.Visible(i0, j)) continue;
+    if (options.same_block > 0 &&
+        j / options.same_block != (i0 + m.offset()) / options.same_block) {
+      continue;
+    }
+    hidden.push_back(j);
+  }
+  if (hidden.empty()) return std::nullopt;
+  PerturbSet set;
+  set.touch_k = options.perturb_k;
+  set.touch_v = options.perturb_v;
+  std::vector<int64_t> kept_rows, q_tokens;
+  for (int64_t i = 0; i < s.q_len; ++i) {
+    if (!sp.QKept(s.q_begin + i)) continue;
+    bool sees = false;
+    if (m.interval_only()) {
+      // hidden is ascending: does it hold a key of the row's interval? O(log S).
+      const auto [lo, hi] = m.KeyBounds(i);
+      const auto it = std::lower_bound(hidden.begin(), hidden.end(), lo);
+      sees = lo < hi && it != hidden.end() && *it < hi;
+    } else {
+      for (int64_t j : hidden) sees = sees || m.Visible(i, j);
+    }
+    if (sees) continue;
+    kept_rows.push_back(i);
+    q_tokens.push_back(s.q_begin + i);
+    AddTokenRows(sp.in.q, s.q_begin + i, set.keep.dq);
+    AddLseRows(sp.p, s, i, set.keep.lse);
+  }
+  for (int64_t j : hidden) set.key_tokens.push_back(s.k_begin + j);
+  for (int64_t c = 0; c < nseq; ++c) {
+    if (c == b) continue;
+    const Sequence& o = sp.views[static_cast<size_t>(c)].sequence();
+    for (int64_t i = 0; i < o.q_len; ++i) q_tokens.push_back(o.q_begin + i);
+  }
+  sp.AddOtherSequences(b, set.keep);
+  set.keep.dk.clear();  // keys' gradients legitimately change with their own values
+  set.keep.dv.clear();
+  sp.AddOutputRows(set.keep, q_tokens);
+  set.description = "b=" + std::to_string(b) + ": " +
+                    std::string(set.touch_k ? "k" : "") +
+                    (set.touch_k && set.touch_v ? "," : "") +
+                    std::string(set.touch_v ? "v" : "") + " at keys " + Describe(hidden) +
+                    " hidden from query " + std::to_string(i0) + "; protected rows " +
+                    Describe(kept_rows) +
+                    (sp.sampled ? " and every other sequence's sampled rows"
+                                : " and every other sequence");
+  return set;
+}
+
+// Backward direction: queries of sequence b that cannot see a pivot key (drawn from `rng`),
+// perturbed in q and dO.
+void AddBlindQuerySets(const SetPlanner& sp, int64_t b, std::mt19937_64& rng,
+                       std::vector<PerturbSet>& sets) {
+  const MaskView& m = sp.views[static_cast<size_t>(b)];
+  const Sequence& s = m.sequence();
+  for (int64_t j0 : Pivots(sp.options.pivot_keys, s.k_len, rng)) {
+    std::vector<int64_t> blind;
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      if (!m.Visible(i, j0)) blind.push_back(i);
+    }
+    if (blind.empty()) continue;
+    PerturbSet set;
+    std::vector<int64_t> kept_keys;
+    for (int64_t j = 0; j < s.k_len; ++j) {
+      if (!sp.KKept(s.k_begin + j)) continue;
+      bool seen = false;
+      for (int64_t i : blind) seen = seen || m.Visible(i, j);
+      if (seen) continue;
+      kept_keys.push_back(j);
+      AddTokenRows(sp.in.k, s.k_begin + j, set.keep.dk);
+      AddTokenRows(sp.in.v, s.k_begin + j, set.keep.dv);
+    }
+    for (int64_t i : blind) set.query_tokens.push_back(s.q_begin + i);
+    sp.AddOtherSequences(b, set.keep);
+    // Only key gradients are judged here (perturbed queries' own outputs move, and the
+    // forward direction already covers rows of other sequences).
+    set.keep.dq.clear();
+    set.keep.lse.clear();
+    set.description = "b=" + std::to_string(b) + ": q,do at queries " + Describe(blind) +
+                      " that cannot see key " + std::to_string(j0) + "; protected keys " +
+                      Describe(kept_keys) + " and every other sequence";
+    sets.push_back(std::move(set));
+  }
+}
+
+// Whole sequences: every token of sequence 0 perturbed (k, v; and q, dO for the backward
+// direction); every other sequence (a padded batch entry or a packed neighbour) protected.
+void AddWholeSequenceSets(const SetPlanner& sp, bool backward, std::vector<PerturbSet>& sets) {
+  const NonInterferenceOptions& options = sp.options;
+  const int64_t nseq = sp.p.batch;
+  if (nseq > 1 && sp.views[0].sequence().k_len > 0) {
+    const Sequence& s0 = sp.views[0].sequence();
+    PerturbSet fwd;
+    fwd.touch_k = options.perturb_k;
+    fwd.touch_v = options.perturb_v;
+    for (int64_t j = 0; j < s0.k_len; ++j) fwd.key_tokens.push_back(s0.k_begin + j);
+    sp.AddOtherSequences(0, fwd.keep);
+    fwd.keep.dk.clear();
+    fwd.keep.dv.clear();
+    std::vector<int64_t> q_tokens;
+    for (int64_t c = 1; c < nseq; ++c) {
+      const Sequence& o = sp.views[static_cast<size_t>(c)].sequence();
+      for (int64_t i = 0; i < o.q_len; ++i) q_tokens.push_back(o.q_begin + i);
+    }
+    sp.AddOutputRows(fwd.keep, q_tokens);
+    fwd.description = "every key of sequence 0; protected: every other sequence";
+    sets.push_back(std::move(fwd));
+    if (backward && s0.q_len > 0) {
+      PerturbSet bwd;
+      for (int64_t i = 0; i < s0.q_len; ++i) bwd.query_tokens.push_back(s0.q_begin + i);
+      sp.AddOtherSequences(0, bwd.keep);
+      bwd.keep.dq.clear();
+      bwd.keep.lse.clear();
+      bwd.description = "q,do of every query of sequence 0; protected: other sequences' dk, dv";
+      sets.push_back(std::move(bwd));
+    }
+  }
+}
+
+// The perturbation sets, per sequence, from the mask (pivots drawn from `rng`), then the
+// whole-sequence ones.
+std::vector<PerturbSet> PerturbSets(const SetPlanner& sp, bool backward, std::mt19937_64& rng) {
+  std::vector<PerturbSet> sets;
+  const int64_t nseq = sp.p.batch;
+  const int64_t pivot_sequence = PivotSequence(sp);
+  for (int64_t b = 0; b < nseq; ++b) {
+    const Sequence& s = sp.views[static_cast<size_t>(b)].sequence();
+    if (s.q_len == 0 || s.k_len == 0) continue;
+    if (sp.sampled && b != pivot_sequence) continue;
+    const std::vector<int64_t> pivots = PivotRows(sp, s, rng);
+    for (int64_t i0 : pivots) {
+      if (std::optional<PerturbSet> set = HiddenKeysSet(sp, b, i0)) sets.push_back(std::move(*set));
+    }
+    if (!backward) continue;
+    AddBlindQuerySets(sp, b, rng, sets);
+  }
+  AddWholeSequenceSets(sp, backward, sets);
+  return sets;
+}
+
+// Per output, each element's change between two unperturbed runs (Change): the spread a
+// nondeterministic kernel is allowed.
+Outputs RunToRunSpread(const Outputs& base, const Outputs& again) {
+  Outputs sp;
+  for (std::string_view n : {"o", "lse", "dq", "dk", "dv"}) {
+    const Tensor& a = Pick(base, n);
+    if (!a.defined()) continue;
+    const Tensor& c = Pick(again, n);
+    std::vector<double> d(static_cast<size_t>(a.numel()));
+    const auto x = a.span<const double>();
+    const auto y = c.span<const double>();
+    for (size_t e = 0; e < d.size(); ++e) d[e] = Change(x[e], y[e]);
+    Tensor t = Tensor::FromF64(a.shape(), std::move(d));
+    if (n == "o") sp.o = t;
+    if (n == "lse") sp.lse = t;
+    if (n == "dq") sp.dq = t;
+    if (n == "dk") sp.dk = t;
+    if (n == "dv") sp.dv = t;
+  }
+  return sp;
+}
+
+// The kernel on the case's inputs with `set`'s tokens overwritten by `kind` (values of format f).
+RunOutcome RunPerturbed(Kernel& kernel, const Problem& p, const CaseInputs& in,
+                        const PerturbSet& set, PerturbKind kind, Format f, bool backward) {
+  Tensor q = in.q, k = in.k, v = in.v, dout = in.dout;
+  auto perturb_rows = [&](Tensor& t, const std::vector<int64_t>& tokens, bool query_side) {
+    t = t.Clone();
+    std::vector<int64_t> idx;
+    for (int64_t tok : tokens) AddTokenRows(t, tok, idx);
+    auto span = t.span<double>();
+    for (int64_t e : idx) {
+      span[static_cast<size_t>(e)] = Perturb(kind, span[static_cast<size_t>(e)], f, query_side);
+    }
+  };
+  if (!set.key_tokens.empty()) {
+    if (set.touch_k) perturb_rows(k, set.key_tokens, false);
+    if (set.touch_v) perturb_rows(v, set.key_tokens, false);
+  }
+  if (!set.query_tokens.empty()) {
+    perturb_rows(q, set.query_tokens, true);
+    if (backward) perturb_rows(dout, set.query_tokens, true);
+  }
+  return Run(kernel, p, q, k, v, dout, backward);
+}
+
+// The protected elements of output `n`.
+const std::vector<int64_t>& ProtectedOf(const Protected& keep, std::string_view n) {
+  return n == "o"    ? keep.o
+         : n == "lse" ? keep.lse
+         : n == "dq"  ? keep.dq
+         : n == "dk"  ? keep.dk
+                      : keep.dv;
+}
+
+// The verdict on output `name` from its worst change over `perturbations` perturbed runs.
+Verdict NonInterferenceVerdict(std::string_view name, const Worst& w, bool deterministic,
+                               size_t perturbations, bool shared_scales,
+                               const NonInterferenceOptions& options, bool sampled) {
+  Verdict v;
+  v.check = std::string(kCheck);
+  v.tensor = std::string(name);
+  v.policy = deterministic ? "bitwise unchanged"
+                           : "change <= max(run-to-run spread, 2 ulp)";
+  v.observed = w.observed;
+  v.allowed = w.allowed;
+  v.margin = w.margin;
+  v.pass = w.margin <= 1;
+  v.worst = w.where;
+  std::ostringstream msg;
+  if (v.pass) {
+    msg << "protected " << name << " unchanged over " << perturbations
+        << " perturbations (" << w.judged << " element checks)";
+    if (sampled) msg << " on sampled rows";
+  } else {
+    msg << (shared_scales ? "leak through shared scales" : "mask leak") << ": " << w.changed
+        << " protected " << name << " elements moved; worst " << w.where.ToString()
+        << " (change " << w.observed << ", allowed " << w.allowed << ") under " << w.what;
+    v.repro = options.repro;
+  }
+  v.message = msg.str();
+  if (sampled) {
+    const auto flagged = [](const std::vector<uint8_t>& f) {
+      return std::count(f.begin(), f.end(), uint8_t{1});
+    };
+    v.message += fmt::format(" [sampled: {} of {} query rows, {} of {} keys]",
+                             flagged(*options.query_rows), options.query_rows->size(),
+                             flagged(*options.key_rows), options.key_rows->size());
+  }
+  return v;
+}
+
 }  // namespace
 
 bool HasSequenceBlockOperands(const Recipe& r) {
@@ -271,187 +600,8 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   std::mt19937_64 rng(options.seed ^ 0x6e6f6e2d696e7466ULL);
 
   // ---- Perturbation sets, per sequence, from the mask. ----
-  std::vector<PerturbSet> sets;
-  const int64_t nseq = p.batch;
-  std::vector<MaskView> views;
-  views.reserve(static_cast<size_t>(nseq));
-  for (int64_t b = 0; b < nseq; ++b) views.emplace_back(p, b);
-  // Sampled case: protected rows and keys are the flagged ones; one sequence pivots.
-  const bool sampled = options.query_rows != nullptr && options.key_rows != nullptr;
-  const auto q_kept = [&](int64_t token) {
-    return !sampled || (*options.query_rows)[static_cast<size_t>(token)] != 0;
-  };
-  const auto k_kept = [&](int64_t token) {
-    return !sampled || (*options.key_rows)[static_cast<size_t>(token)] != 0;
-  };
-  int64_t pivot_sequence = -1;  // sampled: the longest sequence (the first of equals)
-  if (sampled) {
-    for (int64_t b = 0; b < nseq; ++b) {
-      const Sequence& s = views[static_cast<size_t>(b)].sequence();
-      if (pivot_sequence < 0 ||
-          s.q_len > views[static_cast<size_t>(pivot_sequence)].sequence().q_len) {
-        pivot_sequence = b;
-      }
-    }
-  }
-  // Rows / keys of every sequence but `b` (cross-sequence protection comes free with every set:
-  // a padded batch entry or a packed neighbour must not move either).
-  auto add_other_sequences = [&](int64_t b, Protected& keep) {
-    for (int64_t c = 0; c < nseq; ++c) {
-      if (c == b) continue;
-      const Sequence& s = views[static_cast<size_t>(c)].sequence();
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        if (!q_kept(s.q_begin + i)) continue;
-        AddTokenRows(in.q, s.q_begin + i, keep.dq);
-        AddLseRows(p, s, i, keep.lse);
-      }
-      for (int64_t j = 0; j < s.k_len; ++j) {
-        if (!k_kept(s.k_begin + j)) continue;
-        AddTokenRows(in.k, s.k_begin + j, keep.dk);
-        AddTokenRows(in.v, s.k_begin + j, keep.dv);
-      }
-    }
-  };
-  // o rows use the output's row length (Dv), dq rows q's (D): build o from dq's token list.
-  auto finish = [&](Protected& keep, const std::vector<int64_t>& q_tokens) {
-    for (int64_t t : q_tokens) {
-      if (!q_kept(t)) continue;
-      const int64_t dv = p.head_dim_v * p.heads_q;
-      for (int64_t e = 0; e < dv; ++e) keep.o.push_back(t * dv + e);
-    }
-  };
-  for (int64_t b = 0; b < nseq; ++b) {
-    const MaskView& m = views[static_cast<size_t>(b)];
-    const Sequence& s = m.sequence();
-    if (s.q_len == 0 || s.k_len == 0) continue;
-    if (sampled && b != pivot_sequence) continue;
-    std::vector<int64_t> pivots;
-    if (sampled && options.pivot_rows.empty()) {
-      // A tile's first row near the middle (its neighbour keys share the tile and a 32-block),
-      // and a flagged row drawn from the seed.
-      pivots.push_back(s.q_len / 2 / 64 * 64);
-      std::vector<int64_t> flagged;
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        if (q_kept(s.q_begin + i)) flagged.push_back(i);
-      }
-      const int64_t r = flagged[static_cast<size_t>(rng() % flagged.size())];
-      if (r != pivots[0]) pivots.push_back(r);
-    } else {
-      pivots = Pivots(options.pivot_rows, s.q_len, rng);
-    }
-    // Forward direction: keys hidden from a pivot query, perturbed in k and v.
-    for (int64_t i0 : pivots) {
-      std::vector<int64_t> hidden;
-      for (int64_t j = 0; j < s.k_len; ++j) {
-        if (m.Visible(i0, j)) continue;
-        if (options.same_block > 0 &&
-            j / options.same_block != (i0 + m.offset()) / options.same_block) {
-          continue;
-        }
-        hidden.push_back(j);
-      }
-      if (hidden.empty()) continue;
-      PerturbSet set;
-      set.touch_k = options.perturb_k;
-      set.touch_v = options.perturb_v;
-      std::vector<int64_t> kept_rows, q_tokens;
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        if (!q_kept(s.q_begin + i)) continue;
-        bool sees = false;
-        if (m.interval_only()) {
-          // hidden is ascending: does it hold a key of the row's interval? O(log S).
-          const auto [lo, hi] = m.KeyBounds(i);
-          const auto it = std::lower_bound(hidden.begin(), hidden.end(), lo);
-          sees = lo < hi && it != hidden.end() && *it < hi;
-        } else {
-          for (int64_t j : hidden) sees = sees || m.Visible(i, j);
-        }
-        if (sees) continue;
-        kept_rows.push_back(i);
-        q_tokens.push_back(s.q_begin + i);
-        AddTokenRows(in.q, s.q_begin + i, set.keep.dq);
-        AddLseRows(p, s, i, set.keep.lse);
-      }
-      for (int64_t j : hidden) set.key_tokens.push_back(s.k_begin + j);
-      for (int64_t c = 0; c < nseq; ++c) {
-        if (c == b) continue;
-        const Sequence& o = views[static_cast<size_t>(c)].sequence();
-        for (int64_t i = 0; i < o.q_len; ++i) q_tokens.push_back(o.q_begin + i);
-      }
-      add_other_sequences(b, set.keep);
-      set.keep.dk.clear();  // keys' gradients legitimately change with their own values
-      set.keep.dv.clear();
-      finish(set.keep, q_tokens);
-      set.description = "b=" + std::to_string(b) + ": " +
-                        std::string(set.touch_k ? "k" : "") +
-                        (set.touch_k && set.touch_v ? "," : "") +
-                        std::string(set.touch_v ? "v" : "") + " at keys " + Describe(hidden) +
-                        " hidden from query " + std::to_string(i0) + "; protected rows " +
-                        Describe(kept_rows) +
-                        (sampled ? " and every other sequence's sampled rows"
-                                 : " and every other sequence");
-      sets.push_back(std::move(set));
-    }
-    // Backward direction: queries that cannot see a pivot key, perturbed in q and dO.
-    if (!backward) continue;
-    for (int64_t j0 : Pivots(options.pivot_keys, s.k_len, rng)) {
-      std::vector<int64_t> blind;
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        if (!m.Visible(i, j0)) blind.push_back(i);
-      }
-      if (blind.empty()) continue;
-      PerturbSet set;
-      std::vector<int64_t> kept_keys;
-      for (int64_t j = 0; j < s.k_len; ++j) {
-        if (!k_kept(s.k_begin + j)) continue;
-        bool seen = false;
-        for (int64_t i : blind) seen = seen || m.Visible(i, j);
-        if (seen) continue;
-        kept_keys.push_back(j);
-        AddTokenRows(in.k, s.k_begin + j, set.keep.dk);
-        AddTokenRows(in.v, s.k_begin + j, set.keep.dv);
-      }
-      for (int64_t i : blind) set.query_tokens.push_back(s.q_begin + i);
-      add_other_sequences(b, set.keep);
-      // Only key gradients are judged here (perturbed queries' own outputs move, and the
-      // forward direction already covers rows of other sequences).
-      set.keep.dq.clear();
-      set.keep.lse.clear();
-      set.description = "b=" + std::to_string(b) + ": q,do at queries " + Describe(blind) +
-                        " that cannot see key " + std::to_string(j0) + "; protected keys " +
-                        Describe(kept_keys) + " and every other sequence";
-      sets.push_back(std::move(set));
-    }
-  }
-  // Whole sequences: every token of sequence 0 perturbed (k, v; and q, dO for the backward
-  // direction); every other sequence (a padded batch entry or a packed neighbour) protected.
-  if (nseq > 1 && views[0].sequence().k_len > 0) {
-    const Sequence& s0 = views[0].sequence();
-    PerturbSet fwd;
-    fwd.touch_k = options.perturb_k;
-    fwd.touch_v = options.perturb_v;
-    for (int64_t j = 0; j < s0.k_len; ++j) fwd.key_tokens.push_back(s0.k_begin + j);
-    add_other_sequences(0, fwd.keep);
-    fwd.keep.dk.clear();
-    fwd.keep.dv.clear();
-    std::vector<int64_t> q_tokens;
-    for (int64_t c = 1; c < nseq; ++c) {
-      const Sequence& o = views[static_cast<size_t>(c)].sequence();
-      for (int64_t i = 0; i < o.q_len; ++i) q_tokens.push_back(o.q_begin + i);
-    }
-    finish(fwd.keep, q_tokens);
-    fwd.description = "every key of sequence 0; protected: every other sequence";
-    sets.push_back(std::move(fwd));
-    if (backward && s0.q_len > 0) {
-      PerturbSet bwd;
-      for (int64_t i = 0; i < s0.q_len; ++i) bwd.query_tokens.push_back(s0.q_begin + i);
-      add_other_sequences(0, bwd.keep);
-      bwd.keep.dq.clear();
-      bwd.keep.lse.clear();
-      bwd.description = "q,do of every query of sequence 0; protected: other sequences' dk, dv";
-      sets.push_back(std::move(bwd));
-    }
-  }
+  const SetPlanner planner(p, in, options);
+  const std::vector<PerturbSet> sets = PerturbSets(planner, backward, rng);
   if (sets.empty()) return {};
 
   // ---- Unperturbed runs (twice for nondeterministic kernels: the allowed spread). ----
@@ -467,23 +617,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   if (!caps.deterministic) {
     RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
     if (!again.out) return kernel_failure("the repeated unperturbed run", again.error);
-    Outputs sp;
-    for (std::string_view n : {"o", "lse", "dq", "dk", "dv"}) {
-      const Tensor& a = Pick(*base.out, n);
-      if (!a.defined()) continue;
-      const Tensor& c = Pick(*again.out, n);
-      std::vector<double> d(static_cast<size_t>(a.numel()));
-      const auto x = a.span<const double>();
-      const auto y = c.span<const double>();
-      for (size_t e = 0; e < d.size(); ++e) d[e] = Change(x[e], y[e]);
-      Tensor t = Tensor::FromF64(a.shape(), std::move(d));
-      if (n == "o") sp.o = t;
-      if (n == "lse") sp.lse = t;
-      if (n == "dq") sp.dq = t;
-      if (n == "dk") sp.dk = t;
-      if (n == "dv") sp.dv = t;
-    }
-    spread = std::move(sp);
+    spread = RunToRunSpread(*base.out, *again.out);
   }
 
   // ---- Perturbed runs. ----
@@ -493,26 +627,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   std::vector<Worst> worst(names.size());
   for (const PerturbSet& set : sets) {
     for (PerturbKind kind : kKinds) {
-      Tensor q = in.q, k = in.k, v = in.v, dout = in.dout;
-      auto perturb_rows = [&](Tensor& t, const std::vector<int64_t>& tokens, bool query_side) {
-        t = t.Clone();
-        std::vector<int64_t> idx;
-        for (int64_t tok : tokens) AddTokenRows(t, tok, idx);
-        auto span = t.span<double>();
-        for (int64_t e : idx) {
-          span[static_cast<size_t>(e)] =
-              Perturb(kind, span[static_cast<size_t>(e)], *fmt, query_side);
-        }
-      };
-      if (!set.key_tokens.empty()) {
-        if (set.touch_k) perturb_rows(k, set.key_tokens, false);
-        if (set.touch_v) perturb_rows(v, set.key_tokens, false);
-      }
-      if (!set.query_tokens.empty()) {
-        perturb_rows(q, set.query_tokens, true);
-        if (backward) perturb_rows(dout, set.query_tokens, true);
-      }
-      RunOutcome r = Run(kernel, p, q, k, v, dout, backward);
+      RunOutcome r = RunPerturbed(kernel, p, in, set, kind, *fmt, backward);
       const std::string what = std::string(Name(kind)) + " written to " + set.description;
       if (!r.out) {
         if (r.unsupported) continue;
@@ -520,11 +635,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
       }
       for (size_t t = 0; t < names.size(); ++t) {
         const std::string_view n = names[t];
-        const std::vector<int64_t>& idx = n == "o"    ? set.keep.o
-                                          : n == "lse" ? set.keep.lse
-                                          : n == "dq"  ? set.keep.dq
-                                          : n == "dk"  ? set.keep.dk
-                                                       : set.keep.dv;
+        const std::vector<int64_t>& idx = ProtectedOf(set.keep, n);
         const Tensor* sp = spread ? &Pick(*spread, n) : nullptr;
         Judge(p, n, Pick(*base.out, n), sp, Pick(*r.out, n), idx, what, worst[t]);
       }
@@ -535,37 +646,9 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   for (size_t t = 0; t < names.size(); ++t) {
     const Worst& w = worst[t];
     if (w.judged == 0) continue;
-    Verdict v;
-    v.check = std::string(kCheck);
-    v.tensor = std::string(names[t]);
-    v.policy = caps.deterministic ? "bitwise unchanged"
-                                 : "change <= max(run-to-run spread, 2 ulp)";
-    v.observed = w.observed;
-    v.allowed = w.allowed;
-    v.margin = w.margin;
-    v.pass = w.margin <= 1;
-    v.worst = w.where;
-    std::ostringstream msg;
-    if (v.pass) {
-      msg << "protected " << names[t] << " unchanged over " << sets.size() * std::size(kKinds)
-          << " perturbations (" << w.judged << " element checks)";
-      if (sampled) msg << " on sampled rows";
-    } else {
-      msg << (shared_scales ? "leak through shared scales" : "mask leak") << ": " << w.changed
-          << " protected " << names[t] << " elements moved; worst " << w.where.ToString()
-          << " (change " << w.observed << ", allowed " << w.allowed << ") under " << w.what;
-      v.repro = options.repro;
-    }
-    v.message = msg.str();
-    if (sampled) {
-      const auto flagged = [](const std::vector<uint8_t>& f) {
-        return std::count(f.begin(), f.end(), uint8_t{1});
-      };
-      v.message += fmt::format(" [sampled: {} of {} query rows, {} of {} keys]",
-                               flagged(*options.query_rows), options.query_rows->size(),
-                               flagged(*options.key_rows), options.key_rows->size());
-    }
-    verdicts.push_back(std::move(v));
+    verdicts.push_back(NonInterferenceVerdict(names[t], w, caps.deterministic,
+                                              sets.size() * std::size(kKinds), shared_scales,
+                                              options, planner.sampled));
   }
   return verdicts;
 }
