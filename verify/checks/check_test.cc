@@ -1,23 +1,22 @@
-// The check framework end to end: the quick suite passes a
-// correct model (cpu/flash2-bf16), and test-only broken kernels defined here fail with the
-// check that names their bug and the (b, h, i, d) where it is. Every broken kernel wraps the
-// correct model, so the only difference is the seeded bug.
+// The checks end to end: the quick and gate suites run test-only broken kernels, defined
+// here and in suite_test_kernels.h, and each fails with the check that names its bug and the
+// (b, h, i, d) where it is. Every broken kernel wraps the correct model (cpu/flash2-bf16), so
+// the only difference is the seeded bug. The framework around the checks (suites, reports,
+// kernel errors, the registry) is check_framework_test.cc.
 #include <cmath>
 #include <limits>
-#include <filesystem>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/builtin.h"
 #include "kernels/models/flash_models.h"
 #include "reference/recipes/recipe.h"
 #include "reference/formats/format.h"
 #include "verify/checks/check.h"
+#include "verify/checks/suite_test_kernels.h"
 #include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
@@ -25,86 +24,15 @@
 namespace attest {
 namespace {
 
-std::unique_ptr<Kernel> Flash2() {
-  auto k = Kernels().Create("cpu/flash2-bf16");
-  EXPECT_TRUE(k.ok());
-  return std::move(k).value();
-}
-
-// f64 copy of a kernel output, modified by `edit(values, problem)`, stored back as bf16
-// (or left f64 when `keep_f64`: HeadMixer's leak is not rounded to bf16).
-template <class Edit>
-Tensor EditOutput(const Tensor& t, Edit&& edit, bool keep_f64 = false) {
-  Tensor w = ToF64(t).Clone();
-  edit(w.span<double>());
-  if (keep_f64) return w;
-  auto back = FromF64(w, t.dtype());
-  EXPECT_TRUE(back.ok());
-  return std::move(back).value();
-}
-
-// o [B, Sq, H, Dv] flat index.
-int64_t OIndex(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t d) {
-  return ((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim_v + d;
-}
-
-// A wrapper whose forward output can be edited; everything else is the correct model.
-class Wrapper : public Kernel {
- public:
-  explicit Wrapper(std::string name) : name_(std::move(name)), inner_(Flash2()) {}
-  std::string name() const override { return name_; }
-  Capabilities capabilities() const override { return inner_->capabilities(); }
-  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
-                                      const Tensor& v) override {
-    auto a = inner_->Forward(p, q, k, v);
-    if (auto* r = std::get_if<ForwardResult>(&a)) Edit(p, *r);
-    return a;
-  }
-  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
-                                        const Tensor& v, const Tensor& o, const Tensor& lse,
-                                        const Tensor& dout) override {
-    return inner_->Backward(p, q, k, v, o, lse, dout);
-  }
-  virtual void Edit(const Problem&, ForwardResult&) {}
-
- protected:
-  std::string name_;
-  std::unique_ptr<Kernel> inner_;
-};
-
-// Adds 0.1 to o at (b=1, h=3, i=5, d=7) of padded problems with B >= 2 and Hq >= 4.
-class OffByOneElement : public Wrapper {
- public:
-  OffByOneElement() : Wrapper("test/off-by-one-element") {}
-  void Edit(const Problem& p, ForwardResult& r) override {
-    if (p.varlen() || p.batch < 2 || p.heads_q < 4 || p.seqlen_q < 6) return;
-    r.o = EditOutput(r.o, [&](std::span<double> o) { o[OIndex(p, 1, 3, 5, 7)] += 0.1; });
-  }
-};
-
-// Leaves row (b=0, h=1, i=3) of o as the harness poisoned it (all-ones bytes,
-// kOutputPoisonByte): a row the kernel never wrote. With `computed`, the row holds the NaN
-// that arithmetic gives instead (0 * inf), which is a wrong value, not an unwritten one.
-class NanRow : public Wrapper {
- public:
-  explicit NanRow(bool computed = false) : Wrapper("test/nan-row"), computed_(computed) {}
-  void Edit(const Problem& p, ForwardResult& r) override {
-    if (p.varlen() || p.heads_q < 2 || p.seqlen_q < 4) return;
-    r.o = EditOutput(r.o, [&](std::span<double> o) {
-      for (int64_t d = 0; d < p.head_dim_v; ++d) o[OIndex(p, 0, 1, 3, d)] = 0.0;
-    });
-    ASSERT_EQ(r.o.dtype(), DType::kBF16);
-    uint16_t* codes = r.o.data<uint16_t>();
-    const double inf = std::numeric_limits<double>::infinity();
-    const Tensor computed_nan = *FromF64(Tensor::FromF64({1}, {0.0 * inf}), DType::kBF16);
-    for (int64_t d = 0; d < p.head_dim_v; ++d) {
-      codes[OIndex(p, 0, 1, 3, d)] = computed_ ? computed_nan.data<uint16_t>()[0] : 0xFFFF;
-    }
-  }
-
- private:
-  bool computed_;
-};
+using suite_test::AnyFailure;
+using suite_test::EditOutput;
+using suite_test::Failures;
+using suite_test::Flash2;
+using suite_test::NanRow;
+using suite_test::OffByOneElement;
+using suite_test::OIndex;
+using suite_test::RunQuick;
+using suite_test::Wrapper;
 
 // Every other call moves o[0] by a bf16 step (a race in a reduction, say).
 class Flaky : public Wrapper {
@@ -309,122 +237,6 @@ class Liar : public Wrapper {
   }
 };
 
-// A device error in every backward of a varlen problem (a CUDA adapter's illegal address):
-// an Error answer, not outputs. With `throws`, the backward throws instead.
-class FailingBackward : public Wrapper {
- public:
-  explicit FailingBackward(bool throws = false)
-      : Wrapper("test/failing-backward"), throws_(throws) {}
-  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
-                                        const Tensor& v, const Tensor& o, const Tensor& lse,
-                                        const Tensor& dout) override {
-    if (!p.varlen()) return Wrapper::Backward(p, q, k, v, o, lse, dout);
-    if (throws_) throw std::runtime_error("std::bad_alloc in the backward's workspace");
-    return Error{"test/failing-backward: backward: cudaErrorIllegalAddress: an illegal memory "
-                 "access was encountered; stderr: launch dq kernel | sync failed"};
-  }
-
- private:
-  bool throws_;
-};
-
-RunResult RunQuick(Kernel& kernel, const std::string& suite = "quick", uint64_t seed = 0,
-              const std::string& only = "") {
-  RunOptions o;
-  o.kernel_spec = kernel.name();
-  o.seed = seed;
-  o.only_check = only;
-  auto r = RunSuite(kernel, *FindSuite(suite), o);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  return std::move(r).value();
-}
-
-std::vector<Verdict> Failures(const RunResult& r) {
-  std::vector<Verdict> out;
-  for (const Verdict& v : r.report.verdicts) {
-    if (!v.pass) out.push_back(v);
-  }
-  return out;
-}
-
-bool AnyFailure(const RunResult& r, std::string_view check, std::string_view tensor) {
-  for (const Verdict& v : r.report.verdicts) {
-    if (!v.pass && v.check == check && v.tensor == tensor) return true;
-  }
-  return false;
-}
-
-TEST(Suites, EveryRowInstantiatesForTheModels) {
-  for (const char* name : {"cpu/flash2-bf16", "cpu/flash2-fp16", "cpu/feather-fp16"}) {
-    auto k = Kernels().Create(name);
-    ASSERT_TRUE(k.ok());
-    const Capabilities caps = (*k)->capabilities();
-    for (const Suite& s : AllSuites()) {
-      EXPECT_FALSE(s.rows.empty());
-      for (const SuiteRow& row : s.rows) {
-        EXPECT_NE(FindCheck(row.check), nullptr) << s.name << ": " << row.check;
-        InstantiatedCase c = Instantiate(row, caps, 7);
-        // A mask-form row asks an API that takes masks as tensors; the models take none.
-        if (!row.case_template.problem.mask_form.empty()) {
-          EXPECT_FALSE(c.c.has_value()) << name << " " << c.label;
-          continue;
-        }
-        EXPECT_TRUE(c.c.has_value()) << name << " " << s.name << " " << c.label << ": "
-                                     << c.skipped;
-      }
-    }
-  }
-}
-
-TEST(Suites, RowsOutsideTheCapabilitiesAreSkippedExceptHonesty) {
-  Capabilities caps;
-  caps.dtypes = {DType::kF16};
-  caps.head_dims = {128};
-  caps.backward = true;  // no masks, no GQA, no varlen, no softcap
-  int skipped = 0, honesty = 0;
-  for (const SuiteRow& row : FindSuite("gate")->rows) {
-    InstantiatedCase c = Instantiate(row, caps, 0);
-    if (row.check == "honesty") {
-      ++honesty;
-      EXPECT_TRUE(c.c.has_value()) << c.label;
-      continue;
-    }
-    if (!c.c) {
-      ++skipped;
-      EXPECT_NE(c.skipped.find("does not claim"), std::string::npos) << c.skipped;
-    } else {
-      EXPECT_EQ(c.c->problem.dtype, DType::kF16);
-      EXPECT_EQ(c.c->problem.head_dim, 128);
-    }
-  }
-  EXPECT_GT(skipped, 10);
-  EXPECT_GT(honesty, 5);
-}
-
-TEST(Run, QuickSuitePassesTheCorrectModel) {
-  auto k = Flash2();
-  RunResult r = RunQuick(*k);
-  EXPECT_TRUE(r.report.passed()) << ToConsole(r.report);
-  EXPECT_TRUE(r.report.skipped.empty());
-  // Every check of the registry that the quick suite names produced verdicts.
-  for (const char* check : {"accuracy", "unwritten-outputs", "special-values", "determinism",
-                            "honesty", "gqa-mha", "permutation", "window-causal"}) {
-    bool seen = false;
-    for (const Verdict& v : r.report.verdicts) seen = seen || v.check == check;
-    EXPECT_TRUE(seen) << check;
-  }
-}
-
-TEST(Run, SameSeedSameReportOtherSeedOtherCases) {
-  auto k = Flash2();
-  // (The whole suite's report is compared byte for byte by check_cli_test.)
-  const std::string a = ToJson(RunQuick(*k, "quick", 5, "accuracy").report).dump();
-  const std::string b = ToJson(RunQuick(*k, "quick", 5, "accuracy").report).dump();
-  const std::string c = ToJson(RunQuick(*k, "quick", 6, "accuracy").report).dump();
-  EXPECT_EQ(a, b);
-  EXPECT_NE(a, c);
-}
-
 TEST(Run, OffByOneElementFailsAccuracyAtItsLocation) {
   OffByOneElement k;
   RunResult r = RunQuick(k, "quick", 0, "accuracy");
@@ -477,86 +289,6 @@ TEST(Run, AComputedNanIsAWrongValueNotAnUnwrittenOne) {
   EXPECT_TRUE(r.report.passed()) << ToConsole(r.report);
   RunResult acc = RunQuick(k, "quick", 0, "accuracy");
   EXPECT_TRUE(AnyFailure(acc, "accuracy", "o"));
-}
-
-TEST(Run, ReportsListVerdictsInDiagnosisOrder) {
-  NanRow k;
-  RunResult r = RunQuick(k);
-  size_t last = 0;
-  for (const Verdict& v : r.report.verdicts) {
-    const size_t rank = DiagnosisRank(v.check, v.tensor);
-    EXPECT_GE(rank, last) << v.check << "/" << v.tensor;
-    last = rank;
-  }
-  const nlohmann::json j = ToJson(r.report);
-  EXPECT_EQ(j["first_failure"]["check"], "unwritten-outputs");
-  EXPECT_NE(VerdictLine(r.report).find("; diagnosis: unwritten-outputs o"), std::string::npos)
-      << VerdictLine(r.report);
-}
-
-TEST(Run, AKernelErrorIsOneVerdictPerCaseNamingTheError) {
-  FailingBackward k;
-  RunResult r = RunQuick(k);
-  // The quick suite's one varlen case: every check that runs a backward on it meets the error,
-  // and the report holds it once, first (the diagnosis), with the error's line.
-  std::vector<const Verdict*> errors;
-  for (const Verdict& v : r.report.verdicts) {
-    if (v.check == kKernelErrorCheck) errors.push_back(&v);
-    if (!v.pass) {
-      EXPECT_EQ(v.check, kKernelErrorCheck) << "a kernel error became a numerical verdict: "
-                                            << v.check << " " << v.message;
-    }
-  }
-  ASSERT_EQ(errors.size(), 1u) << ToConsole(r.report);
-  const Verdict& e = *errors[0];
-  EXPECT_EQ(&r.report.verdicts.front(), &e);
-  EXPECT_EQ(FirstFailure(r.report), &e);
-  EXPECT_TRUE(std::isinf(e.margin));
-  EXPECT_NE(e.message.find("backward: cudaErrorIllegalAddress: an illegal memory access"),
-            std::string::npos)
-      << e.message;
-  EXPECT_EQ(e.message.find("test/failing-backward:"), std::string::npos) << e.message;
-  // Of the stderr tail, the last line alone (a Python traceback's exception line).
-  EXPECT_NE(e.message.find("; last stderr line: sync failed"), std::string::npos) << e.message;
-  EXPECT_EQ(e.message.find("launch dq kernel"), std::string::npos) << "stderr in the message";
-  EXPECT_NE(e.detail.find("launch dq kernel\nsync failed"), std::string::npos) << e.detail;
-  EXPECT_NE(e.detail.find("the checks that met it: accuracy, "), std::string::npos) << e.detail;
-  ASSERT_TRUE(e.case_.has_value());
-  EXPECT_TRUE(e.case_->problem.varlen());
-  // The forward of that case was judged, and no row of it is listed as skipped.
-  bool forward_judged = false;
-  for (const Verdict& v : r.report.verdicts) {
-    forward_judged = forward_judged || (v.check == "accuracy" && v.tensor == "o" &&
-                                        v.case_ && v.case_->problem.varlen() && v.pass);
-  }
-  EXPECT_TRUE(forward_judged);
-  EXPECT_TRUE(r.report.skipped.empty());
-  // A throwing kernel is the same class.
-  FailingBackward t(/*throws=*/true);
-  RunResult rt = RunQuick(t);
-  const Verdict* f = FirstFailure(rt.report);
-  ASSERT_NE(f, nullptr);
-  EXPECT_EQ(f->check, kKernelErrorCheck);
-  EXPECT_NE(f->message.find("std::bad_alloc in the backward's workspace"), std::string::npos)
-      << f->message;
-  EXPECT_EQ(rt.report.failures(), 1) << ToConsole(rt.report);
-}
-
-TEST(Run, ErrorSummaryKeepsTheLineThatSaysWhatWentWrong) {
-  // A relayed exception: its line, without the kernel's name and the stderr tail.
-  EXPECT_EQ(ErrorSummary("exec:w", "exec:w: forward: worker reported an error: TypeError: f() "
-                                   "got an unexpected keyword argument 'x'; stderr: Traceback "
-                                   "(most recent call last): | TypeError: f() got ..."),
-            "forward: worker reported an error: TypeError: f() got an unexpected keyword "
-            "argument 'x'");
-  // A worker that died: the last stderr line (a Python traceback's exception line) added.
-  EXPECT_EQ(ErrorSummary("exec:w", "exec:w: forward: worker exited with code 1 before "
-                                   "replying; stderr: Traceback (most recent call last): |   "
-                                   "File \"w.py\", line 3 | ValueError: bad shape"),
-            "forward: worker exited with code 1 before replying; last stderr line: "
-            "ValueError: bad shape");
-  EXPECT_EQ(ErrorSummary("k", "forward: forward: k: timed out"), "forward: timed out");
-  EXPECT_EQ(ErrorSummary("k", "line one\nline two"), "line one");
 }
 
 TEST(Run, NondeterminismFailsOnlyWhenClaimed) {
@@ -754,98 +486,6 @@ TEST(Run, RefusingAClaimedFeatureAndAnsweringWronglyOutsideFailHonesty) {
   RunResult b = RunQuick(liar, "quick", 0, "honesty");
   EXPECT_TRUE(AnyFailure(b, "honesty", "o")) << ToConsole(b.report);
   EXPECT_NE(Failures(b)[0].message.find("outside its capabilities"), std::string::npos);
-}
-
-TEST(Run, FailingCasesAreSavedAndReproduceTheSameVerdict) {
-  OffByOneElement k;
-  const auto dir = std::filesystem::temp_directory_path() / "attest_check_test_failures";
-  std::filesystem::remove_all(dir);
-  RunOptions o;
-  o.kernel_spec = "test/off-by-one-element";
-  o.failure_dir = dir;
-  o.only_check = "accuracy";
-  auto r = RunSuite(k, *FindSuite("quick"), o);
-  ASSERT_TRUE(r.ok());
-  ASSERT_EQ(r->failure_cases.size(), 1u);
-  const Verdict failed = Failures(*r)[0];
-  EXPECT_NE(failed.repro.find("attest repro --kernel test/off-by-one-element --case "),
-            std::string::npos);
-  EXPECT_NE(failed.repro.find("--check accuracy"), std::string::npos);
-
-  auto c = LoadCase(r->failure_cases[0]);
-  ASSERT_TRUE(c.ok());
-  const CheckInfo* check = FindCheck("accuracy");
-  auto again = RunCase(k, *c, std::span<const CheckInfo* const>(&check, 1), o, "saved");
-  ASSERT_TRUE(again.ok());
-  const auto fails = Failures(*again);
-  ASSERT_EQ(fails.size(), 1u);
-  EXPECT_EQ(fails[0].tensor, failed.tensor);
-  EXPECT_EQ(fails[0].observed, failed.observed);
-  EXPECT_EQ(fails[0].allowed, failed.allowed);
-  EXPECT_EQ(fails[0].worst.Coordinates(), failed.worst.Coordinates());
-  std::filesystem::remove_all(dir);
-}
-
-TEST(Checks, RegistryIsOrderedAndNamed) {
-  ASSERT_FALSE(AllChecks().empty());
-  EXPECT_EQ(AllChecks()[0].name, "unwritten-outputs");
-  for (const CheckInfo& c : AllChecks()) {
-    EXPECT_EQ(FindCheck(c.name), &c);
-    EXPECT_FALSE(c.description.empty());
-  }
-  EXPECT_EQ(FindCheck("no-such-check"), nullptr);
-  // Every check has a diagnosis step, every step names a check, and the registry lists the
-  // checks in the order of their first step.
-  size_t last = 0;
-  for (const CheckInfo& c : AllChecks()) {
-    size_t rank = DiagnosisOrder().size();
-    for (size_t i = 0; i < DiagnosisOrder().size() && rank == DiagnosisOrder().size(); ++i) {
-      if (DiagnosisOrder()[i].check == c.name) rank = i;
-    }
-    EXPECT_LT(rank, DiagnosisOrder().size()) << c.name;
-    EXPECT_GE(rank, last) << c.name;
-    last = rank;
-  }
-  for (const DiagnosisStep& s : DiagnosisOrder()) {
-    if (s.check == kKernelErrorCheck || s.check == kCoverageCheck) continue;
-    EXPECT_NE(FindCheck(s.check), nullptr) << s.check;
-  }
-  // A kernel error explains everything else; coverage explains nothing about the kernel.
-  EXPECT_EQ(DiagnosisOrder().front().check, kKernelErrorCheck);
-  EXPECT_EQ(DiagnosisOrder().back().check, kCoverageCheck);
-  // Accuracy of the forward comes before consistency, of the gradients after.
-  EXPECT_LT(DiagnosisRank("accuracy", "o"), DiagnosisRank("consistency", "dq"));
-  EXPECT_GT(DiagnosisRank("accuracy", "dq"), DiagnosisRank("consistency", "dq"));
-}
-
-TEST(Checks, EmptyRowLseIsMinusInfUnlessPlusInfIsDeclared) {
-  Capabilities c;
-  EXPECT_EQ(EmptyRowLse(c), -std::numeric_limits<double>::infinity());
-  c.empty_row_lse = "+inf";
-  EXPECT_EQ(EmptyRowLse(c), std::numeric_limits<double>::infinity());
-  auto round = CapabilitiesFromJson(CapabilitiesToJson(c));
-  ASSERT_TRUE(round.ok());
-  EXPECT_EQ(round->empty_row_lse, "+inf");
-  nlohmann::json j = CapabilitiesToJson(Capabilities{});
-  EXPECT_FALSE(j.contains("empty_row_lse"));  // the default is not written
-  j["empty_row_lse"] = "nan";
-  EXPECT_FALSE(CapabilitiesFromJson(j).ok());
-}
-
-TEST(Checks, SoftcapTanhErrorRoundTripsAndIsValidated) {
-  Capabilities c;
-  EXPECT_FALSE(CapabilitiesToJson(c).contains("softcap_tanh_abs_error"));  // 0 is not written
-  c.softcap_tanh_abs_error = 7.984215021017427e-06;
-  auto round = CapabilitiesFromJson(CapabilitiesToJson(c));
-  ASSERT_TRUE(round.ok());
-  EXPECT_EQ(round->softcap_tanh_abs_error, c.softcap_tanh_abs_error);
-  for (const nlohmann::json& bad : {nlohmann::json(-1e-6), nlohmann::json(0.5), nlohmann::json("8e-6")}) {
-    nlohmann::json j = CapabilitiesToJson(Capabilities{});
-    j["softcap_tanh_abs_error"] = bad;
-    auto r = CapabilitiesFromJson(j);
-    ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.error().message.find("capabilities.softcap_tanh_abs_error"), std::string::npos);
-  }
 }
 
 }  // namespace
