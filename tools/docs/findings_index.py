@@ -241,13 +241,12 @@ def render(pages):
         "",
         "One page per defect attest found in a real kernel (PyTorch's SDPA backends, "
         "FlashAttention-4,",
-        "FlexAttention, cuDNN), as classified in docs/gpu-results.md (K-numbers: the campaigns "
-        "of",
-        "2026-12-03/04 on an H200; P-numbers: PyTorch's public SDPA on an H100, 2026-12-07). "
-        "attest's",
-        "own defects (A-numbers) and documented refusals (D-numbers) have no page. The case "
-        "files are",
-        "under golden/findings/ (golden/findings/README.md says how to run them).",
+        "FlexAttention, cuDNN), as classified in docs/gpu-results.md (K-numbers: the H200 "
+        "campaigns;",
+        "P-numbers: PyTorch's public SDPA on an H100). attest's own defects (A-numbers) and "
+        "documented",
+        "refusals (D-numbers) have no page. The case files are under golden/findings/, and",
+        "golden/findings/README.md says how to run them.",
         "",
         "Each page starts with a ```json block right after its title line; "
         "tools/docs/findings_index.py",
