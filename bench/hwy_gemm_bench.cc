@@ -1,6 +1,6 @@
 // Highway evaluation (bench/README.md "Highway"): the oracle's panel product
-// (reference/oracle/oracle_gemm.h) by its hand-written AVX-512 and AVX2 micro-kernels and by the
-// Highway one of bench/hwy_gemm.cc, side by side in one process on the same inputs, at square
+// (reference/oracle/oracle_gemm.h) by its Highway micro-kernel (reference/oracle/oracle_gemm.cc)
+// and by the hand-written AVX-512 and AVX2 micro-kernels it replaced (bench/hand_gemm.cc), side by side in one process on the same inputs, at square
 // sizes and at the float64 oracle's tile products (128 x 128 tiles, D = 64 and 128). For each
 // shape and ISA it prints GFLOP/s of both (per CPU second of the calling thread, so that time
 // spent waiting for a core is left out), their ratio (median and range over --rounds rounds, each
@@ -25,7 +25,7 @@
 
 #include <hwy/highway.h>  // HWY_MAJOR, HWY_MINOR, the HWY_* target bits
 
-#include "bench/hwy_gemm.h"
+#include "bench/hand_gemm.h"
 #include "reference/oracle/oracle_gemm.h"
 
 namespace {
@@ -83,14 +83,13 @@ struct Kernel {
 };
 
 bool RunHand(const void* ctx, const Problem& p, double* c) {
-  return GemmPanelsOn(static_cast<const char*>(ctx), p.s.m, p.s.n, p.s.k, p.a.data(), p.a_rs(),
+  return attest::hand_gemm::GemmPanelsOn(static_cast<const char*>(ctx), p.s.m, p.s.n, p.s.k, p.a.data(), p.a_rs(),
                       p.a_cs(), p.bp(), p.s.alpha, p.s.accumulate, c, p.s.n);
 }
-// Under an OnlyTarget for the target compared.
-bool RunHwy(const void*, const Problem& p, double* c) {
-  attest::hwy_gemm::GemmPanels(p.s.m, p.s.n, p.s.k, p.a.data(), p.a_rs(),
-                               p.a_cs(), p.bp(), p.s.alpha, p.s.accumulate, c, p.s.n);
-  return true;
+// The oracle's version of the same name (its Highway kernel on that target).
+bool RunHwy(const void* ctx, const Problem& p, double* c) {
+  return GemmPanelsOn(static_cast<const char*>(ctx), p.s.m, p.s.n, p.s.k, p.a.data(), p.a_rs(),
+                      p.a_cs(), p.bp(), p.s.alpha, p.s.accumulate, c, p.s.n);
 }
 
 // Seconds of thread CPU time per call: the best over `reps` timings, each of enough calls to
@@ -204,29 +203,19 @@ int main(int argc, char** argv) {
   };
   std::erase_if(shapes, [&](const Shape& s) { return s.m > max_n; });
 
-  // The ISA pairs this CPU runs: hand-written name, Highway target.
-  struct Pair {
-    const char* hand;
-    int64_t target;
-  };
-  std::vector<Pair> pairs;
-  for (Pair p : {Pair{"avx512", HWY_AVX3}, Pair{"avx2", HWY_AVX2}}) {
+  // The ISAs this CPU runs, by both (the oracle names its Highway targets the same way).
+  std::vector<const char*> isas;
+  for (const char* isa : {"avx512", "avx2"}) {
     const std::vector<double> one(kPanelWidth, 0.0);
     double c = 0;
     const Panels b{one.data(), kPanelWidth};
-    if (GemmPanelsOn(p.hand, 1, 1, 1, one.data(), 1, 1, b, 1.0, false, &c, 1) &&
-        attest::hwy_gemm::OnlyTarget(p.target).ok()) {
-      pairs.push_back(p);
+    if (GemmPanelsOn(isa, 1, 1, 1, one.data(), 1, 1, b, 1.0, false, &c, 1) &&
+        attest::hand_gemm::GemmPanelsOn(isa, 1, 1, 1, one.data(), 1, 1, b, 1.0, false, &c, 1)) {
+      isas.push_back(isa);
     }
   }
-  std::string targets;
-  for (int64_t t : attest::hwy_gemm::Targets()) {
-    targets += (targets.empty() ? "" : ", ") + attest::hwy_gemm::TargetName(t) + " " +
-               attest::hwy_gemm::KernelShape(t);
-  }
-  std::printf("Highway %d.%d targets compiled and run here (best first): %s; dynamic dispatch "
-              "picks %s.\n",
-              HWY_MAJOR, HWY_MINOR, targets.c_str(), attest::hwy_gemm::ChosenTarget().c_str());
+  std::printf("Highway %d.%d; the oracle's products run its %s version here.\n", HWY_MAJOR,
+              HWY_MINOR, attest::oracle_internal::GemmPanelsIsa());
   std::printf("One thread; GFLOP/s per CPU second of the thread; %d rounds, each the best of %d "
               "timed runs (>= %.2f s each) per kernel, kernels interleaved; ratio = Highway / "
               "hand-written, median [min, max] over the rounds.\n\n",
@@ -247,10 +236,9 @@ int main(int argc, char** argv) {
     }
     std::string ob_type;
     const double ob = openblas ? OpenBlasBest(s, &ob_type) : 0;
-    for (const Pair& pair : pairs) {
-      const attest::hwy_gemm::OnlyTarget only(pair.target);
-      const Kernel hand{pair.hand, RunHand, pair.hand};
-      const Kernel hwy{attest::hwy_gemm::TargetName(pair.target), RunHwy, nullptr};
+    for (const char* isa : isas) {
+      const Kernel hand{isa, RunHand, isa};
+      const Kernel hwy{isa, RunHwy, isa};
       // Bits: one call each from the same C.
       c_ref = p.c0;
       hand.run(hand.ctx, p, c_ref.data());
@@ -287,11 +275,10 @@ int main(int argc, char** argv) {
       all_ratios.insert(all_ratios.end(), ratios.begin(), ratios.end());
       char ob_cell[64] = "";
       if (openblas) std::snprintf(ob_cell, sizeof ob_cell, "%.1f (%s) | ", ob, ob_type.c_str());
-      std::printf("| %s (%lld x %lld x %lld%s%s) | %s / %s | %.1f | %.1f | %.3f [%.3f, %.3f] | "
+      std::printf("| %s (%lld x %lld x %lld%s%s) | %s | %.1f | %.1f | %.3f [%.3f, %.3f] | "
                   "%s%s |\n",
                   s.name, (long long)s.m, (long long)s.n, (long long)s.k,
-                  s.trans_a ? ", A^T" : "", s.accumulate ? ", +=" : "", pair.hand,
-                  hwy.name.c_str(), Median(hand_rates), Median(hwy_rates), Median(ratios),
+                  s.trans_a ? ", A^T" : "", s.accumulate ? ", +=" : "", isa, Median(hand_rates), Median(hwy_rates), Median(ratios),
                   *std::min_element(ratios.begin(), ratios.end()),
                   *std::max_element(ratios.begin(), ratios.end()), ob_cell,
                   !same ? "DIFFER" : c_portable.empty() ? "equal" : same_portable

@@ -5,6 +5,13 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 find_package(BLAS REQUIRED)  # BLA_VENDOR may pin OpenBLAS; Debian's alternative is OpenBLAS
+# Highway (libhwy-dev): the vector micro-kernel of the float64 oracle's products
+# (reference/oracle/oracle_gemm.cc), one source for AVX2, AVX-512, NEON and SVE.
+find_package(hwy 1.0 CONFIG QUIET)
+if(NOT hwy_FOUND)
+  message(FATAL_ERROR "Highway not found: the oracle's products need it (Debian: libhwy-dev; "
+                      "tools/bootstrap installs it)")
+endif()
 find_path(ATTEST_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread
           /usr/include/openblas /usr/include)
 # MPFR and GMP as imported targets (cmake/FindMPFR.cmake, FindGMP.cmake, installed with the
