@@ -63,33 +63,41 @@ targets=$("${cxx/g++/nm}" -C "$out/oracle_gemm_dispatch.o" | grep -o 'N_[A-Z0-9_
           sed 's/^N_//; s/::IsaHere//' | sort -u | tr '\n' ' ' || true)
 echo "built in $((SECONDS - start)) s; the dispatching build has the kernel for: $targets"
 "$host_digest" > "$out/host.txt"
+# The five runs at once (qemu-user is one process each, single-threaded here but for the
+# oracle's two workers), then their results in order.
+runs=("neon max,sve=off $out/oracle_digest_neon"
+      "sve128 max,sve-default-vector-length=16 $out/oracle_digest_sve"
+      "sve256-gemm max,sve-default-vector-length=32 $out/oracle_digest_sve gemm"
+      "sve512-gemm max,sve-default-vector-length=64 $out/oracle_digest_sve gemm"
+      "sve2048-gemm max,sve-default-vector-length=256 $out/oracle_digest_sve gemm")
+t0=$SECONDS
+pids=()
+for r in "${runs[@]}"; do
+  read -r name cpu bin args <<< "$r"
+  # shellcheck disable=SC2086
+  "$qemu" -L /usr/aarch64-linux-gnu -cpu "$cpu" "$bin" $args > "$out/$name.txt" \
+    2> "$out/$name.err" &
+  pids+=($!)
+done
 fail=0
-run() {  # name, qemu -cpu argument, binary, then oracle_digest's arguments
-  local name=$1 cpu=$2 bin=$3 t0=$SECONDS
-  shift 3
-  if ! "$qemu" -L /usr/aarch64-linux-gnu -cpu "$cpu" "$bin" "$@" > "$out/$name.txt" \
-      2> "$out/$name.err"; then
+grep '^gemm ' "$out/host.txt" > "$out/host_gemm.txt"
+for i in "${!runs[@]}"; do
+  read -r name cpu bin args <<< "${runs[$i]}"
+  if ! wait "${pids[$i]}"; then
     cat "$out/$name.err"
     echo "FAIL: $name: oracle_digest failed under qemu"
     fail=1
-    return
+    continue
   fi
-  echo "$name: $(wc -l < "$out/$name.txt") results ($(tr -d '\n' < "$out/$name.err"); $((SECONDS - t0)) s)"
-  local want="$out/host.txt"
-  if [[ "${1:-}" == gemm ]]; then
-    grep '^gemm ' "$out/host.txt" > "$out/host_gemm.txt"
-    want="$out/host_gemm.txt"
-  fi
+  echo "$name: $(wc -l < "$out/$name.txt") results ($(tr -d '\n' < "$out/$name.err"))"
+  want="$out/host.txt"
+  [[ "$args" == gemm ]] && want="$out/host_gemm.txt"
   if ! diff -u "$want" "$out/$name.txt"; then
     echo "FAIL: $name: the oracle's results above differ from this machine's"
     fail=1
   fi
-}
-run neon max,sve=off "$out/oracle_digest_neon"
-run sve128 max,sve-default-vector-length=16 "$out/oracle_digest_sve"
-run sve256-gemm max,sve-default-vector-length=32 "$out/oracle_digest_sve" gemm
-run sve512-gemm max,sve-default-vector-length=64 "$out/oracle_digest_sve" gemm
-run sve2048-gemm max,sve-default-vector-length=256 "$out/oracle_digest_sve" gemm
+done
+echo "qemu runs: $((SECONDS - t0)) s"
 if ((fail)); then exit 1; fi
 echo "ok: $(wc -l < "$out/host.txt") oracle results bitwise the same on aarch64 (NEON, SVE at" \
      "128 bits; the products also at SVE 256, 512, 2048 bits) under $("$qemu" --version | head -1) as on this machine" \
