@@ -1,13 +1,14 @@
 // Highway evaluation (bench/README.md "Highway"): the oracle's panel product
 // (reference/oracle/oracle_gemm.h) by its Highway micro-kernel (reference/oracle/oracle_gemm.cc)
-// and by the hand-written AVX-512 and AVX2 micro-kernels it replaced (bench/hand_gemm.cc), side by side in one process on the same inputs, at square
-// sizes and at the float64 oracle's tile products (128 x 128 tiles, D = 64 and 128). For each
+// and by the hand-written AVX-512 and AVX2 micro-kernels it replaced (bench/hand_gemm.cc), side
+// by side in one process on the same inputs, at square sizes and at the float64 oracle's tile
+// products (128 x 128 tiles, D = 64 and 128). For each
 // shape and ISA it prints GFLOP/s of both (per CPU second of the calling thread, so that time
 // spent waiting for a core is left out), their ratio (median and range over --rounds rounds, each
 // the best of --reps timed runs, the two kernels interleaved), OpenBLAS dgemm's best rate over
 // the core types it offers here (child processes with OPENBLAS_CORETYPE set, one per type: the
-// machine's default pick is a slow kernel), and whether the two kernels' bits are identical (and
-// identical to the portable kernel's, up to 512^3).
+// machine's default pick can be a slow kernel), and whether the two kernels' bits are identical
+// (and identical to the portable kernel's, up to 512^3).
 //   hwy_gemm_bench [--rounds 3] [--reps 5] [--min-seconds 0.05] [--max-n 2048] [--no-openblas]
 //   hwy_gemm_bench --openblas M N K TRANS_A   (child: one OpenBLAS rate, GFLOP/s per CPU s)
 #include <time.h>
@@ -83,8 +84,9 @@ struct Kernel {
 };
 
 bool RunHand(const void* ctx, const Problem& p, double* c) {
-  return attest::hand_gemm::GemmPanelsOn(static_cast<const char*>(ctx), p.s.m, p.s.n, p.s.k, p.a.data(), p.a_rs(),
-                      p.a_cs(), p.bp(), p.s.alpha, p.s.accumulate, c, p.s.n);
+  return attest::hand_gemm::GemmPanelsOn(static_cast<const char*>(ctx), p.s.m, p.s.n, p.s.k,
+                                         p.a.data(), p.a_rs(), p.a_cs(), p.bp(), p.s.alpha,
+                                         p.s.accumulate, c, p.s.n);
 }
 // The oracle's version of the same name (its Highway kernel on that target).
 bool RunHwy(const void* ctx, const Problem& p, double* c) {
@@ -278,7 +280,8 @@ int main(int argc, char** argv) {
       std::printf("| %s (%lld x %lld x %lld%s%s) | %s | %.1f | %.1f | %.3f [%.3f, %.3f] | "
                   "%s%s |\n",
                   s.name, (long long)s.m, (long long)s.n, (long long)s.k,
-                  s.trans_a ? ", A^T" : "", s.accumulate ? ", +=" : "", isa, Median(hand_rates), Median(hwy_rates), Median(ratios),
+                  s.trans_a ? ", A^T" : "", s.accumulate ? ", +=" : "", isa, Median(hand_rates),
+                  Median(hwy_rates), Median(ratios),
                   *std::min_element(ratios.begin(), ratios.end()),
                   *std::max_element(ratios.begin(), ratios.end()), ob_cell,
                   !same ? "DIFFER" : c_portable.empty() ? "equal" : same_portable

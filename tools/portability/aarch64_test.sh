@@ -51,7 +51,8 @@ done
 # And once as the aarch64 build of the library compiles it, for every target Highway attains there
 # (NEON, SVE, SVE2, SVE_256, SVE2_128: one source): compiled only, since linking its dynamic
 # dispatch needs libhwy built for aarch64.
-jobs+=("reference/oracle/oracle_gemm.cc|-ffp-contract=off -fno-trapping-math|$out/oracle_gemm_dispatch.o")
+jobs+=("reference/oracle/oracle_gemm.cc|-ffp-contract=off -fno-trapping-math|\
+$out/oracle_gemm_dispatch.o")
 printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -I{} bash -c \
   'IFS="|" read -r src extra obj <<< "$1"; shift; "$@" $extra -c "$src" -o "$obj"' \
   _ {} "${launcher[@]}" "$cxx" "${flags[@]}"
@@ -100,5 +101,6 @@ done
 echo "qemu runs: $((SECONDS - t0)) s"
 if ((fail)); then exit 1; fi
 echo "ok: $(wc -l < "$out/host.txt") oracle results bitwise the same on aarch64 (NEON, SVE at" \
-     "128 bits; the products also at SVE 256, 512, 2048 bits) under $("$qemu" --version | head -1) as on this machine" \
+     "128 bits; the products also at SVE 256, 512, 2048 bits) under" \
+     "$("$qemu" --version | head -1) as on this machine" \
      "($("$host_digest" 2>&1 > /dev/null | tr -d '\n')); $((SECONDS - start)) s"
