@@ -20,7 +20,8 @@ set(violations 0)
 # path starting with a PREFIX (quoted includes are resolved against the including file's folder
 # first, then the source root, which is the project's include path), and no CMake file there
 # may name one (unless INCLUDES_ONLY: test data may live anywhere). EXCEPT_TESTS: test sources
-# (*_test.*, *_props_test.*, anything under a testdata/ folder) are not read.
+# (*_test.*, *_props_test.*, test helpers *_test_util.h, anything under a testdata/ folder) are
+# not read.
 function(forbid folder)
   cmake_parse_arguments(F "INCLUDES_ONLY;EXCEPT_TESTS" "" "PREFIXES" ${ARGN})
   set(prefixes ${F_PREFIXES})
@@ -47,7 +48,7 @@ function(forbid folder)
   endif()
   list(FILTER cmake_files EXCLUDE REGEX "^tools/layering/")  # this table names every folder
   if(F_EXCEPT_TESTS)
-    list(FILTER sources EXCLUDE REGEX "(_test\\.[a-z]+$|/testdata/)")
+    list(FILTER sources EXCLUDE REGEX "(_test\\.[a-z]+$|_test_util\\.h$|/testdata/)")
   endif()
   list(LENGTH sources n_sources)
   list(LENGTH cmake_files n_cmake)

@@ -16,7 +16,7 @@
 
 #include "kernels/builtin.h"
 #include "verify/checks/check.h"
-#include "verify/checks/suite_test_kernels.h"
+#include "verify/checks/check_test_util.h"
 #include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"

@@ -1,5 +1,5 @@
 // The checks end to end: the quick and gate suites run test-only broken kernels, defined
-// here and in suite_test_kernels.h, and each fails with the check that names its bug and the
+// here and in check_test_util.h, and each fails with the check that names its bug and the
 // (b, h, i, d) where it is. Every broken kernel wraps the correct model (cpu/flash2-bf16), so
 // the only difference is the seeded bug. The framework around the checks (suites, reports,
 // kernel errors, the registry) is check_framework_test.cc.
@@ -16,7 +16,7 @@
 #include "reference/recipes/recipe.h"
 #include "reference/formats/format.h"
 #include "verify/checks/check.h"
-#include "verify/checks/suite_test_kernels.h"
+#include "verify/checks/check_test_util.h"
 #include "verify/report/report.h"
 #include "run/run.h"
 #include "run/suite.h"
