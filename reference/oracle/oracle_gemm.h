@@ -53,13 +53,14 @@ void PackPanels(const double* src, int64_t rows, int64_t cols, int64_t rs, int64
 void GemmPanels(int64_t m, int64_t n, int64_t k, const double* a, int64_t a_rs, int64_t a_cs,
                 Panels b, double alpha, bool accumulate, double* c, int64_t ldc);
 
-// Which version GemmPanels runs on this machine: "avx512", "avx2" or "portable": the widest
+// Which version GemmPanels runs on this machine: "avx512", "avx2", on aarch64 "neon", "sve",
+// "sve2", "sve_256" or "sve2_128" (Highway's targets, oracle_gemm.cc), or "portable": the widest
 // one the CPU runs, or the one the environment variable ATTEST_ORACLE_ISA names if the CPU
 // runs it (read once; for tests, and to show on one machine what another computes: every
 // version gives the same bits).
 const char* GemmPanelsIsa();
 
-// GemmPanels by the named version ("avx512", "avx2", "portable"; for tests, which check that
+// GemmPanels by the named version (a name above; for tests, which check that
 // every version gives the portable one's bits); false if this machine cannot run it.
 bool GemmPanelsOn(const char* isa, int64_t m, int64_t n, int64_t k, const double* a, int64_t a_rs,
                   int64_t a_cs, Panels b, double alpha, bool accumulate, double* c, int64_t ldc);
