@@ -49,6 +49,7 @@ bool AnySequenceNonSquare(const Problem& p) {
 constexpr Flag kRestrictions[] = {
     {"same_head_dim_v", &Capabilities::same_head_dim_v},
     {"causal_bottom_right_only", &Capabilities::causal_bottom_right_only},
+    {"causal_top_left_only", &Capabilities::causal_top_left_only},
 };
 
 }  // namespace
@@ -84,6 +85,10 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   if (causal_bottom_right_only && diagonal && p.causal_align == CausalAlign::kTopLeft &&
       AnySequenceNonSquare(p)) {
     return fail("top-left alignment with q_len != k_len");
+  }
+  if (causal_top_left_only && diagonal && p.causal_align == CausalAlign::kBottomRight &&
+      AnySequenceNonSquare(p)) {
+    return fail("bottom-right alignment with q_len != k_len");
   }
   return true;
 }

@@ -69,9 +69,13 @@ struct Capabilities {
   // (FlashAttention-2's and PyTorch's flash entry points take one head dim); and
   // `causal_bottom_right_only`, a diagonal rule (causal, window, ALiBi) only with the
   // bottom-right alignment, or where both alignments agree because every sequence has
-  // q_len == k_len (FlashAttention's `causal` and `window_size` are bottom-right).
+  // q_len == k_len (FlashAttention's `causal` and `window_size` are bottom-right); and
+  // `causal_top_left_only`, the mirror: the diagonal rules only top-left where some sequence
+  // has q_len != k_len (PyTorch SDPA's `is_causal` as documented, the only causal form its
+  // nested jagged tensors take: torch/nested/_internal/sdpa.py).
   bool same_head_dim_v = false;
   bool causal_bottom_right_only = false;
+  bool causal_top_left_only = false;
   // Where the kernel's tensors live while it runs: "host" (the default, not written), "cuda"
   // or "hip". A plugin's comes from its descriptor's device_type; an exec worker declares it
   // (JSON key "device"). It never changes what is judged: `attest check --oracle-device auto`

@@ -104,6 +104,26 @@ TEST(Capabilities, RestrictionsRoundTripAndLimitCoverage) {
   EXPECT_NE(why.find("head_dim_v"), std::string::npos);
 }
 
+// The mirror restriction: SDPA's documented is_causal (top-left) on nested jagged tensors.
+TEST(Capabilities, TopLeftOnlyCoversTopLeftAndSquare) {
+  auto caps = CapabilitiesFromJson(nlohmann::json::parse(
+      R"({"causal":true,"varlen":true,"causal_top_left_only":true})"));
+  ASSERT_TRUE(caps.ok()) << caps.error().message;
+  EXPECT_TRUE(caps->causal_top_left_only);
+  EXPECT_EQ(CapabilitiesToJson(*caps)["causal_top_left_only"], true);
+  EXPECT_FALSE(CapabilitiesToJson(Capabilities{}).contains("causal_top_left_only"));
+  Problem p;
+  p.seqlen_q = 5, p.seqlen_k = 7, p.causal = true;
+  std::string why;
+  EXPECT_FALSE(caps->Covers(p, &why));  // bottom-right, the problem's default
+  EXPECT_NE(why.find("bottom-right"), std::string::npos) << why;
+  p.causal_align = CausalAlign::kTopLeft;
+  EXPECT_TRUE(caps->Covers(p, &why)) << why;
+  p.causal_align = CausalAlign::kBottomRight;
+  p.seqlen_k = 5;  // square: both alignments are one mask
+  EXPECT_TRUE(caps->Covers(p, &why)) << why;
+}
+
 TEST(Capabilities, CoversNamesTheMissingFeature) {
   Capabilities caps;
   caps.dtypes = {DType::kBF16};

@@ -190,7 +190,9 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
       p.document_ids_k = ik;
     }
   }
-  // 4. Mask: none, causal (both alignments), window, prefix-LM.
+  // 4. Mask: none, causal (both alignments), window, prefix-LM. A kernel whose diagonal rules
+  // are top-left only (kernel.h causal_top_left_only) gets them top-left (after the draw, so
+  // that every other kernel's draws stay as they were).
   const bool can_prefix = caps.prefix_lm && caps.causal;
   switch (pick.Weighted(
       {3, caps.causal ? 3 : 0, caps.causal && !caps.causal_bottom_right_only ? 1 : 0,
@@ -215,6 +217,7 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
     default:
       break;
   }
+  if (caps.causal_top_left_only) p.causal_align = CausalAlign::kTopLeft;
   // Block-sparse lists (FlexAttention block masks), AND-ed with the mask above: each
   // (query block, key block) pair listed with probability 1/2, so some rows see nothing.
   if (caps.block_sparse && pick.Chance(1, 6)) {

@@ -290,6 +290,16 @@ void MaskFormRows(Builder& s) {
   }
 }
 
+// Causal in the top-left alignment on a packed batch, each sequence on its own diagonal (one
+// with q_len < k_len, one with q_len > k_len): what PyTorch SDPA documents `is_causal` to be
+// and the only causal form its nested jagged tensors take. A kernel that aligns each packed
+// sequence bottom-right (FlashAttention's convention) under a top-left claim fails here.
+// Appended after the other rows so that their seeds stay what they were.
+void AlignmentRows(Builder& s) {
+  s.Add({kAcc, kLeak, kSpec}, "varlen causal top-left",
+        Causal(Varlen(P(1, 2, 2, 1, 1), {12, 20, 40}, {20, 33, 11}), CausalAlign::kTopLeft));
+}
+
 void FullRows(Builder& s) {
   GateRows(s);
   LongRows(s);
@@ -304,10 +314,12 @@ void FullRows(Builder& s) {
     LongRows(again);
     ScaleRows(again);
     MaskFormRows(again);
+    AlignmentRows(again);
     for (SuiteRow& r : again.rows) s.rows.push_back(std::move(r));
   }
   ScaleRows(s);
   MaskFormRows(s);
+  AlignmentRows(s);
 }
 
 // Packed documents summing to `total` tokens, causal: each of the given long documents after a
@@ -379,6 +391,7 @@ std::vector<Suite> BuildSuites() {
   LongRows(gate);
   ScaleRows(gate);
   MaskFormRows(gate);
+  AlignmentRows(gate);
   FullRows(full);
   t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
                std::move(quick.rows)});

@@ -24,8 +24,9 @@
 #      cudnn-fp8-{static,current}-e4m3-bwd run it: E4M3 O and gradients); PROBE=0
 #      skips the probe).
 # Backends: the torch_worker.py names (sdpa-flash+lse etc. included), plus fa4-deterministic,
-# flex-triton-static (flex-triton compiled static: --flex-dynamic false) and sdpa-*-additive
-# (a public SDPA route with --mask-form additive).
+# flex-triton-static (flex-triton compiled static: --flex-dynamic false), sdpa-*-additive
+# (a public SDPA route with --mask-form additive) and sdpa-*-njt (a public SDPA route with
+# every problem as nested jagged tensors: --njt).
 # Each stage writes $OUT/stage<S>.tar.gz (logs, JSON and JUnit reports, probe JSON, failing and
 # shrunk case files) and prints a summary. Commands: docs/gpu-results.md.
 # Usage: tools/device/torch_campaign.sh A|S|B|C|F
@@ -146,6 +147,7 @@ kernel_of() {  # backend dtype -> exec: spec
   case "$backend" in
     fa4-deterministic) backend=fa4; extra=" --deterministic" ;;
     sdpa-*-additive) backend=${backend%-additive}; extra=" --mask-form additive" ;;
+    sdpa-*-njt) backend=${backend%-njt}; extra=" --njt" ;;
     flex-triton-static) backend=flex-triton; extra=" --flex-dynamic false" ;;
     cudnn-fp8-static|cudnn-fp8-current) extra=" --fp8-scaling ${backend##*-}"; backend=cudnn-fp8 ;;
     cudnn-fp8-static-e4m3|cudnn-fp8-current-e4m3)

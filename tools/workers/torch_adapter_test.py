@@ -269,7 +269,7 @@ def fake_public_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     elif attn_mask is not None:
         bias = attn_mask
     o, _ = attend(q, k, v, vis, scale if scale is not None else 1 / math.sqrt(d), bias)
-    CALLS[-1]["out"] = o.detach().clone()
+    CALLS[-1]["out"] = o.transpose(1, 2).detach().clone()  # o in attest's layout
     return o
 
 
@@ -368,6 +368,12 @@ def problems():
         ("varlen gqa", p(batch=3, heads_q=4, seqlen_q=20, seqlen_k=25, head_dim=16,
                          head_dim_v=16, cu_seqlens_q=[0, 12, 12, 32],
                          cu_seqlens_k=[0, 15, 22, 47])),
+        ("varlen", p(batch=3, seqlen_q=20, seqlen_k=25, head_dim=16, head_dim_v=16,
+                     cu_seqlens_q=[0, 12, 19, 39], cu_seqlens_k=[0, 15, 22, 47])),
+        ("varlen causal top-left", p(batch=3, causal=True, causal_align="top_left",
+                                     seqlen_q=20, seqlen_k=25, head_dim=16, head_dim_v=16,
+                                     cu_seqlens_q=[0, 12, 19, 39],
+                                     cu_seqlens_k=[0, 15, 22, 47])),
         ("varlen causal", p(batch=3, causal=True, seqlen_q=20, seqlen_k=25, head_dim=16,
                             head_dim_v=16, cu_seqlens_q=[0, 12, 12, 32],
                             cu_seqlens_k=[0, 15, 22, 47])),
@@ -382,9 +388,10 @@ def problems():
 
 
 class Args:
-    def __init__(self, backend, device="cpu", mask_form="bool", deterministic=False):
+    def __init__(self, backend, device="cpu", mask_form="bool", deterministic=False, njt=False):
         self.backend, self.device, self.dtype = backend, device, "bf16"
         self.mask_form, self.deterministic, self.caps = mask_form, deterministic, None
+        self.njt = njt
 
 
 def flex_recorded():
@@ -405,6 +412,9 @@ def make_backends():
            ("sdpa-math additive", tb.SdpaMath(Args("sdpa-math", mask_form="additive"))),
            ("sdpa-flash (CPU, public)", tb.SdpaPublic(Args("sdpa-flash"), "sdpa-flash")),
            ("sdpa-flash+lse (CPU kernel)", tb.SdpaFlashLse(Args("sdpa-flash+lse"))),
+           # Nested jagged tensors through the public function (its CPU math path takes no
+           # is_causal: the claim, measured, is packed batches without masks).
+           ("sdpa-math njt", tb.make(Args("sdpa-math", njt=True))),
            ("flex (eager)", flex_recorded())]
     # The public function on CUDA's fused backends, with its stand-in.
     for name in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
@@ -443,12 +453,20 @@ def recording(api, fn):
             return fake_public_sdpa(q, k, v, *a, **kw)
         mask = kw.get("attn_mask")
         causal = kw.get("is_causal", a[1] if len(a) > 1 else False)
-        record(api, q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape), cu=False,
+        nested = getattr(q, "is_nested", False)
+
+        def shape(x):  # a nested [B, H, j, D] as (B, H, its packed rows, D)
+            return (x.size(0), x.size(1), x.transpose(1, 2).values().shape[0], x.size(3)) \
+                if nested else \
+                tuple(x.shape)
+        record(api, q=shape(q), k=shape(k), v=shape(v), cu=nested, nested=nested,
                causal=causal, bias=mask is not None,
                **({"sdp": sdp_enabled()} if api == "scaled_dot_product_attention" else {}))
         out = fn(q, k, v, *a, **kw)
         if api == "scaled_dot_product_attention":
-            CALLS[-1]["out"] = out.detach().clone()
+            # What the adapter must hand back: o in attest's layout, [B, S, H, Dv] or packed.
+            CALLS[-1]["out"] = (out.transpose(1, 2).values() if nested else
+                                out.transpose(1, 2)).detach().clone()
         return out
     return wrapped
 
@@ -490,6 +508,12 @@ def call_shape_ok(p, c):
         return f"kv heads not passed as given ({nk}, problem Hkv {hkv}: repeated?)"
     if dq != d or dk != d or dvv != dv:
         return f"head dims changed (q {dq}, k {dk}, v {dvv}; problem D {d}, Dv {dv})"
+    if c.get("nested"):  # nested jagged tensors: B sequences, their tokens packed
+        total_q = p["cu_seqlens_q"][-1] if tb.is_varlen(p) else p["batch"] * p["seqlen_q"]
+        total_k = p["cu_seqlens_k"][-1] if tb.is_varlen(p) else p["batch"] * p["seqlen_k"]
+        if bq != p["batch"] or rq != total_q or rk != total_k:
+            return f"batch not passed whole as nested tensors (q {c['q']}, batch {p['batch']})"
+        return None
     if tb.is_varlen(p):
         if not c.get("cu"):  # flex: the packed batch is a document mask over one sequence
             return "packed batch not passed through cu_seqlens"
@@ -547,7 +571,7 @@ def check_backend_calls(label, backend, verbose):
             if c["api"] == "scaled_dot_product_attention" and c.get("sdp") != backend.sdp:
                 problems_seen.append(f"ran under SDPA backend {c.get('sdp')}, not {backend.sdp}")
         if len(fwd_calls) == 1 and "out" in fwd_calls[0] and \
-                not same_bits(o, fwd_calls[0]["out"].transpose(1, 2)):
+                not same_bits(o.reshape(fwd_calls[0]["out"].shape), fwd_calls[0]["out"]):
             problems_seen.append("o is not the tensor the kernel returned (transposed back)")
         if lse is not None:
             fin = torch.isfinite(rl)

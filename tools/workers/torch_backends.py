@@ -68,6 +68,8 @@ class SdpaMath(Backend):
     sdp = "MATH"  # the SDPBackend `call` selects
 
     def caps(self):
+        if getattr(self.args, "njt", False):
+            return self.njt_caps()
         c = self.base_caps(self.dtype)
         c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
                   "block_sparse": True, "alibi": True, "gqa": True, "deterministic": True,
@@ -81,11 +83,15 @@ class SdpaMath(Backend):
         return c
 
     def run(self, p, q, k, v, need_lse):
-        call = self.describe_call(p, q.dtype)
-        self.last_call = call  # what `attest repro --export` renders (torch_export.py)
         env = {"q": q, "k": k, "v": v}
-        self.route = sdpa_route(tc.evaluate(call.kwargs["attn_mask"], env),
-                                call.kwargs["is_causal"])
+        if getattr(self.args, "njt", False):
+            call = self.describe_njt_call(p)
+            self.route = "nested jagged" + (", is_causal" if call.kwargs["is_causal"] else "")
+        else:
+            call = self.describe_call(p, q.dtype)
+            self.route = sdpa_route(tc.evaluate(call.kwargs["attn_mask"], env),
+                                    call.kwargs["is_causal"])
+        self.last_call = call  # what `attest repro --export` renders (torch_export.py)
         return call.run(env), None
 
     def describe_call(self, p, dtype):
@@ -112,6 +118,83 @@ class SdpaMath(Backend):
         """sdpa_kernel([SDPBackend.<sdp>]): the backend the call selects."""
         return tc.Invoke(tc.Attr("torch.nn.attention", "sdpa_kernel"),
                          [tc.Attr("torch.nn.attention", f"SDPBackend.{self.sdp}")])
+
+    def describe_njt_call(self, p):
+        """--njt: the call as data (torch_call.py), the problem as nested jagged tensors
+        [B, H, j, D], the form in which models hand SDPA a packed batch:
+        torch.nested.nested_tensor_from_jagged over the packed tokens and the cumulative
+        lengths (a dense batch as B sequences of one length, its [B, S, H, D] tokens
+        reshaped to [B*S, H, D]). The only mask a nested call takes is `is_causal`
+        (torch/nested/_internal/sdpa.py); GQA through `enable_gqa`. o comes back as the
+        nested result's packed values (reshaped to [B, Sq, Hq, Dv] for a dense batch)."""
+        if is_varlen(p):
+            cq, ck = p["cu_seqlens_q"], p["cu_seqlens_k"]
+            packed = [tc.Ref(n) for n in ("q", "k", "v")]  # already packed [total, H, D]
+        else:
+            b, sq, sk = p["batch"], p["seqlen_q"], p["seqlen_k"]
+            cq, ck = [i * sq for i in range(b + 1)], [i * sk for i in range(b + 1)]
+            packed = [tc.Method(tc.Ref(n), "flatten", 0, 1) for n in ("q", "k", "v")]
+        off_q = tc.Data("offsets_q", torch.tensor(cq, dtype=torch.int64, device=self.device))
+        # k and v from one offsets tensor: SDPA requires them to share their ragged dimension.
+        off_k = tc.Data("offsets_k", torch.tensor(ck, dtype=torch.int64, device=self.device))
+        nest = tc.Attr("torch.nested", "nested_tensor_from_jagged",
+                       obj=torch.nested.nested_tensor_from_jagged)
+        views = [tc.Method(tc.Invoke(nest, x, off), "transpose", 1, 2)
+                 for x, off in zip(packed, (off_q, off_k, off_k))]
+        kw = {"is_causal": bool(p.get("causal")), "scale": aw.scale_of(p)}
+        if p["heads_q"] != p["heads_kv"]:
+            kw["enable_gqa"] = True
+        out = tc.Method(tc.Method(tc.Ref("out"), "transpose", 1, 2), "values")
+        if not is_varlen(p):
+            out = tc.Method(out, "unflatten", 0, (p["batch"], p["seqlen_q"]))
+        return tc.Call(self.target(), views, kw, context=self.context(), output=out,
+                       first_of_tuple=True)
+
+    def njt_caps(self):
+        """--njt: what the public function takes as nested jagged tensors on this backend,
+        measured as SdpaPublic.caps measures (a small packed problem per feature, forward and
+        backward). Packed batches and `is_causal`, which SDPA documents as top-left and which
+        is the only causal form a nested call can state: causal_top_left_only. No attn_mask
+        (windows, documents, prefix-LM, block-sparse, ALiBi), no lse, no recipe."""
+        refused = {}
+
+        def ok(feature, lens_q=(5, 7), lens_k=(7, 9), **kw):
+            why = njt_refusal(self, lens_q, lens_k, **kw)
+            if why is not None:
+                refused[feature] = why
+            return why is None
+
+        if not ok("a packed batch (5, 7) x (7, 9)"):
+            raise RuntimeError(f"{self.name} --njt: F.scaled_dot_product_attention refuses "
+                               f"nested jagged tensors: {refused}")
+        c = self.base_caps(self.dtype)
+        square = ok("is_causal, q_len = k_len", lens_q=(5, 7), lens_k=(5, 7), causal=True)
+        top_left = ok("is_causal, q_len != k_len", causal=True, causal_align="top_left")
+        c.update({"varlen": True, "causal": square and top_left, "lse": False,
+                  "gqa": ok("enable_gqa (4:2)", heads_q=4),
+                  "deterministic": self.sdp == "MATH"})
+        if c["causal"]:
+            c["causal_top_left_only"] = True
+        if not ok("Dv != D (16, 8)", head_dim=16, head_dim_v=8):
+            c["same_head_dim_v"] = True
+        step = 1 if ok("head dim 12", head_dim=12) else 8
+        top = 64
+        for d in (128, 192, 256, 320):
+            if not ok(f"head dim {d}", head_dim=d):
+                break
+            top = d
+        c["head_dims"] = c["head_dims_v"] = list(range(step, top + 1, step))
+        shapes = {}
+        if not ok("a sequence with q_len 0", lens_q=(5, 0, 7), lens_k=(7, 3, 9)):
+            shapes["min_seqlen_q"] = 1
+        if not ok("a sequence with k_len 0", lens_q=(5, 3, 7), lens_k=(7, 0, 9)):
+            shapes["min_seqlen_k"] = 1
+        if shapes:
+            c["shapes"] = shapes
+        for feature, r in refused.items():
+            print(f"{self.name} --njt: refused, {feature}: {r}", file=sys.stderr)
+        self.refused = refused
+        return c
 
     def mask(self, p, dtype):
         """(attn_mask, is_causal) as a model passes them (sdpa_mask): in the form the problem
@@ -188,6 +271,41 @@ def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1):
     return additive(vis[:, 0], dtype, 1, align), False
 
 
+def njt_refusal(backend, lens_q, lens_k, causal=False, causal_align="bottom_right", heads_q=2,
+                head_dim=16, head_dim_v=None):
+    """None if `backend.run` (its --njt route) takes the packed problem of these lengths,
+    forward and backward through autograd, else its error's last line."""
+    import warnings
+    cq, ck = [0], [0]
+    for a, b in zip(lens_q, lens_k):
+        cq.append(cq[-1] + a)
+        ck.append(ck[-1] + b)
+    dv = head_dim if head_dim_v is None else head_dim_v
+    p = _measure_problem(backend.dtype, batch=len(lens_q), seqlen_q=max(lens_q),
+                         seqlen_k=max(lens_k), causal=causal, causal_align=causal_align,
+                         heads_q=heads_q, head_dim=head_dim, head_dim_v=dv)
+    p["cu_seqlens_q"], p["cu_seqlens_k"] = cq, ck
+    dt = TORCH_DTYPES[backend.dtype]
+    g = torch.Generator().manual_seed(0)
+    shapes = ((cq[-1], heads_q, head_dim), (ck[-1], 2, head_dim), (ck[-1], 2, dv))
+    q, k, v = (torch.randn(s, generator=g).to(dt).to(backend.device).requires_grad_(True)
+               for s in shapes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SDPA warns why it declines; we keep the error
+            with torch.no_grad():
+                backend.run(p, q, k, v, need_lse=False)
+            with torch.enable_grad():
+                o, _ = backend.run(p, q, k, v, need_lse=False)
+                torch.autograd.grad(o, (q, k, v), grad_outputs=torch.ones_like(o))
+            if backend.device.type == "cuda":
+                torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a refusal is what is measured
+        lines = f"{type(e).__name__}: {e}".strip().splitlines()
+        return lines[-1][:200] if lines else type(e).__name__
+    return None
+
+
 def sdpa_route(mask, is_causal):
     if is_causal:
         return "is_causal"
@@ -234,11 +352,11 @@ class SdpaPublic(SdpaMath):
     on this backend, this GPU and this PyTorch (as the cuDNN FP8 adapter measures its graphs);
     what it refuses is printed on stderr. No lse (the public function returns o alone:
     "lse": false; the +lse backends judge the kernels' lse through the private ops). No
-    varlen: packed batches reach the public function as nested jagged tensors, which take no
-    attn_mask, no GQA and no zero-length sequence (torch/nested/_internal/sdpa.py) and whose
-    is_causal is FlashAttention's bottom-right on flash but top-left on memory-efficient; a
-    claim cannot say so, so torch_probe.py --njt measures that path on its own
-    (docs/gpu-results.md)."""
+    varlen here: packed batches reach the public function as nested jagged tensors, which take
+    no attn_mask (torch/nested/_internal/sdpa.py); --njt (describe_njt_call) is that route, every
+    problem as nested tensors with `is_causal` claimed top-left as SDPA documents it
+    (causal_top_left_only), so that a backend whose nested causal is FlashAttention's
+    bottom-right fails the gate's "varlen causal top-left" row (docs/gpu-results.md P3)."""
 
     input_strides = "inner"  # the fused backends: last dimension contiguous
 
@@ -287,6 +405,9 @@ class SdpaPublic(SdpaMath):
 
     def caps(self):
         if self._caps is not None:
+            return dict(self._caps)
+        if getattr(self.args, "njt", False):
+            self._caps = self.njt_caps()
             return dict(self._caps)
         t = self.refusal
         why = t()
@@ -611,6 +732,13 @@ def make(args):
     if b in ("sdpa-efficient", "sdpa-cudnn", "sdpa-efficient+lse", "sdpa-cudnn+lse") and \
             args.device == "cpu":
         raise ValueError(f"{b} exists on CUDA only")
+    if getattr(args, "njt", False):
+        if b != "sdpa-math" and b not in SDPA_PUBLIC:
+            raise ValueError(f"--njt is for sdpa-math and the public SDPA routes, not {b}")
+        s = SdpaMath(args) if b == "sdpa-math" else SdpaPublic(args, b)
+        s.name = b + "-njt"
+        s.input_strides = "contiguous"  # the packed values are made from the inputs' tokens
+        return s
     if b == "sdpa-math":
         return SdpaMath(args)
     if b in SDPA_PUBLIC:

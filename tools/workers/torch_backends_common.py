@@ -118,6 +118,9 @@ def covers(caps, p):
          "head_dim_v != head_dim"),
         (not caps.get("causal_bottom_right_only") or bottom_right(p) or
          not diagonal_rules(p) or square_everywhere(p), "top-left alignment with q_len != k_len"),
+        (not caps.get("causal_top_left_only") or not bottom_right(p) or
+         not diagonal_rules(p) or square_everywhere(p),
+         "bottom-right alignment with q_len != k_len"),
     ]
     for ok, why in checks:
         if not ok:

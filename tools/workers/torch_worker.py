@@ -99,6 +99,10 @@ def main():
     parser.add_argument("--mask-form", default="bool", choices=["bool", "additive"],
                         help="sdpa-math, sdpa-flash, sdpa-efficient, sdpa-cudnn: attn_mask as "
                         "a boolean or an additive (0/-inf, input dtype) mask")
+    parser.add_argument("--njt", action="store_true",
+                        help="sdpa-math, sdpa-flash, sdpa-efficient, sdpa-cudnn: every problem "
+                        "as nested jagged tensors (a packed batch as models pass one; a dense "
+                        "batch as B equal sequences), is_causal its only mask")
     parser.add_argument("--deterministic", action="store_true",
                         help="fa4 / fa:: pass deterministic=True")
     parser.add_argument("--flex-dynamic", default="auto", choices=["auto", "true", "false"],
