@@ -296,7 +296,62 @@ def run_e2e(args):
     return 0
 
 
-def main():
+def grid_table(args, rows, skipped, numpy_info, cores, start, load_start):
+    """The grid's Markdown table with its header lines (what --out writes)."""
+    lines = [
+        "# Oracle benchmark",
+        "",
+        f"`bench/oracle_bench.py` on {platform.node() or 'this machine'} "
+        f"({cpu_model()}; {cores} of {os.cpu_count()} cores "
+        f"usable), {args.threads} threads everywhere, B=1, H=8, float64, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. GFLOP/s count "
+        "14·S²·D per head for forward+backward (half for causal); dgemm is measured right "
+        "before each cell (N = min(S, 2048)). The oracle's fwd+bwd is one "
+        "`Backward<double>` call (it returns o and lse too); NumPy's is the materialised "
+        "forward and backward. Memory is each process's peak RSS. The CPU columns use CPU "
+        "seconds (all threads, getrusage / process_time) instead of wall seconds: time spent "
+        "waiting for a core on a shared machine is not in them, so they compare the code "
+        "rather than the load.",
+        "",
+        "| S | D | mask | oracle fwd s | oracle fwd+bwd s | oracle GFLOP/s | dgemm GFLOP/s "
+        "| oracle/dgemm | oracle/dgemm CPU | oracle peak MiB | NumPy fwd+bwd s | NumPy GFLOP/s "
+        "| NumPy peak MiB | NumPy/oracle time | NumPy/oracle CPU |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s, d, causal, o, n, g in rows:
+        f = flops(s, d, causal)
+        npcell = (f"{n['seconds_fwd_bwd']:.2f} | {f / n['seconds_fwd_bwd'] * 1e-9:.1f} | "
+                  f"{n['peak_rss_mib']:.0f} | "
+                  f"{n['seconds_fwd_bwd'] / o['seconds_fwd_bwd']:.2f} | "
+                  f"{n['cpu_seconds_fwd_bwd'] / o['cpu_seconds_fwd_bwd']:.2f}"
+                  ) if n else "skipped | — | — | — | —"
+        cpu_ratio = o["gflops_per_cpu_second_fwd_bwd"] / g["gflops_per_cpu_second"]
+        lines.append(
+            f"| {s} | {d} | {'causal' if causal else 'none'} | {o['seconds_forward']:.2f} | "
+            f"{o['seconds_fwd_bwd']:.2f} | {o['gflops_fwd_bwd']:.1f} | {g['gflops']:.1f} "
+            f"(N={g['n']}) | {o['gflops_fwd_bwd'] / g['gflops']:.2f} | {cpu_ratio:.2f} "
+            f"| {o['peak_rss_mib']:.0f} | {npcell} |")
+    lines.append("")
+    if rows:
+        lines.append(f"dgemm: `{rows[0][5]['openblas_config']}`. The oracle's own products "
+                     f"(reference/oracle/oracle_gemm.h): the "
+                     f"{rows[0][3].get('products', '?')} version.")
+    if numpy_info:
+        lines.append(f"NumPy {numpy_info['numpy']}, BLAS: {numpy_info['blas']} "
+                     "(OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for NumPy only).")
+    if skipped:
+        lines.append("")
+        lines.append("Skipped:")
+        lines.extend(f"- {x}" for x in skipped)
+    lines.append("")
+    lines.append(f"Total wall time {time.time() - start:.0f} s; 1-minute load average "
+                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a load "
+                 f"above {os.cpu_count()}, the machine's core count, means other work shared "
+                 "the cores and the rates above are low by about that factor).")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", help="path of the oracle_bench executable")
     ap.add_argument("--threads", type=int, default=2)
@@ -325,7 +380,11 @@ def main():
     ap.add_argument("--numpy-child", nargs=3, metavar=("S", "D", "CAUSAL"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--heads", type=int, default=HEADS, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
 
     if args.numpy_child:
         s, d, c = args.numpy_child
@@ -392,57 +451,7 @@ def main():
             numpy_rate = min(numpy_rate or 1e300, f / n["seconds_fwd_bwd"] * 1e-9)
         rows.append((s, d, causal, o, n, g))
 
-    lines = [
-        "# Oracle benchmark",
-        "",
-        f"`bench/oracle_bench.py` on {platform.node() or 'this machine'} "
-        f"({cpu_model()}; {cores} of {os.cpu_count()} cores "
-        f"usable), {args.threads} threads everywhere, B=1, H=8, float64, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. GFLOP/s count "
-        "14·S²·D per head for forward+backward (half for causal); dgemm is measured right "
-        "before each cell (N = min(S, 2048)). The oracle's fwd+bwd is one "
-        "`Backward<double>` call (it returns o and lse too); NumPy's is the materialised "
-        "forward and backward. Memory is each process's peak RSS. The CPU columns use CPU "
-        "seconds (all threads, getrusage / process_time) instead of wall seconds: time spent "
-        "waiting for a core on a shared machine is not in them, so they compare the code "
-        "rather than the load.",
-        "",
-        "| S | D | mask | oracle fwd s | oracle fwd+bwd s | oracle GFLOP/s | dgemm GFLOP/s "
-        "| oracle/dgemm | oracle/dgemm CPU | oracle peak MiB | NumPy fwd+bwd s | NumPy GFLOP/s "
-        "| NumPy peak MiB | NumPy/oracle time | NumPy/oracle CPU |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s, d, causal, o, n, g in rows:
-        f = flops(s, d, causal)
-        npcell = (f"{n['seconds_fwd_bwd']:.2f} | {f / n['seconds_fwd_bwd'] * 1e-9:.1f} | "
-                  f"{n['peak_rss_mib']:.0f} | "
-                  f"{n['seconds_fwd_bwd'] / o['seconds_fwd_bwd']:.2f} | "
-                  f"{n['cpu_seconds_fwd_bwd'] / o['cpu_seconds_fwd_bwd']:.2f}"
-                  ) if n else "skipped | — | — | — | —"
-        cpu_ratio = o["gflops_per_cpu_second_fwd_bwd"] / g["gflops_per_cpu_second"]
-        lines.append(
-            f"| {s} | {d} | {'causal' if causal else 'none'} | {o['seconds_forward']:.2f} | "
-            f"{o['seconds_fwd_bwd']:.2f} | {o['gflops_fwd_bwd']:.1f} | {g['gflops']:.1f} "
-            f"(N={g['n']}) | {o['gflops_fwd_bwd'] / g['gflops']:.2f} | {cpu_ratio:.2f} "
-            f"| {o['peak_rss_mib']:.0f} | {npcell} |")
-    lines.append("")
-    if rows:
-        lines.append(f"dgemm: `{rows[0][5]['openblas_config']}`. The oracle's own products "
-                     f"(reference/oracle/oracle_gemm.h): the "
-                     f"{rows[0][3].get('products', '?')} version.")
-    if numpy_info:
-        lines.append(f"NumPy {numpy_info['numpy']}, BLAS: {numpy_info['blas']} "
-                     "(OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for NumPy only).")
-    if skipped:
-        lines.append("")
-        lines.append("Skipped:")
-        lines.extend(f"- {x}" for x in skipped)
-    lines.append("")
-    lines.append(f"Total wall time {time.time() - start:.0f} s; 1-minute load average "
-                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a load "
-                 f"above {os.cpu_count()}, the machine's core count, means other work shared "
-                 "the cores and the rates above are low by about that factor).")
-    text = "\n".join(lines) + "\n"
+    text = grid_table(args, rows, skipped, numpy_info, cores, start, load_start)
     print(text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
