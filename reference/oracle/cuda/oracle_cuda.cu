@@ -38,7 +38,7 @@
 // dP = dO V^T side by side and P, dS in their epilogue). Every block's chain is the same as one
 // block at a time (k steps ascending), so either path sums each tile's product apart and then
 // adds it, and the chains are the same.
-// Row kernels (oracle_cuda_rows.cuh), used in place of ForwardKernel, DqKernel and DkDvKernel
+// Row kernels (oracle_cuda_rows*.cuh), used in place of ForwardKernel, DqKernel and DkDvKernel
 // on the mma path with 16 x 8 x 8 blocks where the head dims allow (ATTEST_ORACLE_CUDA_ROWS=0
 // keeps the three above): a warp owns 16 query rows (forward, dQ) or, with its partner, 16 keys
 // (dK, dV); its scores, P, dS and its accumulators stay in registers, in the mma fragments. Key
@@ -87,6 +87,8 @@
 #include "reference/oracle/cuda/oracle_cuda_device.cuh"
 #include "reference/oracle/cuda/oracle_cuda_kernels.cuh"
 #include "reference/oracle/cuda/oracle_cuda_rows.cuh"
+#include "reference/oracle/cuda/oracle_cuda_rows_forward.cuh"
+#include "reference/oracle/cuda/oracle_cuda_rows_backward.cuh"
 
 namespace {
 
@@ -372,8 +374,8 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
            nullptr, &sp->do_abs_max, &sp->do_norm_max);
   }
   const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
-  // The forward with a warp per 16 query rows (RowForwardKernel, oracle_cuda_rows.cuh) where it
-  // applies: 16 x 8 x 8 blocks, d and dv multiples of 8, dv <= 128 (O's accumulator in
+  // The forward with a warp per 16 query rows (RowForwardKernel, oracle_cuda_rows_forward.cuh)
+  // where it applies: 16 x 8 x 8 blocks, d and dv multiples of 8, dv <= 128 (O's accumulator in
   // registers), and a query tile of 16 rows per warp that fits shared memory with as many warps
   // as a block has, or half or a quarter of them. ATTEST_ORACLE_CUDA_ROWS=0 keeps ForwardKernel
   // (the bench compares).
@@ -440,9 +442,9 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     if (nlse > 0) {
       Launch(DeltaKernel, "DeltaKernel", blocks_for(nlse), kThreads, 0, p, ddo_in, d_o, d_delta);
     }
-    // dQ with a pair of warps per 16 query rows (RowDqKernel, oracle_cuda_rows.cuh) where it
-    // applies: 16 x 8 x 8 blocks, d and dv multiples of 8, d <= 128 (dQ's accumulator in
-    // registers), and 16 query rows per pair of warps that fit shared memory.
+    // dQ with a pair of warps per 16 query rows (RowDqKernel, oracle_cuda_rows_backward.cuh)
+    // where it applies: 16 x 8 x 8 blocks, d and dv multiples of 8, d <= 128 (dQ's accumulator
+    // in registers), and 16 query rows per pair of warps that fit shared memory.
     auto launch_dq = [&] {
       int dq_pairs = 0;
       if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dd <= 128) {
@@ -473,10 +475,10 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
                d_lse, d_delta, d_dq, dstats);
       }
     };
-    // dK and dV with a pair of warps per 16 keys (RowDkDvKernel, oracle_cuda_rows.cuh) where it
-    // applies: 16 x 8 x 8 blocks, d and dv multiples of 16 and at most 128 (each warp holds half
-    // of the columns of dK and dV in registers), query tiles of 32 rows, and 16 keys per pair of
-    // warps that fit shared memory.
+    // dK and dV with a pair of warps per 16 keys (RowDkDvKernel, oracle_cuda_rows_backward.cuh)
+    // where it applies: 16 x 8 x 8 blocks, d and dv multiples of 16 and at most 128 (each warp
+    // holds half of the columns of dK and dV in registers), query tiles of 32 rows, and 16 keys
+    // per pair of warps that fit shared memory.
     int kv_pairs = 0;
     if (rows_on && dd % 16 == 0 && dvw % 16 == 0 && dd <= 128 && dvw <= 128) {
       for (int w = kThreads / 64; w >= 1 && kv_pairs == 0; w /= 2) {
@@ -484,9 +486,9 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       }
     }
     // With a whole block of pairs (kPairs: 64 keys a block), RowDkDvKernel also computes dQ
-    // (kFused: FusedDq in oracle_cuda_rows.cuh), unless ATTEST_ORACLE_CUDA_FUSED=0 (the bench
-    // compares); RowDqKernel or DqKernel otherwise, and again if a fused block gave up waiting
-    // for its turn.
+    // (kFused: FusedDq in oracle_cuda_rows_backward.cuh), unless ATTEST_ORACLE_CUDA_FUSED=0 (the
+    // bench compares); RowDqKernel or DqKernel otherwise, and again if a fused block gave up
+    // waiting for its turn.
     const char* fused_env = std::getenv("ATTEST_ORACLE_CUDA_FUSED");
     const int64_t fused_tiles = (max_q + 31) / 32;
     const bool fused = kv_pairs == kPairs &&
