@@ -48,6 +48,7 @@
 #define __global__
 #define __device__
 #define __host__
+#define __forceinline__ inline
 #define __shared__ static
 
 struct dim3 {

@@ -463,6 +463,41 @@ __device__ void LoadQueries(const Dev& p, const Seq& s, int64_t b, int64_t h, in
   CopyCommit();
 }
 
+// The end of DkDvKernel for key tile j0 (nk keys) of kv head g, once the accumulators and column
+// statistics are complete and every thread may read them: dk = scale dK and dv = dV (a warp per
+// key, from acc_k and acc_v at row strides sd and sdv), then the statistics (the column mass and
+// count of visible entries per key, by one thread; the score magnitude statistic mag and the
+// chain length tq + adds).
+__device__ __forceinline__ void DkDvEnd(const Dev& p, const Seq& s, int64_t g, int64_t j0,
+                                        int64_t nk, int64_t sd, int64_t sdv, const double* acc_k,
+                                        const double* acc_v, const double* mass,
+                                        const int64_t* seen, int64_t adds, double mag, double* dk,
+                                        double* dvo, DevStats* stats) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int64_t dd = p.d, dv = p.dv;
+  for (int c = warp; c < nk; c += warps) {
+    double* out_k = dk + ((s.k_begin + j0 + c) * p.hkv + g) * dd;
+    double* out_v = dvo + ((s.k_begin + j0 + c) * p.hkv + g) * dv;
+    for (int64_t d = lane; d < dd; d += 32) out_k[d] = p.scale * acc_k[c * sd + d];
+    for (int64_t d = lane; d < dv; d += 32) out_v[d] = acc_v[c * sdv + d];
+  }
+  MaxDouble(&stats->score_abs_max, mag);
+  if (threadIdx.x == 0) {
+    double mass_max = 0;
+    int64_t seen_max = 0, unseen = 0;
+    for (int c = 0; c < nk; ++c) {
+      mass_max = fmax(mass_max, mass[c]);
+      seen_max = max(seen_max, seen[c]);
+      if (seen[c] == 0) ++unseen;
+    }
+    MaxDouble(&stats->col_mass_max, mass_max);
+    MaxInt(&stats->max_queries, seen_max);
+    MaxInt(&stats->sum_len_q, p.tq + adds);
+    if (unseen > 0) atomicAdd(&stats->unseen_keys, static_cast<unsigned long long>(unseen));
+  }
+}
+
 // Query tiles stream through one Q and one dO buffer: the next tile's Q rows are requested when
 // dK += dS^T Q is done (while dV += P^T dO runs), its dO rows when dV is done (while the next
 // scores run).
@@ -604,26 +639,7 @@ __global__ void DkDvKernel(Dev p, const double* q, const double* k, const double
   // ran: a sequence without queries) before they are read across threads.
   CopyWait<0>();
   __syncthreads();
-  for (int c = warp; c < nk; c += warps) {
-    double* out_k = dk + ((s.k_begin + j0 + c) * p.hkv + g) * dd;
-    double* out_v = dvo + ((s.k_begin + j0 + c) * p.hkv + g) * dv;
-    for (int64_t d = lane; d < dd; d += 32) out_k[d] = p.scale * acc_k[c * sd + d];
-    for (int64_t d = lane; d < dv; d += 32) out_v[d] = acc_v[c * sdv + d];
-  }
-  MaxDouble(&stats->score_abs_max, mag);
-  if (threadIdx.x == 0) {
-    double mass_max = 0;
-    int64_t seen_max = 0, unseen = 0;
-    for (int c = 0; c < nk; ++c) {
-      mass_max = fmax(mass_max, mass[c]);
-      seen_max = max(seen_max, seen[c]);
-      if (seen[c] == 0) ++unseen;
-    }
-    MaxDouble(&stats->col_mass_max, mass_max);
-    MaxInt(&stats->max_queries, seen_max);
-    MaxInt(&stats->sum_len_q, tq + adds);
-    if (unseen > 0) atomicAdd(&stats->unseen_keys, static_cast<unsigned long long>(unseen));
-  }
+  DkDvEnd(p, s, g, j0, nk, sd, sdv, acc_k, acc_v, mass, seen, adds, mag, dk, dvo, stats);
 }
 
 }  // namespace
