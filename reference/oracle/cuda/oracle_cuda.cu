@@ -89,6 +89,7 @@
 #include "reference/oracle/cuda/oracle_cuda_rows.cuh"
 #include "reference/oracle/cuda/oracle_cuda_rows_forward.cuh"
 #include "reference/oracle/cuda/oracle_cuda_rows_backward.cuh"
+#include "reference/oracle/cuda/oracle_cuda_launch.cuh"
 
 namespace {
 
@@ -102,73 +103,16 @@ void SetMessage(char* message, int64_t size, const std::string& text) {
   message[n] = '\0';
 }
 
-struct Failure {
-  int code;
-  std::string message;
-};
-
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw Failure{2, std::string("CUDA oracle: ") + what + ": " + cudaGetErrorName(e) + ": " +
-                         cudaGetErrorString(e)};
-  }
-}
-
-void Require(bool ok, const std::string& text) {
-  if (!ok) throw Failure{1, "CUDA oracle: " + text};
-}
-
-// Device allocations freed when the call ends, whatever way.
-class DeviceArena {
- public:
-  ~DeviceArena() {
-    for (void* ptr : ptrs_) cudaFree(ptr);
-  }
-  template <class T>
-  T* Alloc(int64_t n, const char* what) {
-    void* ptr = nullptr;
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
-    Check(cudaMalloc(&ptr, bytes), (std::string("cudaMalloc ") + what).c_str());
-    ptrs_.push_back(ptr);
-    return static_cast<T*>(ptr);
-  }
-  template <class T>
-  T* Copy(const T* host, int64_t n, const char* what) {
-    T* dev = Alloc<T>(n, what);
-    if (n > 0) {
-      Check(cudaMemcpy(dev, host, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice),
-            (std::string("cudaMemcpy to device ") + what).c_str());
-    }
-    return dev;
-  }
-
- private:
-  std::vector<void*> ptrs_;
-};
-
-// Launches `kernel` (named `name` in errors) on grid x block threads with `bytes` of dynamic
-// shared memory, first allowing it that much (the opt-in above 48 KiB), and checks the launch.
-template <typename Kernel, typename... Args>
-void Launch(Kernel kernel, const char* name, dim3 grid, unsigned block, size_t bytes,
-            Args... args) {
-  if (bytes > 0) {
-    Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes)),
-          (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
-  }
-  ATTEST_LAUNCH(kernel, grid, block, bytes, args...);
-  Check(cudaGetLastError(), (std::string("launch of ") + name).c_str());
-}
-
 double Bits(unsigned long long x) {
   double d;
   std::memcpy(&d, &x, sizeof d);
   return d;
 }
 
-void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, const double* v,
-         const double* dout, double* o, double* lse, double* dq, double* dk, double* dv,
-         double* delta, int flags, AttestOracleCudaStats* stats) {
+// The arguments' rules, checked in this order (the first one broken is the error).
+void Validate(const AttestOracleCudaProblem& pr, const double* q, const double* k,
+              const double* v, const double* dout, const double* o, const double* lse,
+              const double* dq, const double* dk, const double* dv, const double* delta) {
   Require(pr.batch >= 1 && pr.batch <= 65535, "batch must be in [1, 65535]");
   Require(pr.heads_kv >= 1 && pr.heads_q >= pr.heads_kv && pr.heads_q % pr.heads_kv == 0 &&
               pr.heads_q <= 65535,
@@ -188,43 +132,36 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   Require(dout == nullptr ||
               (dq != nullptr && dk != nullptr && dv != nullptr && delta != nullptr),
           "dq, dk, dv and delta must not be null with dout");
-  const bool on_device = (flags & ATTEST_ORACLE_CUDA_DEVICE_POINTERS) != 0;
+}
 
-  int devices = 0;
-  Check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  Require(devices > 0, "no CUDA device");
-  int device = 0;
-  Check(cudaGetDevice(&device), "cudaGetDevice");
-
-  const int64_t batch = pr.batch, hq = pr.heads_q, hkv = pr.heads_kv;
-  int64_t total_q = batch * pr.seqlen_q, total_k = batch * pr.seqlen_k;
-  int64_t max_q = pr.seqlen_q, max_k = pr.seqlen_k;
+// The batch's tokens and longest sequences (Extents).
+Extents ExtentsOf(const AttestOracleCudaProblem& pr) {
+  const int64_t batch = pr.batch;
+  Extents x{batch * pr.seqlen_q, batch * pr.seqlen_k, pr.seqlen_q, pr.seqlen_k};
   if (pr.cu_seqlens_q != nullptr) {
     Require(pr.cu_seqlens_q[0] == 0 && pr.cu_seqlens_k[0] == 0, "cu_seqlens must start at 0");
-    max_q = max_k = 0;
+    x.max_q = x.max_k = 0;
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t lq = pr.cu_seqlens_q[b + 1] - pr.cu_seqlens_q[b];
       const int64_t lk = pr.cu_seqlens_k[b + 1] - pr.cu_seqlens_k[b];
       Require(lq >= 0, "cu_seqlens_q must be non-decreasing");
       Require(lk >= 0, "cu_seqlens_k must be non-decreasing");
-      max_q = std::max(max_q, lq);
-      max_k = std::max(max_k, lk);
+      x.max_q = std::max(x.max_q, lq);
+      x.max_k = std::max(x.max_k, lk);
     }
-    total_q = pr.cu_seqlens_q[batch];
-    total_k = pr.cu_seqlens_k[batch];
+    x.total_q = pr.cu_seqlens_q[batch];
+    x.total_k = pr.cu_seqlens_k[batch];
   }
-  const int64_t dd = pr.head_dim, dvw = pr.head_dim_v;
-  const int64_t nq_el = total_q * hq * dd, nk_el = total_k * hkv * dd;
-  const int64_t nv_el = total_k * hkv * dvw, no_el = total_q * hq * dvw;
-  const int64_t nlse = total_q * hq;
+  return x;
+}
 
-  // Tiles: the largest that fit the device's shared memory in all three kernels.
+// Tiles: the largest that fit the device's shared memory in all three kernels.
+Tiles PickTiles(int64_t dd, int64_t dvw, int device, bool mma) {
   int optin = 0;
   Check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
         "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   const int64_t limit = optin - 1024;  // room for the kernels' static shared variables
   const int candidates[][2] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
-  const bool mma = (flags & ATTEST_ORACLE_CUDA_MMA) != 0;
   // The first (largest) candidate that fits all three kernels, with the mma path's fragment
   // strides (frag = 1) or the plain odd ones (Stride); -1 if none.
   auto pick = [&](int frag) {
@@ -260,18 +197,24 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   const size_t fwd_bytes = 8 * static_cast<size_t>(ForwardShared(dd, dvw, fwd_tq, tk, frag));
   const size_t dq_bytes = 8 * static_cast<size_t>(DqShared(dd, dvw, tq, tk, frag, k_buffers));
   const size_t dkdv_bytes = 8 * static_cast<size_t>(DkDvShared(dd, dvw, tq, tk, frag));
+  return Tiles{limit, tq, tk, frag, k_buffers, fwd_tq, fwd_bytes, dq_bytes, dkdv_bytes};
+}
 
-  DeviceArena arena;
+// The problem on the device (its per-token arrays copied into the arena) with the tiles; the
+// norms' pointers (qn, kn) come with the buffers (DeviceBuffers).
+Dev DevOf(const AttestOracleCudaProblem& pr, const Extents& x, const Tiles& tiles, bool mma,
+          int device, DeviceArena& arena) {
+  const int64_t batch = pr.batch, hq = pr.heads_q;
   Dev p{};
   p.batch = batch;
   p.hq = hq;
-  p.hkv = hkv;
+  p.hkv = pr.heads_kv;
   p.sq = pr.seqlen_q;
   p.sk = pr.seqlen_k;
-  p.d = dd;
-  p.dv = dvw;
-  p.total_q = total_q;
-  p.total_k = total_k;
+  p.d = pr.head_dim;
+  p.dv = pr.head_dim_v;
+  p.total_q = x.total_q;
+  p.total_k = x.total_k;
   p.scale = pr.scale;
   p.softcap = pr.softcap;
   p.top_left = pr.causal_top_left != 0;
@@ -296,11 +239,11 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
     p.key_blocks = (pr.seqlen_k + pr.block_k - 1) / pr.block_k;
     p.blocks = arena.Copy(pr.blocks_map, qb * p.key_blocks, "blocks_map");
   }
-  p.tq = tq;
-  p.tk = tk;
+  p.tq = tiles.tq;
+  p.tk = tiles.tk;
   p.mma = mma ? 1 : 0;
-  p.frag = frag;
-  p.k_buffers = k_buffers;
+  p.frag = tiles.frag;
+  p.k_buffers = tiles.k_buffers;
   // Blocks of 16 x 8 x 8 on compute capability 9.0 and later, unless
   // ATTEST_ORACLE_CUDA_MMA_ROWS=8 asks for the 8 x 8 x 4 blocks of sm_80 (the bench compares):
   // on an H100, m8n8k4 f64 runs at half the rate of the m16n8k* shapes new in sm_90
@@ -310,37 +253,94 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
         "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
   const char* rows_env = std::getenv("ATTEST_ORACLE_CUDA_MMA_ROWS");
   p.m16 = mma && major >= 9 && !(rows_env != nullptr && std::string(rows_env) == "8") ? 1 : 0;
+  return p;
+}
 
-  // Inputs and outputs on the device.
-  const double *dq_in = q, *dk_in = k, *dv_in = v, *ddo_in = dout;
-  double *d_o = o, *d_lse = lse, *d_dq = dq, *d_dk = dk, *d_dv = dv, *d_delta = delta;
+// Buffers for the caller's arrays, the norms (p->qn, p->kn) and the statistics, in the arena; the
+// outputs, the statistics and delta zeroed.
+Buffers DeviceBuffers(const double* q, const double* k, const double* v, const double* dout,
+                      double* o, double* lse, double* dq, double* dk, double* dv, double* delta,
+                      bool on_device, DeviceArena& arena, Dev* p) {
+  const int64_t total_q = p->total_q, total_k = p->total_k, hq = p->hq, hkv = p->hkv;
+  Buffers io{q, k, v, dout, o, lse, dq, dk, dv, delta, nullptr, nullptr, nullptr, 0, 0, 0, 0, 0};
+  io.nq_el = total_q * hq * p->d;
+  io.nk_el = total_k * hkv * p->d;
+  io.nv_el = total_k * hkv * p->dv;
+  io.no_el = total_q * hq * p->dv;
+  io.nlse = total_q * hq;
   if (!on_device) {
-    dq_in = arena.Copy(q, nq_el, "q");
-    dk_in = arena.Copy(k, nk_el, "k");
-    dv_in = arena.Copy(v, nv_el, "v");
-    if (dout != nullptr) ddo_in = arena.Copy(dout, no_el, "dout");
-    d_o = arena.Alloc<double>(no_el, "o");
-    d_lse = arena.Alloc<double>(nlse, "lse");
+    io.q = arena.Copy(q, io.nq_el, "q");
+    io.k = arena.Copy(k, io.nk_el, "k");
+    io.v = arena.Copy(v, io.nv_el, "v");
+    if (dout != nullptr) io.dout = arena.Copy(dout, io.no_el, "dout");
+    io.o = arena.Alloc<double>(io.no_el, "o");
+    io.lse = arena.Alloc<double>(io.nlse, "lse");
     if (dout != nullptr) {
-      d_dq = arena.Alloc<double>(nq_el, "dq");
-      d_dk = arena.Alloc<double>(nk_el, "dk");
-      d_dv = arena.Alloc<double>(nv_el, "dv");
-      d_delta = arena.Alloc<double>(nlse, "delta");
+      io.dq = arena.Alloc<double>(io.nq_el, "dq");
+      io.dk = arena.Alloc<double>(io.nk_el, "dk");
+      io.dv = arena.Alloc<double>(io.nv_el, "dv");
+      io.delta = arena.Alloc<double>(io.nlse, "delta");
     }
   }
-  double* qn = arena.Alloc<double>(total_q * hq, "q norms");
-  double* kn = arena.Alloc<double>(total_k * hkv, "k norms");
-  p.qn = qn;
-  p.kn = kn;
-  DevStats* dstats = arena.Alloc<DevStats>(1, "statistics");
-  Check(cudaMemset(dstats, 0, sizeof(DevStats)), "cudaMemset(statistics)");
-  Check(cudaMemset(d_o, 0, static_cast<size_t>(no_el) * 8), "cudaMemset(o)");
+  io.qn = arena.Alloc<double>(total_q * hq, "q norms");
+  io.kn = arena.Alloc<double>(total_k * hkv, "k norms");
+  p->qn = io.qn;
+  p->kn = io.kn;
+  io.stats = arena.Alloc<DevStats>(1, "statistics");
+  Check(cudaMemset(io.stats, 0, sizeof(DevStats)), "cudaMemset(statistics)");
+  Check(cudaMemset(io.o, 0, static_cast<size_t>(io.no_el) * 8), "cudaMemset(o)");
   if (dout != nullptr) {
-    Check(cudaMemset(d_dq, 0, static_cast<size_t>(nq_el) * 8), "cudaMemset(dq)");
-    Check(cudaMemset(d_dk, 0, static_cast<size_t>(nk_el) * 8), "cudaMemset(dk)");
-    Check(cudaMemset(d_dv, 0, static_cast<size_t>(nv_el) * 8), "cudaMemset(dv)");
-    Check(cudaMemset(d_delta, 0, static_cast<size_t>(nlse) * 8), "cudaMemset(delta)");
+    Check(cudaMemset(io.dq, 0, static_cast<size_t>(io.nq_el) * 8), "cudaMemset(dq)");
+    Check(cudaMemset(io.dk, 0, static_cast<size_t>(io.nk_el) * 8), "cudaMemset(dk)");
+    Check(cudaMemset(io.dv, 0, static_cast<size_t>(io.nv_el) * 8), "cudaMemset(dv)");
+    Check(cudaMemset(io.delta, 0, static_cast<size_t>(io.nlse) * 8), "cudaMemset(delta)");
   }
+  return io;
+}
+
+// The statistics for the caller (the backward's with `backward`), the kernels taking ms.
+AttestOracleCudaStats StatsOf(const DevStats& h, bool backward, float ms) {
+  AttestOracleCudaStats out{};
+  out.score_abs_max = Bits(h.score_abs_max);
+  out.v_abs_max = Bits(h.v_abs_max);
+  out.v_norm_max = Bits(h.v_norm_max);
+  out.k_abs_max = Bits(h.k_abs_max);
+  out.lse_abs_max = Bits(h.lse_abs_max);
+  out.max_keys = static_cast<int64_t>(h.max_keys);
+  out.sum_len_k = static_cast<int64_t>(h.sum_len_k);
+  out.empty_rows = static_cast<int64_t>(h.empty_rows);
+  if (backward) {
+    out.q_abs_max = Bits(h.q_abs_max);
+    out.do_abs_max = Bits(h.do_abs_max);
+    out.do_norm_max = Bits(h.do_norm_max);
+    out.col_mass_max = Bits(h.col_mass_max);
+    out.max_queries = static_cast<int64_t>(h.max_queries);
+    out.sum_len_q = static_cast<int64_t>(h.sum_len_q);
+    out.unseen_keys = static_cast<int64_t>(h.unseen_keys);
+  }
+  out.kernel_seconds = ms * 1e-3;
+  return out;
+}
+
+void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, const double* v,
+         const double* dout, double* o, double* lse, double* dq, double* dk, double* dv,
+         double* delta, int flags, AttestOracleCudaStats* stats) {
+  Validate(pr, q, k, v, dout, o, lse, dq, dk, dv, delta);
+  const bool on_device = (flags & ATTEST_ORACLE_CUDA_DEVICE_POINTERS) != 0;
+
+  int devices = 0;
+  Check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  Require(devices > 0, "no CUDA device");
+  int device = 0;
+  Check(cudaGetDevice(&device), "cudaGetDevice");
+
+  const Extents x = ExtentsOf(pr);
+  const bool mma = (flags & ATTEST_ORACLE_CUDA_MMA) != 0;
+  const Tiles tiles = PickTiles(pr.head_dim, pr.head_dim_v, device, mma);
+
+  DeviceArena arena;
+  Dev p = DevOf(pr, x, tiles, mma, device, arena);
+  const Buffers io = DeviceBuffers(q, k, v, dout, o, lse, dq, dk, dv, delta, on_device, arena, &p);
 
   cudaEvent_t start = nullptr, stop = nullptr;
   Check(cudaEventCreate(&start), "cudaEventCreate");
@@ -354,212 +354,10 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
   } guard{start, stop};
   Check(cudaEventRecord(start), "cudaEventRecord");
 
-  auto blocks_for = [](int64_t n) {
-    return static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  };
-  DevStats* sp = dstats;
-  const unsigned q_blocks = blocks_for(total_q * hq), k_blocks = blocks_for(total_k * hkv);
-  if (total_q * hq > 0) {
-    Launch(NormsKernel, "NormsKernel(q)", q_blocks, kThreads, 0, dq_in, total_q * hq, dd, qn,
-           &sp->q_abs_max, nullptr);
-  }
-  if (total_k * hkv > 0) {
-    Launch(NormsKernel, "NormsKernel(k)", k_blocks, kThreads, 0, dk_in, total_k * hkv, dd, kn,
-           &sp->k_abs_max, nullptr);
-    Launch(NormsKernel, "NormsKernel(v)", k_blocks, kThreads, 0, dv_in, total_k * hkv, dvw,
-           nullptr, &sp->v_abs_max, &sp->v_norm_max);
-  }
-  if (dout != nullptr && total_q * hq > 0) {
-    Launch(NormsKernel, "NormsKernel(dout)", q_blocks, kThreads, 0, ddo_in, total_q * hq, dvw,
-           nullptr, &sp->do_abs_max, &sp->do_norm_max);
-  }
-  const int64_t q_tiles = (max_q + tq - 1) / tq, k_tiles = (max_k + tk - 1) / tk;
-  // The forward with a warp per 16 query rows (RowForwardKernel, oracle_cuda_rows_forward.cuh)
-  // where it applies: 16 x 8 x 8 blocks, d and dv multiples of 8, dv <= 128 (O's accumulator in
-  // registers), and a query tile of 16 rows per warp that fits shared memory with as many warps
-  // as a block has, or half or a quarter of them. ATTEST_ORACLE_CUDA_ROWS=0 keeps ForwardKernel
-  // (the bench compares).
-  int row_warps = 0;
-  const char* rows_kernel_env = std::getenv("ATTEST_ORACLE_CUDA_ROWS");
-  const bool rows_on =
-      p.m16 && !(rows_kernel_env != nullptr && std::string(rows_kernel_env) == "0");
-  if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dvw <= 128) {
-    for (int w = kThreads / 32; w >= 2 && row_warps == 0; w /= 2) {
-      if (8 * RowForwardShared(dd, dvw, 16 * w) <= limit) row_warps = w;
-    }
-  }
-  // ATTEST_ORACLE_CUDA_FWD_PAIRS=W (12 or 16): RowForwardPairKernel with W warps a block, a pair
-  // per 16 rows, where dv is a multiple of 16 and the block's tile fits (the bench compares).
-  int pair_warps = 0;
-  if (const char* e = std::getenv("ATTEST_ORACLE_CUDA_FWD_PAIRS");
-      e != nullptr && row_warps > 0 && dvw % 16 == 0) {
-    const int w = std::atoi(e);
-    if ((w == 12 || w == 16) && 8 * (RowForwardShared(dd, dvw, 8 * w) + 384 * w) <= limit) {
-      pair_warps = w;
-    }
-  }
-  const int row_tq = pair_warps > 0 ? 8 * pair_warps : 16 * row_warps;
-  const int64_t fwd_q_tiles =
-      row_warps > 0 ? (max_q + row_tq - 1) / row_tq : (max_q + fwd_tq - 1) / fwd_tq;
-  if (fwd_q_tiles > 0) {
-    Require(fwd_q_tiles <= 0x7fffffff, "seqlen_q too large");
-    const dim3 grid(static_cast<unsigned>(fwd_q_tiles), static_cast<unsigned>(hq),
-                    static_cast<unsigned>(batch));
-    Dev pf = p;
-    if (row_warps > 0) {
-      pf.tq = row_tq;
-      pf.tk = kRowTileKeys;
-      const size_t bytes = 8 * static_cast<size_t>(RowForwardShared(dd, dvw, row_tq));
-      const unsigned block = 32 * row_warps;
-      const size_t pair_bytes = bytes + 8 * 384 * static_cast<size_t>(pair_warps);
-      auto pairs = [&](auto kernel, const char* name) {
-        Launch(kernel, name, grid, 32 * pair_warps, pair_bytes, pf, dq_in, dk_in, dv_in, d_o,
-               d_lse, dstats);
-      };
-      if (pair_warps == 16 && dvw <= 64) {
-        pairs(RowForwardPairKernel<4, 16>, "RowForwardPairKernel<4, 16>");
-      } else if (pair_warps == 16) {
-        pairs(RowForwardPairKernel<8, 16>, "RowForwardPairKernel<8, 16>");
-      } else if (pair_warps == 12 && dvw <= 64) {
-        pairs(RowForwardPairKernel<4, 12>, "RowForwardPairKernel<4, 12>");
-      } else if (pair_warps == 12) {
-        pairs(RowForwardPairKernel<8, 12>, "RowForwardPairKernel<8, 12>");
-      } else if (dvw <= 64) {
-        Launch(RowForwardKernel<8>, "RowForwardKernel<8>", grid, block, bytes, pf, dq_in, dk_in,
-               dv_in, d_o, d_lse, dstats);
-      } else {
-        Launch(RowForwardKernel<16>, "RowForwardKernel<16>", grid, block, bytes, pf, dq_in,
-               dk_in, dv_in, d_o, d_lse, dstats);
-      }
-    } else {
-      pf.tq = fwd_tq;
-      Launch(ForwardKernel, "ForwardKernel", grid, kThreads, fwd_bytes, pf, dq_in, dk_in, dv_in,
-             d_o, d_lse, dstats);
-    }
-  }
-  // Rows of zero-length sequences have no lse entries; nothing else to fill.
-  if (dout != nullptr) {
-    if (nlse > 0) {
-      Launch(DeltaKernel, "DeltaKernel", blocks_for(nlse), kThreads, 0, p, ddo_in, d_o, d_delta);
-    }
-    // dQ with a pair of warps per 16 query rows (RowDqKernel, oracle_cuda_rows_backward.cuh)
-    // where it applies: 16 x 8 x 8 blocks, d and dv multiples of 8, d <= 128 (dQ's accumulator
-    // in registers), and 16 query rows per pair of warps that fit shared memory.
-    auto launch_dq = [&] {
-      int dq_pairs = 0;
-      if (rows_on && dd % 8 == 0 && dvw % 8 == 0 && dd <= 128) {
-        for (int w = kThreads / 64; w >= 1 && dq_pairs == 0; w /= 2) {
-          if (8 * RowDqShared(dd, dvw, 16 * w) <= limit) dq_pairs = w;
-        }
-      }
-      const int64_t dq_tiles =
-          dq_pairs > 0 ? (max_q + 16 * dq_pairs - 1) / (16 * dq_pairs) : q_tiles;
-      if (dq_tiles <= 0) return;
-      const dim3 grid(static_cast<unsigned>(dq_tiles), static_cast<unsigned>(hq),
-                      static_cast<unsigned>(batch));
-      if (dq_pairs > 0) {
-        Dev pd = p;
-        pd.tq = 16 * dq_pairs;
-        pd.tk = kRowTileKeys;
-        const size_t bytes = 8 * static_cast<size_t>(RowDqShared(dd, dvw, pd.tq));
-        const unsigned block = 64 * dq_pairs;
-        if (dd <= 64) {
-          Launch(RowDqKernel<8>, "RowDqKernel<8>", grid, block, bytes, pd, dq_in, dk_in, dv_in,
-                 ddo_in, d_lse, d_delta, d_dq, dstats);
-        } else {
-          Launch(RowDqKernel<16>, "RowDqKernel<16>", grid, block, bytes, pd, dq_in, dk_in, dv_in,
-                 ddo_in, d_lse, d_delta, d_dq, dstats);
-        }
-      } else {
-        Launch(DqKernel, "DqKernel", grid, kThreads, dq_bytes, p, dq_in, dk_in, dv_in, ddo_in,
-               d_lse, d_delta, d_dq, dstats);
-      }
-    };
-    // dK and dV with a pair of warps per 16 keys (RowDkDvKernel, oracle_cuda_rows_backward.cuh)
-    // where it applies: 16 x 8 x 8 blocks, d and dv multiples of 16 and at most 128 (each warp
-    // holds half of the columns of dK and dV in registers), query tiles of 32 rows, and 16 keys
-    // per pair of warps that fit shared memory.
-    int kv_pairs = 0;
-    if (rows_on && dd % 16 == 0 && dvw % 16 == 0 && dd <= 128 && dvw <= 128) {
-      for (int w = kThreads / 64; w >= 1 && kv_pairs == 0; w /= 2) {
-        if (8 * RowDkDvShared(dd, dvw, 32, 16 * w, 2 * w) <= limit) kv_pairs = w;
-      }
-    }
-    // With a whole block of pairs (kPairs: 64 keys a block), RowDkDvKernel also computes dQ
-    // (kFused: FusedDq in oracle_cuda_rows_backward.cuh), unless ATTEST_ORACLE_CUDA_FUSED=0 (the
-    // bench compares); RowDqKernel or DqKernel otherwise, and again if a fused block gave up
-    // waiting for its turn.
-    const char* fused_env = std::getenv("ATTEST_ORACLE_CUDA_FUSED");
-    const int64_t fused_tiles = (max_q + 31) / 32;
-    const bool fused = kv_pairs == kPairs &&
-                       !(fused_env != nullptr && std::string(fused_env) == "0") &&
-                       batch * hq * fused_tiles <= 0x7fffffff && max_k / 16 < 0x7fffffff;
-    if (!fused) launch_dq();
-    const int64_t kv_tiles =
-        kv_pairs > 0 ? (max_k + 16 * kv_pairs - 1) / (16 * kv_pairs) : k_tiles;
-    if (kv_tiles > 0) {
-      Require(kv_tiles <= 0x7fffffff, "seqlen_k too large");
-      const dim3 grid(static_cast<unsigned>(kv_tiles), static_cast<unsigned>(hkv),
-                      static_cast<unsigned>(batch));
-      if (kv_pairs > 0) {
-        Dev pk = p;
-        pk.tq = 32;
-        pk.tk = 16 * kv_pairs;
-        const size_t bytes =
-            8 * static_cast<size_t>(RowDkDvShared(dd, dvw, pk.tq, pk.tk, 2 * kv_pairs));
-        const unsigned block = 64 * kv_pairs;
-        FusedDq fz{};
-        if (fused && fused_tiles > 0) {
-          fz.dq = d_dq;
-          fz.q_tiles = fused_tiles;
-          fz.turn = arena.Alloc<int>(batch * hq * fused_tiles, "dQ turns");
-          const dim3 tiles(static_cast<unsigned>(fused_tiles), static_cast<unsigned>(hq),
-                           static_cast<unsigned>(batch));
-          Launch(FirstTurnKernel, "FirstTurnKernel", tiles, 32, 0, pk, fz);
-        }
-        const bool wide = std::max(dd, dvw) > 64;
-        if (fused) {
-          if (wide) {
-            Launch(RowDkDvKernel<8, true>, "RowDkDvKernel<8, fused>", grid, block, bytes, pk,
-                   dq_in, dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
-          } else {
-            Launch(RowDkDvKernel<4, true>, "RowDkDvKernel<4, fused>", grid, block, bytes, pk,
-                   dq_in, dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
-          }
-        } else if (wide) {
-          Launch(RowDkDvKernel<8, false>, "RowDkDvKernel<8>", grid, block, bytes, pk, dq_in,
-                 dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
-        } else {
-          Launch(RowDkDvKernel<4, false>, "RowDkDvKernel<4>", grid, block, bytes, pk, dq_in,
-                 dk_in, dv_in, ddo_in, d_lse, d_delta, d_dk, d_dv, dstats, fz);
-        }
-      } else {
-        Launch(DkDvKernel, "DkDvKernel", grid, kThreads, dkdv_bytes, p, dq_in, dk_in, dv_in,
-               ddo_in, d_lse, d_delta, d_dk, d_dv, dstats);
-      }
-    }
-    if (fused) {
-      // A block that waited kTurnTimeoutNs for its turn gave up (the GPU did not start the
-      // blocks in index order): dQ again, without turns. Else dq = scale dQ.
-      unsigned long long timeouts = 0;
-      Check(cudaMemcpy(&timeouts, &dstats->order_timeouts, sizeof timeouts,
-                       cudaMemcpyDeviceToHost),
-            "cudaMemcpy statistics");
-#ifdef ATTEST_ORACLE_CUDA_EMULATE
-      // Blocks run in index order here, so every turn comes before its block: one that found
-      // another block's turn means the chain skipped it, which the recomputation below would
-      // hide from the check.
-      Require(timeouts == 0, "the fused dQ's turn chain skipped a key block");
-#endif
-      if (timeouts != 0) {
-        Check(cudaMemset(d_dq, 0, static_cast<size_t>(nq_el) * 8), "cudaMemset(dq)");
-        launch_dq();
-      } else if (nq_el > 0) {
-        Launch(ScaleKernel, "ScaleKernel", blocks_for(nq_el), kThreads, 0, d_dq, nq_el,
-               p.scale);
-      }
-    }
-  }
+  LaunchNorms(p, io);
+  const bool rows_on = RowsOn(p);
+  LaunchForward(p, io, tiles, x.max_q, rows_on);
+  if (dout != nullptr) LaunchBackward(p, io, tiles, x, rows_on, arena);
   Check(cudaEventRecord(stop), "cudaEventRecord");
   Check(cudaEventSynchronize(stop), "kernels (cudaEventSynchronize)");
   Check(cudaDeviceSynchronize(), "kernels (cudaDeviceSynchronize)");
@@ -572,39 +370,18 @@ void Run(const AttestOracleCudaProblem& pr, const double* q, const double* k, co
       Check(cudaMemcpy(host, dev, static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost),
             (std::string("cudaMemcpy to host ") + what).c_str());
     };
-    back(o, d_o, no_el, "o");
-    back(lse, d_lse, nlse, "lse");
+    back(o, io.o, io.no_el, "o");
+    back(lse, io.lse, io.nlse, "lse");
     if (dout != nullptr) {
-      back(dq, d_dq, nq_el, "dq");
-      back(dk, d_dk, nk_el, "dk");
-      back(dv, d_dv, nv_el, "dv");
-      back(delta, d_delta, nlse, "delta");
+      back(dq, io.dq, io.nq_el, "dq");
+      back(dk, io.dk, io.nk_el, "dk");
+      back(dv, io.dv, io.nv_el, "dv");
+      back(delta, io.delta, io.nlse, "delta");
     }
   }
   DevStats h{};
-  Check(cudaMemcpy(&h, dstats, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy statistics");
-  if (stats != nullptr) {
-    AttestOracleCudaStats out{};
-    out.score_abs_max = Bits(h.score_abs_max);
-    out.v_abs_max = Bits(h.v_abs_max);
-    out.v_norm_max = Bits(h.v_norm_max);
-    out.k_abs_max = Bits(h.k_abs_max);
-    out.lse_abs_max = Bits(h.lse_abs_max);
-    out.max_keys = static_cast<int64_t>(h.max_keys);
-    out.sum_len_k = static_cast<int64_t>(h.sum_len_k);
-    out.empty_rows = static_cast<int64_t>(h.empty_rows);
-    if (dout != nullptr) {
-      out.q_abs_max = Bits(h.q_abs_max);
-      out.do_abs_max = Bits(h.do_abs_max);
-      out.do_norm_max = Bits(h.do_norm_max);
-      out.col_mass_max = Bits(h.col_mass_max);
-      out.max_queries = static_cast<int64_t>(h.max_queries);
-      out.sum_len_q = static_cast<int64_t>(h.sum_len_q);
-      out.unseen_keys = static_cast<int64_t>(h.unseen_keys);
-    }
-    out.kernel_seconds = ms * 1e-3;
-    *stats = out;
-  }
+  Check(cudaMemcpy(&h, io.stats, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy statistics");
+  if (stats != nullptr) *stats = StatsOf(h, dout != nullptr, ms);
 }
 
 }  // namespace
