@@ -179,6 +179,16 @@ __device__ void RowProductAdd(const double (&a)[NK][4], const double* pb, int64_
       pb, sb, w, acc);
 }
 
+// acc = 0 for NY blocks of accumulators (or of S tiles, before their product).
+template <int NY>
+__device__ __forceinline__ void ZeroAcc(double (&acc)[NY][4]) {
+  ATTEST_UNROLL
+  for (int y = 0; y < NY; ++y) {
+    ATTEST_UNROLL
+    for (int e = 0; e < 4; ++e) acc[y][e] = 0;
+  }
+}
+
 // A accumulators of NK blocks (rows g, g + 8; columns 2t, 2t + 1) as the A fragments of the next
 // product: with slot t + 4x holding k = 2t + x, accumulator element (x, u) is A's element 2x + u.
 template <int NK>

@@ -360,6 +360,167 @@ __device__ void FusedDqShare(const double* xb, const double* sk_tile, int64_t sd
   }
 }
 
+// RowDkDvKernel's walk: the (query head, query tile) pair after (*hh, *ii) in NextQueryTile's
+// order, or with kFused the query tiles that may see the keys [j0, j0 + nk) in descending order,
+// each with every head of kv head kvh's group (ratio heads).
+template <bool kFused>
+__device__ __forceinline__ bool NextDkDvPair(const Dev& p, const Seq& s, int64_t kvh,
+                                             int64_t ratio, int tq, int64_t j0, int64_t nk,
+                                             int64_t* hh, int64_t* ii) {
+  if constexpr (kFused) {
+    if (*hh + 1 < (kvh + 1) * ratio) {
+      ++*hh;
+      return true;
+    }
+    for (int64_t x = *ii - tq; x >= 0; x -= tq) {
+      if (QueryTileMaySee(p, s, x, j0, nk)) {
+        *hh = kvh * ratio;
+        *ii = x;
+        return true;
+      }
+    }
+    return false;
+  } else {
+    return NextQueryTile(p, s, kvh, j0, nk, hh, ii);
+  }
+}
+
+// P^T and dS^T of a RowDkDvKernel warp in its scores' registers (ScoresBackwardMma's entry): cs
+// (S^T) becomes P^T and cp (dP^T) dS^T, entry (key kp + g + 8u, query qm + 8y + 2t + x) with
+// e = 2u + x (P = -0.0 where masked), of query tile i0 (Q norms rn, lse and delta per row) and
+// key tile j0 (the lane's key norms key_n); mass[u] and seen[u] gather the key's P and visible
+// entries, mag the score magnitude statistic.
+__device__ __forceinline__ void DkDvTileEntries(
+    const Dev& p, const Seq& s, int64_t i0, int64_t j0, int kp, int qm, int g, int t,
+    const int64_t* lo, const int64_t* hi, const int64_t* range, const double* rn,
+    const double* row_lse, const double* row_delta, const double (&key_n)[2], double slope,
+    double (&cs)[2][4], double (&cp)[2][4], double (&mass)[2], long long (&seen)[2],
+    double& mag) {
+  const bool whole = WholeTile(p, s, i0, j0, range);
+  const bool plain = PlainTile(p, whole, slope);
+  if (plain) {
+    mag = fmax(mag, PlainTileMag<2>(p, fmax(key_n[0], key_n[1]), rn + qm, t, true));
+  }
+  ATTEST_UNROLL
+  for (int y = 0; y < 2; ++y) {
+    ATTEST_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int u = e >> 1, r = qm + 8 * y + 2 * t + (e & 1);
+      const int64_t i = i0 + r, j = j0 + kp + g + 8 * u;
+      double pr = -0.0, dsv = 0, th = 0, sc = -INFINITY;
+      if (plain) {
+        sc = p.scale * cs[y][e];
+      } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
+        sc = ScoreOf(p, s, i, j, slope, cs[y][e], rn[r], key_n[u], th, mag);
+      }
+      if (sc > -INFINITY) {
+        pr = exp(sc - row_lse[r]);
+        dsv = pr * (cp[y][e] - row_delta[r]);
+        if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
+      }
+      mass[u] += pr;
+      seen[u] += signbit(pr) ? 0 : 1;
+      cs[y][e] = pr;
+      cp[y][e] = dsv;
+    }
+  }
+}
+
+// dq += acc_q, a block's share of dQ (FusedDqShare) for the queries i0 + q0 + g + 8u of head h
+// and the columns col_q + 8y + 2t + x (8y < w_q), element by element at L2 (AddGlobal).
+template <int NQ>
+__device__ __forceinline__ void FusedDqAdd(const Dev& p, const Seq& s, double* dq, int64_t h,
+                                           int64_t i0, int q0, int64_t col_q, int64_t w_q, int g,
+                                           int t, const double (&acc_q)[NQ][4]) {
+  if (w_q > 0) {
+    ATTEST_UNROLL
+    for (int u = 0; u < 2; ++u) {
+      const int64_t r = i0 + q0 + g + 8 * u;
+      if (r >= s.q_len) continue;
+      double* row = dq + ((s.q_begin + r) * p.hq + h) * p.d + col_q;
+      ATTEST_UNROLL
+      for (int y = 0; y < NQ; ++y) {
+        if (8 * y < w_q) {
+          ATTEST_UNROLL
+          for (int x = 0; x < 2; ++x) AddGlobal(row + 8 * y + 2 * t + x, acc_q[y][2 * u + x]);
+        }
+      }
+    }
+  }
+}
+
+// The end of RowDkDvKernel for the lane's keys kp + g + 8u (< nk) of key tile j0 of kv head kvh:
+// dk = scale dK and dv = dV for the warp's half of the columns (from kcol of dK, vcol of dV).
+// dd and dv are the kernel's p.d and p.dv, passed rather than read again from p (read again,
+// RowDkDvKernel<4> and <8> spilled more: ptxas -v, sm_90).
+template <int NH>
+__device__ __forceinline__ void RowDkDvStore(const Dev& p, const Seq& s, int64_t kvh, int64_t j0,
+                                             int64_t nk, int64_t dd, int64_t dv, int kp,
+                                             int64_t kcol, int64_t vcol, int g, int t,
+                                             const double (&acc_k)[NH][4],
+                                             const double (&acc_v)[NH][4], double* dk,
+                                             double* dvo) {
+  ATTEST_UNROLL
+  for (int u = 0; u < 2; ++u) {
+    const int64_t c = kp + g + 8 * u;
+    if (c >= nk) continue;
+    double* out_k = dk + ((s.k_begin + j0 + c) * p.hkv + kvh) * dd + kcol;
+    double* out_v = dvo + ((s.k_begin + j0 + c) * p.hkv + kvh) * dv + vcol;
+    ATTEST_UNROLL
+    for (int y = 0; y < NH; ++y) {
+      ATTEST_UNROLL
+      for (int x = 0; x < 2; ++x) {
+        const int64_t col = 8 * y + 2 * t + x;
+        if (col < dd / 2) out_k[col] = p.scale * acc_k[y][2 * u + x];
+        if (col < dv / 2) out_v[col] = acc_v[y][2 * u + x];
+      }
+    }
+  }
+}
+
+// RowDkDvKernel's column statistics per key (kp + g + 8u < nk): the lane's mass and count of
+// visible entries summed over the 4 lanes of the row, then over the pair (through xb, after a
+// barrier: every warp calls this); then the statistics, with the score magnitude statistic mag.
+__device__ __forceinline__ void KeyColumnStats(int warp, int member, int kp, int g, int t,
+                                               int64_t nk, double (&mass)[2],
+                                               long long (&seen)[2], double* xb, double mag,
+                                               DevStats* stats) {
+  ATTEST_UNROLL
+  for (int u = 0; u < 2; ++u) {
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      mass[u] += __shfl_xor_sync(0xffffffffu, mass[u], o2);
+      seen[u] += __shfl_xor_sync(0xffffffffu, seen[u], o2);
+    }
+  }
+  __syncthreads();
+  long long* xs = reinterpret_cast<long long*>(xb);
+  if (member == 1 && t == 0) {
+    ATTEST_UNROLL
+    for (int u = 0; u < 2; ++u) {
+      xb[(warp >> 1) * 64 + g + 8 * u] = mass[u];
+      xs[(warp >> 1) * 64 + 32 + g + 8 * u] = seen[u];
+    }
+  }
+  __syncthreads();
+  MaxDouble(&stats->score_abs_max, mag);
+  if (member == 0 && t == 0) {
+    double mass_max = 0;
+    long long seen_max = 0, unseen = 0;
+    ATTEST_UNROLL
+    for (int u = 0; u < 2; ++u) {
+      if (kp + g + 8 * u >= nk) continue;
+      const double m = mass[u] + xb[(warp >> 1) * 64 + g + 8 * u];
+      const long long n = seen[u] + xs[(warp >> 1) * 64 + 32 + g + 8 * u];
+      mass_max = fmax(mass_max, m);
+      seen_max = max(seen_max, n);
+      if (n == 0) ++unseen;
+    }
+    MaxDouble(&stats->col_mass_max, mass_max);
+    MaxInt(&stats->max_queries, seen_max);
+    if (unseen > 0) atomicAdd(&stats->unseen_keys, static_cast<unsigned long long>(unseen));
+  }
+}
+
 // dK and dV with a pair of warps per 16 keys (p.tk = 16 per pair, p.tq = 32; d and dv multiples
 // of 16, each at most 16 NH): for every (query head, query tile) that may see the key tile, in
 // DkDvKernel's order, the pair computes dP^T = V dO^T and S^T = K Q^T for its 16 keys, each warp
@@ -406,11 +567,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
   LoadKeysAt(p, s, kvh, k, dd, sd, j0, sk_tile, cn);
   LoadKeysAt(p, s, kvh, v, dv, sdv, j0, sv_tile, nullptr);
   double acc_k[NH][4], acc_v[NH][4];
-  ATTEST_UNROLL
-  for (int y = 0; y < NH; ++y) {
-    ATTEST_UNROLL
-    for (int e = 0; e < 4; ++e) acc_k[y][e] = acc_v[y][e] = 0;
-  }
+  ZeroAcc(acc_k);
+  ZeroAcc(acc_v);
   double mass[2] = {0, 0};  // the lane's keys kp + g + 8u: P summed over its entries
   long long seen[2] = {0, 0};
   int64_t adds = 0;
@@ -430,25 +588,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     LoadRows(delta, 1, 0, at, n, tq, 0.0, row_delta);
     CopyCommit();
   };
-  // The walk: (query head, query tile) pairs in NextQueryTile's order, or with kFused the
-  // tiles that may see the keys in descending order, each with every head of the group.
   auto next_pair = [&](int64_t* hh, int64_t* ii) {
-    if constexpr (kFused) {
-      if (*hh + 1 < (kvh + 1) * ratio) {
-        ++*hh;
-        return true;
-      }
-      for (int64_t x = *ii - tq; x >= 0; x -= tq) {
-        if (QueryTileMaySee(p, s, x, j0, nk)) {
-          *hh = kvh * ratio;
-          *ii = x;
-          return true;
-        }
-      }
-      return false;
-    } else {
-      return NextQueryTile(p, s, kvh, j0, nk, hh, ii);
-    }
+    return NextDkDvPair<kFused>(p, s, kvh, ratio, tq, j0, nk, hh, ii);
   };
   int64_t h = kvh * ratio, i0 = -tq;
   if constexpr (kFused) {
@@ -470,11 +611,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     TileRowBounds(p, s, i0, lo, hi, range);
     const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
     double cs[2][4], cp[2][4];
-    ATTEST_UNROLL
-    for (int y = 0; y < 2; ++y) {
-      ATTEST_UNROLL
-      for (int e = 0; e < 4; ++e) cs[y][e] = cp[y][e] = 0;
-    }
+    ZeroAcc(cs);
+    ZeroAcc(cp);
     CopyWait<1>();  // K, V, and this tile's dO, lse and delta (its Q may still be on the way)
     __syncthreads();
     RowScores(sv_tile + (kp + g) * sdv, sdv, sdo_tile + (qm + g) * sdv, sdv, dv, t, cp);
@@ -486,36 +624,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
       key_n_read = true;
     }
     RowScores(sk_tile + (kp + g) * sd, sd, sq_tile + (qm + g) * sd, sd, dd, t, cs);
-    // P^T and dS^T in the scores' registers (cs, cp): entry (key kp + g + 8u, query
-    // qm + 8y + 2t + x) with e = 2u + x.
-    const bool whole = WholeTile(p, s, i0, j0, range);
-    const bool plain = PlainTile(p, whole, slope);
-    if (plain) {
-      mag = fmax(mag, PlainTileMag<2>(p, fmax(key_n[0], key_n[1]), rn + qm, t, true));
-    }
-    ATTEST_UNROLL
-    for (int y = 0; y < 2; ++y) {
-      ATTEST_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int u = e >> 1, r = qm + 8 * y + 2 * t + (e & 1);
-        const int64_t i = i0 + r, j = j0 + kp + g + 8 * u;
-        double pr = -0.0, dsv = 0, th = 0, sc = -INFINITY;
-        if (plain) {
-          sc = p.scale * cs[y][e];
-        } else if (whole || (j >= lo[r] && j < hi[r] && Visible(p, s, i, j))) {
-          sc = ScoreOf(p, s, i, j, slope, cs[y][e], rn[r], key_n[u], th, mag);
-        }
-        if (sc > -INFINITY) {
-          pr = exp(sc - row_lse[r]);
-          dsv = pr * (cp[y][e] - row_delta[r]);
-          if (p.softcap > 0 && pr != 0.0) dsv *= 1.0 - th * th;
-        }
-        mass[u] += pr;
-        seen[u] += signbit(pr) ? 0 : 1;
-        cs[y][e] = pr;
-        cp[y][e] = dsv;
-      }
-    }
+    DkDvTileEntries(p, s, i0, j0, kp, qm, g, t, lo, hi, range, rn, row_lse, row_delta, key_n,
+                    slope, cs, cp, mass, seen, mag);  // P^T in cs, dS^T in cp
     // The A fragments (slot t + 4x: query 2t + x of each block) of P^T, then of dS^T, to the
     // pair through xb; dV += P^T dO, then dK += dS^T Q, over the tile's 32 queries.
     auto hand = [&](const double (&c)[2][4]) {
@@ -556,22 +666,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     __syncthreads();  // Q and the dS fragments are read (kFused: and dq is ours)
     if (next) load_q(hn, in);
     if constexpr (kFused) {
-      // dq += share, element by element at L2 (AddGlobal), in the turn's order.
-      if (w_q > 0) {
-        ATTEST_UNROLL
-        for (int u = 0; u < 2; ++u) {
-          const int64_t r = i0 + q0 + g + 8 * u;
-          if (r >= s.q_len) continue;
-          double* row = fz.dq + ((s.q_begin + r) * p.hq + h) * dd + col_q;
-          ATTEST_UNROLL
-          for (int y = 0; y < NQ; ++y) {
-            if (8 * y < w_q) {
-              ATTEST_UNROLL
-              for (int x = 0; x < 2; ++x) AddGlobal(row + 8 * y + 2 * t + x, acc_q[y][2 * u + x]);
-            }
-          }
-        }
-      }
+      FusedDqAdd(p, s, fz.dq, h, i0, q0, col_q, w_q, g, t, acc_q);  // in the turn's order
       __syncthreads();
       if (threadIdx.x == 0) PassTurn(turn_at, turn_next);
     }
@@ -580,58 +675,8 @@ __global__ void ATTEST_LAUNCH_BOUNDS(kThreads, 1)
     i0 = in;
   }
   CopyWait<0>();  // no copy outlives the block (K and V when no query tile ran)
-  // dk = scale dK, dv = dV for the warp's half of the columns.
-  ATTEST_UNROLL
-  for (int u = 0; u < 2; ++u) {
-    const int64_t c = kp + g + 8 * u;
-    if (c >= nk) continue;
-    double* out_k = dk + ((s.k_begin + j0 + c) * p.hkv + kvh) * dd + kcol;
-    double* out_v = dvo + ((s.k_begin + j0 + c) * p.hkv + kvh) * dv + vcol;
-    ATTEST_UNROLL
-    for (int y = 0; y < NH; ++y) {
-      ATTEST_UNROLL
-      for (int x = 0; x < 2; ++x) {
-        const int64_t col = 8 * y + 2 * t + x;
-        if (col < dd / 2) out_k[col] = p.scale * acc_k[y][2 * u + x];
-        if (col < dv / 2) out_v[col] = acc_v[y][2 * u + x];
-      }
-    }
-  }
-  // The column statistics per key: the 4 lanes of the row, then the pair (through xb).
-  ATTEST_UNROLL
-  for (int u = 0; u < 2; ++u) {
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-      mass[u] += __shfl_xor_sync(0xffffffffu, mass[u], o2);
-      seen[u] += __shfl_xor_sync(0xffffffffu, seen[u], o2);
-    }
-  }
-  __syncthreads();
-  long long* xs = reinterpret_cast<long long*>(xb);
-  if (member == 1 && t == 0) {
-    ATTEST_UNROLL
-    for (int u = 0; u < 2; ++u) {
-      xb[(warp >> 1) * 64 + g + 8 * u] = mass[u];
-      xs[(warp >> 1) * 64 + 32 + g + 8 * u] = seen[u];
-    }
-  }
-  __syncthreads();
-  MaxDouble(&stats->score_abs_max, mag);
-  if (member == 0 && t == 0) {
-    double mass_max = 0;
-    long long seen_max = 0, unseen = 0;
-    ATTEST_UNROLL
-    for (int u = 0; u < 2; ++u) {
-      if (kp + g + 8 * u >= nk) continue;
-      const double m = mass[u] + xb[(warp >> 1) * 64 + g + 8 * u];
-      const long long n = seen[u] + xs[(warp >> 1) * 64 + 32 + g + 8 * u];
-      mass_max = fmax(mass_max, m);
-      seen_max = max(seen_max, n);
-      if (n == 0) ++unseen;
-    }
-    MaxDouble(&stats->col_mass_max, mass_max);
-    MaxInt(&stats->max_queries, seen_max);
-    if (unseen > 0) atomicAdd(&stats->unseen_keys, static_cast<unsigned long long>(unseen));
-  }
+  RowDkDvStore(p, s, kvh, j0, nk, dd, dv, kp, kcol, vcol, g, t, acc_k, acc_v, dk, dvo);
+  KeyColumnStats(warp, member, kp, g, t, nk, mass, seen, xb, mag, stats);
   if (threadIdx.x == 0) MaxInt(&stats->sum_len_q, tq + adds);
   // dQ's chains (FusedDq): tk keys, one addition per key block and the scaling's.
   if (kFused && threadIdx.x == 0) MaxInt(&stats->sum_len_k, tk + (s.k_len + tk - 1) / tk + 1);
