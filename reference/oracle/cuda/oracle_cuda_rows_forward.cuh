@@ -60,6 +60,50 @@ __device__ void RowForwardEnd(const Dev& p, const Seq& s, int64_t b, int64_t h, 
   if (empty > 0) atomicAdd(&stats->empty_rows, static_cast<unsigned long long>(empty));
 }
 
+// The S tile c becomes P = exp(s - m_new) of the lane's two rows: the tile's exps first, masked
+// entries selected to 0 after (no branch around each).
+template <int NB>
+__device__ __forceinline__ void RowExps(const double (&m_new)[2], const long long (&count)[2],
+                                        double (&c)[NB][4]) {
+  ATTEST_UNROLL
+  for (int y = 0; y < NB; ++y) {
+    ATTEST_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const double pv = exp(c[y][e] - m_new[e >> 1]);
+      c[y][e] = count[e >> 1] > 0 && c[y][e] > -INFINITY ? pv : 0.0;
+    }
+  }
+}
+
+// A row's statistics after a tile with `count` visible entries and the compensated row sum
+// (sum, cs) of its P: l = f l + sum with Sum2's compensation, m = m_new, the keys and tiles.
+__device__ __forceinline__ void RowStatsAdd(double sum, double cs, double f, double m_new,
+                                            long long count, double& m, double& l, double& comp,
+                                            long long& keys, long long& tiles) {
+  if (count > 0) {
+    double lr = l * f, cr = comp * f + cs;
+    TwoSumAdd(lr, cr, sum);
+    l = lr;
+    comp = cr;
+    m = m_new;
+    keys += count;
+    tiles += 1;
+  }
+}
+
+// O = f O where some row of the warp has a new maximum (f = 1 elsewhere: the same bits), before
+// O + P V (fl(fl(f O) + part) either way).
+template <int NY>
+__device__ __forceinline__ void RowRescaleAcc(const double (&f)[2], double (&acc)[NY][4]) {
+  if (__ballot_sync(0xffffffffu, f[0] != 1.0 || f[1] != 1.0) != 0) {
+    ATTEST_UNROLL
+    for (int y = 0; y < NY; ++y) {
+      ATTEST_UNROLL
+      for (int e = 0; e < 4; ++e) acc[y][e] *= f[e >> 1];
+    }
+  }
+}
+
 // The forward with a warp per 16 query rows (p.tq = 16 warps, p.tk = kRowTileKeys; d and dv
 // multiples of 8, dv <= 8 NDV): for every key tile that some row of the tile may see
 // (NextKeyTile's walk), S in registers (16 x 32 per warp), the score transform and mask, the
@@ -253,17 +297,12 @@ __global__ void ATTEST_LAUNCH_BOUNDS(32 * kWarps, 1)
   const double* partner = xw + 384 * (warp ^ 1);
   const double* pair_a = xw + 384 * (warp & ~1);  // k step kb at pair_a + (kb / 2) 384 + ...
   const double slope = p.slopes != nullptr ? p.slopes[h] : 0.0;
-
   const int64_t nq = min(static_cast<int64_t>(tq), s.q_len - i0);
   LoadFragTile(q, p.hq, h, p.d, s.q_begin + i0, nq, tq, sq_tile);
   LoadRows(p.qn, p.hq, h, s.q_begin + i0, nq, tq, 0.0, rn);
   CopyCommit();
   double acc[NH][4];  // O's element (row g + 8 (e >> 1), column vc + 8 y + 2t + (e & 1))
-  ATTEST_UNROLL
-  for (int y = 0; y < NH; ++y) {
-    ATTEST_UNROLL
-    for (int e = 0; e < 4; ++e) acc[y][e] = 0;
-  }
+  ZeroAcc(acc);
   double m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, comp[2] = {0, 0};
   long long keys[2] = {0, 0}, tiles[2] = {0, 0};
   double mag = 0;
@@ -323,14 +362,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(32 * kWarps, 1)
       f[u] = 1.0;
       if (count[u] > 0 && mx[u] > m[u] && m[u] != -INFINITY) f[u] = exp(m[u] - mx[u]);
     }
-    ATTEST_UNROLL
-    for (int y = 0; y < 2; ++y) {
-      ATTEST_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const double pv = exp(c[y][e] - m_new[e >> 1]);
-        c[y][e] = count[e >> 1] > 0 && c[y][e] > -INFINITY ? pv : 0.0;
-      }
-    }
+    RowExps(m_new, count, c);
     // The warp's half of P as A fragments (AccumulatorsAsA: slot t + 4x holds key 2t + x).
     {
       double a[2][4];
@@ -344,13 +376,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(32 * kWarps, 1)
         dst[65] = a[y][3];
       }
     }
-    if (__ballot_sync(0xffffffffu, f[0] != 1.0 || f[1] != 1.0) != 0) {
-      ATTEST_UNROLL
-      for (int y = 0; y < NH; ++y) {
-        ATTEST_UNROLL
-        for (int e = 0; e < 4; ++e) acc[y][e] *= f[e >> 1];
-      }
-    }
+    RowRescaleAcc(f, acc);
     if (jn < end) {
       CopyWait<1>();
     } else {
@@ -372,15 +398,7 @@ __global__ void ATTEST_LAUNCH_BOUNDS(32 * kWarps, 1)
         TwoSumAdd(sum, cs, u == 0 ? a2 : a3);  // (x 1, u): A element 2 + u
       }
       QuadSum2(sum, cs);
-      if (count[u] > 0) {
-        double lr = l[u] * f[u], cr = comp[u] * f[u] + cs;
-        TwoSumAdd(lr, cr, sum);
-        l[u] = lr;
-        comp[u] = cr;
-        m[u] = m_new[u];
-        keys[u] += count[u];
-        tiles[u] += 1;
-      }
+      RowStatsAdd(sum, cs, f[u], m_new[u], count[u], m[u], l[u], comp[u], keys[u], tiles[u]);
     }
     // O += P V for the warp's columns (RowProductAdd's chains), A read per column group.
     RowProductAddOf<NH, 4>(
