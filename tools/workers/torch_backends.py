@@ -275,7 +275,6 @@ def njt_refusal(backend, lens_q, lens_k, causal=False, causal_align="bottom_righ
                 head_dim=16, head_dim_v=None):
     """None if `backend.run` (its --njt route) takes the packed problem of these lengths,
     forward and backward through autograd, else its error's last line."""
-    import warnings
     cq, ck = [0], [0]
     for a, b in zip(lens_q, lens_k):
         cq.append(cq[-1] + a)
@@ -285,9 +284,16 @@ def njt_refusal(backend, lens_q, lens_k, causal=False, causal_align="bottom_righ
                          seqlen_k=max(lens_k), causal=causal, causal_align=causal_align,
                          heads_q=heads_q, head_dim=head_dim, head_dim_v=dv)
     p["cu_seqlens_q"], p["cu_seqlens_k"] = cq, ck
+    return call_refusal(backend, p, ((cq[-1], heads_q, head_dim), (ck[-1], 2, head_dim),
+                                      (ck[-1], 2, dv)))
+
+
+def call_refusal(backend, p, shapes):
+    """None if `backend.run` takes the problem `p` on random q, k, v of these shapes, forward
+    and backward through autograd, else its error's last line."""
+    import warnings
     dt = TORCH_DTYPES[backend.dtype]
     g = torch.Generator().manual_seed(0)
-    shapes = ((cq[-1], heads_q, head_dim), (ck[-1], 2, head_dim), (ck[-1], 2, dv))
     q, k, v = (torch.randn(s, generator=g).to(dt).to(backend.device).requires_grad_(True)
                for s in shapes)
     try:
@@ -379,29 +385,11 @@ class SdpaPublic(SdpaMath):
     def refusal(self, **kw):
         """None if the public function takes the problem `kw` describes (forward, and backward
         through autograd), else its error's last line."""
-        import warnings
         p = _measure_problem(self.dtype, **kw)
-        dt = TORCH_DTYPES[self.dtype]
-        g = torch.Generator().manual_seed(0)
-        shapes = ((p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"]),
-                  (p["batch"], p["seqlen_k"], p["heads_kv"], p["head_dim"]),
-                  (p["batch"], p["seqlen_k"], p["heads_kv"], p["head_dim_v"]))
-        q, k, v = (torch.randn(s, generator=g).to(dt).to(self.device).requires_grad_(True)
-                   for s in shapes)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # SDPA warns why it declines; we keep the error
-                with torch.no_grad():
-                    self.run(p, q, k, v, need_lse=False)
-                with torch.enable_grad():
-                    o, _ = self.run(p, q, k, v, need_lse=False)
-                    torch.autograd.grad(o, (q, k, v), grad_outputs=torch.ones_like(o))
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - a refusal is what is measured
-            lines = f"{type(e).__name__}: {e}".strip().splitlines()
-            return lines[-1][:200] if lines else type(e).__name__
-        return None
+        return call_refusal(self, p, ((p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"]),
+                                      (p["batch"], p["seqlen_k"], p["heads_kv"], p["head_dim"]),
+                                      (p["batch"], p["seqlen_k"], p["heads_kv"],
+                                       p["head_dim_v"])))
 
     def caps(self):
         if self._caps is not None:
