@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # python_wheel.sh — builds the Python package's wheels (pyproject.toml: scikit-build-core and
 # nanobind, `pip wheel .`), repairs them with auditwheel so that they carry the shared libraries
-# they link (OpenBLAS, MPFR, GMP, fmt), and proves that a repaired wheel installs and runs in a
+# they link (MPFR, GMP, fmt), and proves that a repaired wheel installs and runs in a
 # fresh virtual environment that has none of the build's Python packages, loading those
 # libraries from the wheel and none from the system (python/tests/wheel_proof.py: the API, the
 # pytest plugin by its entry point, the `attest` command).
