@@ -152,6 +152,12 @@ def cli_equality(ref, work):
     link = os.path.join(ref_dir, "attest")
     if not os.path.lexists(link):
         os.symlink(os.path.abspath(ref), link)
+    # The one build-dependent output: the commit each build was configured at (--version,
+    # the reports' attest.commit). A CMake build older than the wheel's commit is stale.
+    versions = [run_cli(d, ["--version"], work).stdout for d in (wheel_dir, ref_dir)]
+    if versions[0] != versions[1]:
+        fail(f"the wheel is {versions[0]!r}, {ref} is {versions[1]!r}: build both from the "
+             "same commit (cmake --build after the last commit)")
     case = None
     case_from = {}  # side: the folder of the mutant's check, where it saved its cases
     codes = []
