@@ -30,13 +30,14 @@ if command -v ccache > /dev/null; then launcher=(env "CCACHE_BASEDIR=$PWD" ccach
 # header-only; BLAS is not needed (the oracle's products are its own).
 srcs=(tools/portability/oracle_digest.cc reference/oracle/oracle_common.cc
       reference/oracle/oracle_bound.cc reference/oracle/oracle_double.cc
-      reference/oracle/oracle_exp.cc reference/oracle/oracle_mp128.cc
+      reference/oracle/oracle_double_backward.cc reference/oracle/oracle_exp.cc reference/oracle/oracle_mp128.cc
       reference/oracle/oracle_mp256.cc reference/tensor.cc reference/dtype.cc
       reference/problem/problem.cc reference/problem/mask.cc reference/problem/tile_walk.cc
       reference/io/json.cc)
 # The oracle's flags for its float64 files (reference/oracle/CMakeLists.txt): aarch64 GCC
 # contracts a * b + c into an FMA by default, which these files must not.
-strict=" reference/oracle/oracle_double.cc reference/oracle/oracle_exp.cc "
+strict=" reference/oracle/oracle_double.cc reference/oracle/oracle_double_backward.cc"
+strict+=" reference/oracle/oracle_exp.cc "
 flags=(-std=c++20 -O2 -I. -DATTEST_ORACLE_HAVE_MPFR=0 -DFMT_HEADER_ONLY)
 jobs=()
 for src in "${srcs[@]}"; do
