@@ -81,10 +81,21 @@ Expected<CheckOutcome> RunCheckOnCase(Kernel& kernel, const std::string& kernel_
   if (!r.ok()) return r.error();
   CheckOutcome out;
   out.applicable = !r->report.verdicts.empty();
+  out.verdicts = static_cast<int64_t>(r->report.verdicts.size());
+  out.verdict_digest = VerdictDigest(r->report.verdicts);
   for (Verdict& v : r->report.verdicts) {
     if (!v.pass) out.failing.push_back(std::move(v));
   }
   return out;
+}
+
+std::string VerdictDigest(const std::vector<Verdict>& verdicts) {
+  std::string text;
+  for (const Verdict& v : verdicts) {
+    text += fmt::format("{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n", v.check, v.tensor, v.policy,
+                        v.pass ? 1 : 0, v.observed, v.allowed, v.margin, v.message);
+  }
+  return Sha256Hex(text).substr(0, 16);
 }
 
 std::filesystem::path FuzzCasePath(const std::filesystem::path& dir, const std::string& check,
@@ -171,6 +182,7 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
   if (options.cases.has_value() == options.seconds.has_value()) {
     return Error{"give exactly one of --cases and --time"};
   }
+  if (options.case_log && !options.out_dir) return Error{"--case-log needs --out DIR"};
   if (options.shard_count < 1 || options.shard_index < 0 ||
       options.shard_index >= options.shard_count) {
     return Error{fmt::format("--shard: {}/{} is not I/N with 0 <= I < N", options.shard_index,
@@ -188,6 +200,7 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
   report.shard_index = options.shard_index;
   report.shard_count = options.shard_count;
   report.cases_planned = options.cases;
+  report.gpu = options.gpu;
   for (const CheckInfo* c : *checks) StatsFor(report, c->name);
 
   FuzzOptions::Progress progress;
@@ -220,6 +233,7 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
     return true;
   };
 
+  std::string case_log;  // fuzz-cases.jsonl, written with the report
   int64_t n = options.shard_index;
   for (;; n += options.shard_count) {
     if (interrupted()) break;
@@ -241,6 +255,16 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
                                DescribeProblem(fc.c.problem), outcome.error().message)};
     }
     if (outcome->applicable) ++stats.judged;
+    if (options.case_log) {
+      case_log += nlohmann::json{{"index", n},
+                                 {"check", fc.check->name},
+                                 {"case", Sha256Hex(CaseToText(fc.c)).substr(0, 16)},
+                                 {"verdicts", outcome->verdicts},
+                                 {"failing", outcome->failing.size()},
+                                 {"digest", outcome->verdict_digest}}
+                      .dump() +
+                  "\n";
+    }
     bool counts = outcome->failed();
     if (counts && !BaselinePasses(options, *fc.check, fc.c)) {
       ++stats.baseline_failures;
@@ -272,6 +296,10 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
   report.next_index = n;
   report.seconds = Since(start);
   if (options.out_dir) {
+    if (options.case_log) {
+      if (Status s = WriteTextFile(*options.out_dir / kFuzzCaseLogFile, case_log); !s.ok())
+        return s.error();
+    }
     if (Status s =
             WriteTextFile(*options.out_dir / kFuzzReportFile, report.ToJson().dump(2) + "\n");
         !s.ok()) {
@@ -322,6 +350,7 @@ nlohmann::json FuzzReport::ToJson(bool with_timings) const {
   }
   if (with_timings) j["seconds"] = seconds;
   j["interrupted"] = interrupted.empty() ? nlohmann::json(nullptr) : nlohmann::json(interrupted);
+  if (!gpu.is_null()) j["gpu"] = gpu;
   return j;
 }
 
@@ -428,6 +457,51 @@ Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::pat
   } catch (const nlohmann::json::exception& e) {
     return Error{fmt::format("--merge: malformed fuzz report: {}", e.what())};
   }
+}
+
+Expected<std::optional<std::string>> MergeFuzzCaseLogs(
+    const std::vector<std::filesystem::path>& dirs) {
+  std::map<int64_t, std::string> lines;
+  size_t with_log = 0;
+  for (const auto& dir : dirs) {
+    const auto path = dir / kFuzzCaseLogFile;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) continue;
+    ++with_log;
+    ReadLimits limits;
+    limits.max_bytes = uint64_t{1} << 30;
+    limits.what = "fuzz case log";
+    auto text = ReadRegularFile(path.string(), limits);
+    if (!text) return text.error();
+    size_t start = 0, number = 0;
+    while (start < text->size()) {
+      size_t end = text->find('\n', start);
+      if (end == std::string::npos) end = text->size();
+      const std::string line = text->substr(start, end - start);
+      start = end + 1;
+      ++number;
+      int64_t index = -1;
+      try {
+        index = nlohmann::json::parse(line).at("index").get<int64_t>();
+      } catch (const nlohmann::json::exception& e) {
+        return Error{fmt::format("{}:{}: not a case-log line: {}", path.string(), number,
+                                 e.what())};
+      }
+      if (!lines.emplace(index, line).second) {
+        return Error{fmt::format("{}:{}: case {} is in another shard's log too", path.string(),
+                                 number, index)};
+      }
+    }
+  }
+  if (with_log == 0) return std::optional<std::string>{};
+  if (with_log != dirs.size()) {
+    return Error{fmt::format("--merge: {} of {} shard directories have a {} (run every shard "
+                             "with --case-log, or none)",
+                             with_log, dirs.size(), kFuzzCaseLogFile)};
+  }
+  std::string out;
+  for (const auto& [index, line] : lines) out += line + "\n";
+  return std::optional<std::string>(std::move(out));
 }
 
 }  // namespace attest

@@ -44,6 +44,14 @@ struct FuzzOptions {
   double shrink_min_margin = 0;
   int max_failures = 1;  // stop after this many failing cases (each one shrunk and saved)
   int oracle_threads = 1;
+  // Also write DIR/fuzz-cases.jsonl (needs out_dir): one line per case run, in index order,
+  // naming its check, the drawn case (the hash of its canonical text) and a digest of every
+  // verdict the check returned, so that shards merged can be compared with one unsharded run
+  // bit for bit (`attest fuzz --merge`, tools/campaign/shards.sh).
+  bool case_log = false;
+  // The GPU a job launcher's local rank chose (run/launcher.h GpuChoice::ToJson), recorded in
+  // the report as "gpu"; null where none was chosen.
+  nlohmann::json gpu;
   // Differential mode (mutation testing): a failure counts only when this kernel passes the
   // same (check, case); shrinking keeps that true. Cases that fail on both are counted in
   // FuzzCheckStats::baseline_failures and otherwise ignored.
@@ -100,6 +108,7 @@ struct FuzzReport {
   // "SIGINT" when a signal stopped the run (kernels/exec/children.h StopSignal): the report
   // then covers the cases run until then, and --merge still accepts it; "" otherwise.
   std::string interrupted;
+  nlohmann::json gpu;  // FuzzOptions::gpu
   // Deterministic part (no timings) as JSON; the file adds "seconds" fields.
   nlohmann::json ToJson(bool with_timings = true) const;
 };
@@ -120,6 +129,8 @@ Expected<std::vector<const CheckInfo*>> ResolveChecks(const std::vector<std::str
 struct CheckOutcome {
   bool applicable = false;
   std::vector<Verdict> failing;
+  int64_t verdicts = 0;        // every verdict the check returned
+  std::string verdict_digest;  // VerdictDigest of them
   bool failed() const { return !failing.empty(); }
 };
 Expected<CheckOutcome> RunCheckOnCase(Kernel& kernel, const std::string& kernel_spec, const Case& c,
@@ -135,9 +146,21 @@ std::filesystem::path FuzzCasePath(const std::filesystem::path& dir, const std::
                                    const Case& c);
 
 inline constexpr const char* kFuzzReportFile = "fuzz-report.json";
+inline constexpr const char* kFuzzCaseLogFile = "fuzz-cases.jsonl";
+
+// The first 16 hex digits of the SHA-256 of the verdicts' canonical text (check, tensor,
+// policy, pass, observed, allowed, margin in shortest round-trip form, message): equal
+// verdicts give equal digests on every machine.
+std::string VerdictDigest(const std::vector<Verdict>& verdicts);
 
 // Combines the fuzz-report.json files of shard runs (same kernel, seed, shard count and
 // --cases; distinct shard indices). The result lists missing shards under "missing_shards".
 Expected<nlohmann::json> MergeFuzzReports(const std::vector<std::filesystem::path>& dirs);
+
+// The shards' fuzz-cases.jsonl lines in index order: the text of one unsharded run's case log
+// when the shards cover its cases. nullopt when no shard wrote one; an error when some did and
+// some did not, or when a line is malformed or an index repeats.
+Expected<std::optional<std::string>> MergeFuzzCaseLogs(
+    const std::vector<std::filesystem::path>& dirs);
 
 }  // namespace attest

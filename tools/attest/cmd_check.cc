@@ -37,6 +37,7 @@ struct CheckCliOptions {
   std::string only_check;
   int threads = 0;
   std::string oracle_device = "auto";
+  std::string gpu = "auto";
   double time_budget_s = 0;  // 0: none
   bool timings = false;
   bool verbose = false;
@@ -93,6 +94,7 @@ int RunCheck(const CheckCliOptions& opt) {
                           !std::filesystem::is_directory(opt.out, ec)) {
     throw UsageError("--out " + opt.out + ": exists and is not a directory");
   }
+  const auto gpu = ApplyGpuOption(opt.gpu, opt.quiet, "check");
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
   ProgressLine progress(
@@ -110,6 +112,12 @@ int RunCheck(const CheckCliOptions& opt) {
   progress.Finish();
   if (!result.ok()) throw UsageError(result.error().message);
   Report& report = result->report;
+  if (gpu) {
+    std::string visible;
+    for (const auto& v : gpu->visible) visible += (visible.empty() ? "" : ",") + v;
+    report.gpu = Report::LauncherGpu{gpu->local_rank, gpu->rank_source, visible,
+                                     gpu->visible_source, gpu->chosen};
+  }
   const Verbosity verbosity = opt.quiet     ? Verbosity::kQuiet
                               : opt.verbose ? Verbosity::kVerbose
                                             : Verbosity::kDefault;
@@ -136,6 +144,7 @@ Runner SetupCheck(CLI::App& sub) {
   sub.add_option("--check", opt->only_check, "Run only the rows of this check");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Oracle threads (0: all cores)");
   sub.add_option("--oracle-device", opt->oracle_device, kOracleDeviceHelp)->capture_default_str();
+  AddGpuOption(sub, opt->gpu);
   AddSecondsOption(sub, "--time-budget", opt->time_budget_s,
                    "Wall-time budget of the suite: rows not started by then fail as not run");
   sub.add_flag("--timings", opt->timings, "Put wall times into the JSON report");

@@ -39,6 +39,8 @@ struct FuzzCliOptions {
   int max_failures = 1;
   bool no_shrink = false;
   bool quiet = false;
+  bool case_log = false;
+  std::string gpu = "auto";
 };
 
 // The run's progress (tools/attest/progress.h): cases done, rate, failures, shrinking.
@@ -67,6 +69,8 @@ int RunMerge(const FuzzCliOptions& opt) {
                              f["shard"].get<int64_t>(), f["message"].get<std::string>(),
                              f["repro"].get<std::string>());
   }
+  auto case_log = MergeFuzzCaseLogs(dirs);
+  if (!case_log.ok()) throw UsageError(case_log.error().message);
   if (!opt.out.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opt.out, ec);
@@ -74,6 +78,11 @@ int RunMerge(const FuzzCliOptions& opt) {
     if (Status s = WriteTextFile(path, j.dump(2) + "\n"); !s.ok())
       throw UsageError(s.error().message);
     std::cout << "wrote " << path.string() << "\n";
+    if (case_log->has_value()) {
+      const auto log = std::filesystem::path(opt.out) / kFuzzCaseLogFile;
+      if (Status s = WriteTextFile(log, **case_log); !s.ok()) throw UsageError(s.error().message);
+      std::cout << "wrote " << log.string() << "\n";
+    }
   }
   return j["failures"].empty() ? kExitPass : kExitFinding;
 }
@@ -88,23 +97,36 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
   if (opt.kernel.empty()) throw UsageError("--kernel is required (or --merge DIR...)");
   if ((opt.cases >= 0) == (opt.seconds >= 0))
     throw UsageError("give exactly one of --cases N and --time SEC");
-  std::smatch m;
-  static const std::regex kShard(R"(^(\d+)/(\d+)$)");
-  if (!std::regex_match(opt.shard, m, kShard)) {
-    throw UsageError("--shard: expected I/N (e.g. 0/4), got '" + opt.shard + "'");
-  }
   FuzzOptions fo;
+  if (opt.shard == "auto") {
+    auto shard = ShardFromLauncher(ProcessEnvironment());
+    if (!shard.ok()) throw UsageError("--shard auto: " + shard.error().message);
+    fo.shard_index = shard->index;
+    fo.shard_count = shard->count;
+    if (!opt.quiet) {
+      std::cerr << fmt::format("attest fuzz: shard {}/{} from {}\n", shard->index, shard->count,
+                               shard->source);
+    }
+  } else {
+    std::smatch m;
+    static const std::regex kShard(R"(^(\d+)/(\d+)$)");
+    if (!std::regex_match(opt.shard, m, kShard)) {
+      throw UsageError("--shard: expected I/N (e.g. 0/4) or auto, got '" + opt.shard + "'");
+    }
+    auto count = ParseInteger(m[2].str(), 1, int64_t{1} << 40);
+    if (!count) throw UsageError("--shard: the count N: " + count.error().message);
+    auto index = ParseInteger(m[1].str(), 0, *count - 1);
+    if (!index) throw UsageError("--shard: the index I: " + index.error().message);
+    fo.shard_index = *index;
+    fo.shard_count = *count;
+  }
   fo.kernel_spec = opt.kernel;
   fo.seed = opt.seed;
   if (opt.cases >= 0) fo.cases = opt.cases;
   if (opt.seconds >= 0) fo.seconds = opt.seconds;
-  auto count = ParseInteger(m[2].str(), 1, int64_t{1} << 40);
-  if (!count) throw UsageError("--shard: the count N: " + count.error().message);
-  auto index = ParseInteger(m[1].str(), 0, *count - 1);
-  if (!index) throw UsageError("--shard: the index I: " + index.error().message);
-  fo.shard_index = *index;
-  fo.shard_count = *count;
   if (!opt.out.empty()) fo.out_dir = opt.out;
+  if (opt.case_log && opt.out.empty()) throw UsageError("--case-log needs --out DIR");
+  fo.case_log = opt.case_log;
   fo.checks = opt.checks;
   fo.limits.max_seqlen = opt.max_seqlen;
   for (const auto& g : opt.generators) {
@@ -119,6 +141,7 @@ int RunFuzzCli(const FuzzCliOptions& opt) {
   if (fo.max_failures < 1) throw UsageError("--max-failures: must be >= 1");
   if (fo.limits.max_seqlen < 2) throw UsageError("--max-seqlen: must be >= 2");
 
+  if (const auto gpu = ApplyGpuOption(opt.gpu, opt.quiet, "fuzz")) fo.gpu = gpu->ToJson();
   auto kernel = Kernels().Create(opt.kernel);
   if (!kernel.ok()) throw UsageError(kernel.error().message);
   std::unique_ptr<Kernel> baseline;
@@ -164,7 +187,10 @@ Runner SetupFuzz(CLI::App& sub) {
   AddIntegerOption(sub, "--cases", opt->cases, 1, int64_t{1} << 62,
                    "Number of cases (over all shards)");
   AddSecondsOption(sub, "--time", opt->seconds, "Wall-time budget in seconds, shrinking included (instead of --cases)");
-  sub.add_option("--shard", opt->shard, "I/N: run the cases n with n mod N = I (default 0/1)");
+  sub.add_option("--shard", opt->shard,
+                 "I/N: run the cases n with n mod N = I (default 0/1); auto: I/N from the job "
+                 "launcher (Slurm array or tasks, torchrun, MPI, a Kubernetes Indexed Job with "
+                 "ATTEST_SHARD_COUNT; docs/fuzz.md)");
   sub.add_option("--out", opt->out,
                  "Directory for <check>-<hash>.case.json files and fuzz-report.json");
   sub.add_option("--merge", opt->merge, "Combine the fuzz-report.json of these shard directories")
@@ -182,6 +208,10 @@ Runner SetupFuzz(CLI::App& sub) {
                  "Stop after this many failing cases (default 1)");
   sub.add_flag("--no-shrink", opt->no_shrink, "Save failing cases as drawn");
   sub.add_flag("--quiet", opt->quiet, "No progress output");
+  sub.add_flag("--case-log", opt->case_log,
+               "Also write DIR/fuzz-cases.jsonl: each case's check, case hash and verdict "
+               "digest (--merge joins the shards' logs; docs/fuzz.md)");
+  AddGpuOption(sub, opt->gpu);
   return [opt] { return RunFuzzCli(*opt); };
 }
 

@@ -2,6 +2,7 @@
 #include "tools/attest/command.h"
 
 #include <charconv>
+#include <iostream>
 #include <cmath>
 #include <limits>
 
@@ -84,6 +85,32 @@ CLI::Option* AddSecondsOption(CLI::App& app, const std::string& name, double& ta
         target = v;
       },
       help);
+}
+
+void AddGpuOption(CLI::App& app, std::string& target) {
+  app.add_option("--gpu", target,
+                 "auto: a process a job launcher started as one of several on a node "
+                 "(LOCAL_RANK, SLURM_LOCALID, ...) takes the visible GPU local_rank mod count "
+                 "(docs/fuzz.md \"Campaigns across GPUs\"); keep: leave CUDA_VISIBLE_DEVICES "
+                 "as it is")
+      ->check(CLI::IsMember({"auto", "keep"}))
+      ->capture_default_str();
+}
+
+std::optional<GpuChoice> ApplyGpuOption(const std::string& mode, bool quiet,
+                                        std::string_view command) {
+  if (mode != "auto") return std::nullopt;
+  auto choice = ApplyLauncherGpu();
+  if (!choice) throw UsageError("--gpu auto: " + choice.error().message);
+  if (choice->has_value() && !quiet) {
+    const GpuChoice& c = **choice;
+    std::string visible;
+    for (const auto& v : c.visible) visible += (visible.empty() ? "" : ",") + v;
+    std::cerr << fmt::format("attest {}: {}={} of {} GPUs ({} {}): GPU {}\n", command,
+                             c.rank_source, c.local_rank, c.visible.size(), c.visible_source,
+                             visible, c.chosen);
+  }
+  return *choice;
 }
 
 }  // namespace attest::cli

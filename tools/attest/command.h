@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "reference/status.h"
+#include "run/launcher.h"
 #include "run/usage_error.h"
 #include "verify/report/exit_codes.h"
 
@@ -38,6 +40,14 @@ CLI::Option* AddSecondsOption(CLI::App& app, const std::string& name, double& ta
                               const std::string& help);
 // Parses a whole word as an integer in [min, max]; the Error says what is wrong with it.
 Expected<int64_t> ParseInteger(std::string_view text, int64_t min, int64_t max);
+
+// `--gpu auto|keep` of `attest check` and `attest fuzz` (run/launcher.h). auto (the default):
+// a process a launcher started as one of several on a node (LOCAL_RANK, SLURM_LOCALID, ...)
+// narrows the visible GPUs to its own, and says so on stderr unless `quiet`; keep: the
+// environment is left as it is. Call before the kernel or the oracle touches a GPU.
+void AddGpuOption(CLI::App& app, std::string& target);
+std::optional<GpuChoice> ApplyGpuOption(const std::string& mode, bool quiet,
+                                        std::string_view command);
 
 using Runner = std::function<int()>;
 using Setup = std::function<Runner(CLI::App& sub)>;

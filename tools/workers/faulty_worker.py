@@ -28,6 +28,11 @@ except that a chosen request triggers a fault:
                  exit code 1) before replying
   widen          answers correctly, with every output widened exactly from float32 to float64
                  (a worker's container is not its precision)
+  history        answers correctly, except that every output element is one ulp higher when
+                 the count of forward requests this worker process served before is odd (a
+                 case's backward follows its forward's parity): its answer
+                 to a case depends on what the process ran before (tools/campaign/
+                 shards_test.sh: the merge of shards must then differ from one unsharded run)
   strides-ignored  answers as the NumPy worker, except that an input sent as a view
                  (docs/protocol.md "Views") is read as if it were contiguous: its storage's
                  first elements in row-major order (flash-attention #2665's class)
@@ -127,6 +132,16 @@ def main():
                 os._exit(0)
             continue
         handler = nw.forward if op == "forward" else nw.backward
+        if args.mode == "history":
+            served = getattr(main, "served", 0) - (op != "forward")
+            main.served = served + 1
+            outputs = handler(problem, aw.read_inputs(request))
+            if served % 2:
+                outputs = {k: np.nextafter(v, np.inf).astype(v.dtype) for k, v in outputs.items()}
+            aw.write_safetensors(request["outputs"], outputs)
+            proto.write('{"status": "ok"}\n')
+            proto.flush()
+            continue
         if args.mode == "widen":
             outputs = handler(problem, aw.read_inputs(request))
             aw.write_safetensors(request["outputs"],

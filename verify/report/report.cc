@@ -503,6 +503,13 @@ json ToJson(const Report& r) {
       {"coverage", coverage},
       {"timings", timings}};
   if (!r.oracle_device.empty()) out["oracle_device"] = r.oracle_device;
+  if (r.gpu) {
+    out["gpu"] = {{"local_rank", r.gpu->local_rank},
+                  {"local_rank_from", r.gpu->local_rank_from},
+                  {"visible", r.gpu->visible},
+                  {"visible_from", r.gpu->visible_from},
+                  {"chosen", r.gpu->chosen}};
+  }
   if (r.wall_times) out["seconds"] = r.seconds;
   return out;
 }

@@ -89,6 +89,17 @@ struct Report {
   std::string attest_commit;
   // Where the float64 oracle ran: "cpu" or "cuda" (empty: no oracle ran, attest compare).
   std::string oracle_device;
+  // The GPU a job launcher's local rank chose (run/launcher.h; `attest check --gpu auto`):
+  // the rank, the variable it came from, the visible GPUs (comma-separated), the variable
+  // that listed them, and the one taken. Unset where no launcher chose one.
+  struct LauncherGpu {
+    int64_t local_rank = 0;
+    std::string local_rank_from;
+    std::string visible;
+    std::string visible_from;
+    std::string chosen;
+  };
+  std::optional<LauncherGpu> gpu;
 
   bool passed() const;
   int failures() const;  // failing verdicts
