@@ -232,6 +232,23 @@ void AddMaskMutants(const MutantList& add) {
        .problem = Case(Case(32, 80), [](Problem& p) { p.causal = true; }),
        .generator = Gaussian(108),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "causal-bottom-right",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "causal aligned bottom-right where the API documents top-left, the mirror of "
+              "causal-top-left (SDPA's flash route on nested jagged tensors: docs/findings/"
+              "P3-njt-is-causal-alignment.md)",
+       .change = "claims causal_top_left_only; problem fault kCausalBottomRight",
+       .bug_class = "window-causal",
+       .problem_fault = ProblemFault::kCausalBottomRight,
+       .claims_causal_top_left_only = true,
+       .problem = Case(Case(32, 80),
+                       [](Problem& p) {
+                         p.causal = true;
+                         p.causal_align = CausalAlign::kTopLeft;
+                       }),
+       .generator = Gaussian(108),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
 }
 
 // -- Score modifiers --
@@ -584,6 +601,9 @@ Problem ApplyProblemFault(const Problem& p, ProblemFault fault) {
     case ProblemFault::kCausalTopLeft:
       if (out.causal) out.causal_align = CausalAlign::kTopLeft;
       break;
+    case ProblemFault::kCausalBottomRight:
+      if (out.causal) out.causal_align = CausalAlign::kBottomRight;
+      break;
     case ProblemFault::kScaleIgnored:
       out.scale.reset();
       break;
@@ -595,6 +615,7 @@ MutantKernel::MutantKernel(const MutantSpec& spec) : MutantKernel(spec, MakePare
 
 MutantKernel::MutantKernel(const MutantSpec& spec, std::unique_ptr<Kernel> parent)
     : spec_(&spec), parent_(std::move(parent)), caps_(parent_->capabilities()) {
+  if (spec.claims_causal_top_left_only) caps_.causal_top_left_only = true;
   // The parent's tiles (the engine's defaults for a parent that is no engine model).
   if (const auto* flash = dynamic_cast<const Flash2Model*>(parent_.get())) {
     options_ = flash->options();

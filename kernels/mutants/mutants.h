@@ -36,6 +36,10 @@ enum class ProblemFault : uint8_t {
   kWindowRightClamped,
   // Causal aligned top-left (PyTorch SDPA is_causal) where bottom-right is meant.
   kCausalTopLeft,
+  // The mirror: causal aligned bottom-right (FlashAttention's convention) where the API
+  // documents top-left, as SDPA's flash route does on nested jagged tensors (docs/findings/
+  // P3-njt-is-causal-alignment.md).
+  kCausalBottomRight,
   // The problem's softmax scale ignored: the kernel always uses 1/sqrt(D) (a kernel author's
   // function that takes `scale` and never reads it; MLA's 1/sqrt(192) on D = 128 is where it
   // shows first).
@@ -72,6 +76,9 @@ struct MutantSpec {
   // heads-major [B, H, S, D] storage (mutants_test), not as fresh contiguous tensors.
   bool heads_major_inputs = false;
   bool vary_dq_order = false;
+  // Claims `causal_top_left_only` (kernels/kernel.h) beside the parent's capabilities: an API
+  // whose only causal form is top-left (SDPA's is_causal on nested jagged tensors).
+  bool claims_causal_top_left_only = false;
   // The documented case.
   Problem problem{};
   GeneratorSpec generator{};
