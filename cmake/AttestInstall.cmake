@@ -28,7 +28,11 @@ install(FILES ${PROJECT_SOURCE_DIR}/tools/workers/attest_worker.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_backends_common.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_backends_fa.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_backends_flex.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_backends_lse.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_backends_cudnn_fp8.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_call.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_export.py
+              ${PROJECT_SOURCE_DIR}/tools/workers/torch_export_script.py
               ${PROJECT_SOURCE_DIR}/tools/workers/torch_probe.py
               ${PROJECT_SOURCE_DIR}/tools/workers/fa4_masks.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/attest/workers)

@@ -40,7 +40,8 @@ test -x "$prefix/bin/attest"
 # 4. The installed NumPy worker answers describe through the installed attest_worker.py.
 for w in attest_worker.py numpy_worker.py torch_worker.py torch_backends.py \
          torch_backends_common.py torch_backends_fa.py torch_backends_flex.py \
-         torch_backends_cudnn_fp8.py fa4_masks.py; do
+         torch_backends_lse.py torch_backends_cudnn_fp8.py fa4_masks.py torch_call.py \
+         torch_export.py torch_export_script.py; do
   test -f "$prefix/share/attest/workers/$w"
 done
 if python3 -c "import numpy" 2>/dev/null; then

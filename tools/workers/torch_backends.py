@@ -36,7 +36,6 @@ torch_backends_cudnn_fp8.py.
 """
 
 import inspect
-import math
 import sys
 
 import torch
@@ -47,11 +46,12 @@ from torch_backends_common import (  # noqa: F401  (re-exported: callers use tb.
     ENTRY, entry, TORCH_DTYPES, to_torch, to_tensor, window_of, has_window, is_varlen,
     bottom_right, diagonal_rules, square_everywhere, extra_masks, any_mask, covers, dense_visible,
     packed_visible, padded_visible, additive, alibi_bias, padded_extent, cu_tensor, lse_to_attest,
-    Backend,
+    sdpa_mask, sdpa_route, Backend,
 )
 from torch_backends_fa import FlashAttn
 from torch_backends_cudnn_fp8 import CudnnFp8
 from torch_backends_flex import Flex, flex_mods  # noqa: F401
+from torch_backends_lse import SdpaFlashLse, SdpaEfficientLse, SdpaCudnnLse  # noqa: F401
 
 
 # ---- PyTorch SDPA: the math backend through the public function ----
@@ -94,7 +94,7 @@ class SdpaMath(Backend):
         self.last_call = call  # what `attest repro --export` renders (torch_export.py)
         return call.run(env), None
 
-    def describe_call(self, p, dtype):
+    def describe_call(self, p, dtype, need_lse=False, device=None):
         """The call run() makes, as data (torch_call.py): fn(q, k, v [B, H, S, D] views of
         attest's [B, S, H, D] inputs, attn_mask=, is_causal=, scale=[, enable_gqa=True]) inside
         context(), o transposed back; the result's first element where it is a tuple (a
@@ -249,28 +249,6 @@ class SdpaCallable(SdpaMath):
 MASK_FORMS = ("bool", "additive", "additive_f32")
 
 
-def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1):
-    """(attn_mask, is_causal) for an SDPA-style API: is_causal (top-left) when it is the whole
-    mask, else a [B, 1, Sq, Sk] boolean mask or an additive one (0 / -inf in the input dtype,
-    or in float32 for the form "additive_f32"); with ALiBi a [B, Hq, Sq, Sk] float32 additive
-    mask (-inf where hidden)."""
-    causal_only = (p.get("causal") and not has_window(p) and not extra_masks(p) and
-                   (not bottom_right(p) or p["seqlen_q"] == p["seqlen_k"]))
-    if allow_is_causal and causal_only and p.get("alibi_slopes") is None:
-        return None, True
-    if not any_mask(p) and p.get("alibi_slopes") is None:
-        return None, False
-    vis = dense_visible(p, device)[:, None]  # [B, 1, Sq, Sk]
-    if p.get("alibi_slopes") is not None:
-        bias = alibi_bias(p, device)[None]
-        return torch.where(vis, bias, torch.tensor(-math.inf, device=device)), False
-    if form == "bool":
-        return vis, False
-    if form == "additive_f32":
-        return additive(vis[:, 0], torch.float32, 1, align), False
-    return additive(vis[:, 0], dtype, 1, align), False
-
-
 def njt_refusal(backend, lens_q, lens_k, causal=False, causal_align="bottom_right", heads_q=2,
                 head_dim=16, head_dim_v=None):
     """None if `backend.run` (its --njt route) takes the packed problem of these lengths,
@@ -310,16 +288,6 @@ def call_refusal(backend, p, shapes):
         lines = f"{type(e).__name__}: {e}".strip().splitlines()
         return lines[-1][:200] if lines else type(e).__name__
     return None
-
-
-def sdpa_route(mask, is_causal):
-    if is_causal:
-        return "is_causal"
-    if mask is None:
-        return "no mask"
-    if type(mask).__name__ == "CausalBias":
-        return f"attn_mask CausalBias {mask.variant.name.lower()}"
-    return f"attn_mask {str(mask.dtype).replace('torch.', '')} {list(mask.shape)}"
 
 
 # ---- PyTorch SDPA's fused backends through the public function ----
@@ -461,173 +429,6 @@ class SdpaPublic(SdpaMath):
         self.refused = refused
         self._caps = c
         return dict(c)
-
-
-# ---- The private ops behind SDPA's fused backends, which return lse (the +lse backends) ----
-#
-# Extras beside the public routes above: the ops that SDPA's backends call, reached directly
-# with masks the adapter builds, so that the kernels' lse is judged too and packed batches go
-# through their cu_seqlens entries. Models do not call these; what PyTorch does between the
-# public function and these ops is judged only by sdpa-flash, sdpa-efficient and sdpa-cudnn.
-
-class SdpaFlashLse(Backend):
-    """sdpa-flash+lse: PyTorch's vendored FlashAttention-2, through the op SDPA's flash backend
-    and its nested (varlen) path call: aten._flash_attention_forward(q [B,S,H,D] or packed [T,H,D], k, v,
-    cum_seq_q, cum_seq_k, max_q, max_k, dropout, is_causal, return_debug_mask, scale,
-    window_size_left, window_size_right, seqused_k, alibi_slopes), which returns the
-    logsumexp. FlashAttention's conventions: bottom-right causal and windows, GQA by fewer kv
-    heads, one head dim for q, k and v (a multiple of 8 up to 256), lse = +inf on empty rows
-    (flash-attention's `softmax_lse` convention). It has no attn_mask, no softcap, and this
-    build refuses alibi_slopes.
-    On CPU it is PyTorch's CPU flash kernel, aten._scaled_dot_product_flash_attention_for_cpu
-    (q [B,H,S,D], is_causal top-left, an additive attn_mask, GQA, no varlen), so that this
-    adapter's paths run in CI without a GPU."""
-
-    name = "sdpa-flash+lse"
-
-    def caps(self):
-        c = self.base_caps(self.dtype)
-        if not self.cuda_api:
-            c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
-                      "block_sparse": True, "alibi": True, "gqa": True,
-                      "same_head_dim_v": True})
-            return c
-        # No ALiBi: "This flash attention build does not support alibi" (PyTorch 2.11's
-        # vendored FlashAttention-2, measured on the H200 by torch_probe.py).
-        c.update({"causal": True, "window": True, "gqa": True, "varlen": True,
-                  "same_head_dim_v": True, "causal_bottom_right_only": True,
-                  "head_dims": list(range(8, 257, 8)), "head_dims_v": list(range(8, 257, 8)),
-                  "empty_row_lse": "+inf"})
-        return c
-
-    def run(self, p, q, k, v, need_lse):
-        scale = aw.scale_of(p)
-        if not self.cuda_api:
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            mask, is_causal = sdpa_mask(p, self.device, q.dtype, "additive",
-                                        allow_is_causal=True)
-            self.route = "cpu flash, " + sdpa_route(mask, is_causal)
-            o, lse = entry("_scaled_dot_product_flash_attention_for_cpu")(
-                qt, kt, vt, 0.0, is_causal, attn_mask=mask, scale=scale)
-            return o.transpose(1, 2), lse_to_attest(lse, p) if need_lse else None
-        kw = {"scale": scale}
-        left, right = window_of(p)
-        if has_window(p):
-            kw["window_size_left"], kw["window_size_right"] = left, right
-        if p.get("alibi_slopes") is not None:
-            kw["alibi_slopes"] = torch.tensor(p["alibi_slopes"], dtype=torch.float32,
-                                              device=self.device)
-        causal = bool(p.get("causal"))
-        if is_varlen(p):
-            out = entry("_flash_attention_forward")(
-                q, k, v, cu_tensor(p["cu_seqlens_q"], self.device),
-                cu_tensor(p["cu_seqlens_k"], self.device), p["seqlen_q"], p["seqlen_k"], 0.0,
-                causal, False, **kw)
-        else:
-            out = entry("_flash_attention_forward")(
-                q, k, v, None, None, p["seqlen_q"], p["seqlen_k"], 0.0, causal, False, **kw)
-        self.route = "aten._flash_attention_forward" + (" varlen" if is_varlen(p) else "")
-        return out[0], lse_to_attest(out[1], p) if need_lse else None
-
-
-class SdpaEfficientLse(Backend):
-    """sdpa-efficient+lse: PyTorch's memory-efficient kernel (xformers' CUTLASS kernel) through
-    aten._efficient_attention_forward(q [B,S,H,D] or packed [1,T,H,D], k, v, bias,
-    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout, custom_mask_type,
-    compute_log_sumexp, scale, seqlen_k, window_size): causal in both alignments through
-    custom_mask_type (1: from the top left, 2: from the bottom right), every other mask rule
-    through the additive `bias` ([B, H, Sq, Sk] in the input dtype, its rows allocated
-    16-aligned as the kernel requires, -inf where hidden), varlen through cu_seqlens, Dv != D.
-    No GQA (the kernel takes one head count), no softcap, no ALiBi (a bias in the input dtype
-    cannot hold the slopes' distances exactly)."""
-
-    name = "sdpa-efficient+lse"
-
-    def caps(self):
-        c = self.base_caps(self.dtype)
-        # Head dims: multiples of 8 (D = 100: "cutlassF: no kernel found to launch!"), up to
-        # 320 as measured (torch_probe.py on the H200).
-        dims = list(range(8, 321, 8))
-        c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
-                  "block_sparse": True, "varlen": True, "head_dims": dims, "head_dims_v": dims})
-        return c
-
-    def run(self, p, q, k, v, need_lse):
-        # compute_log_sumexp is always on: the kernel's backward reads the forward's lse
-        # ("LSE is not correctly aligned" otherwise, seen on the H200).
-        scale = aw.scale_of(p)
-        # The kernel ANDs its causal mask with the bias, so a prefix (which overrides causal,
-        # docs/semantics.md section 3) goes into the bias whole.
-        causal = bool(p.get("causal")) and not p.get("prefix_lm")
-        mask_type = 0 if not causal else (2 if bottom_right(p) else 1)
-        bias = None
-        if has_window(p) or extra_masks(p):  # the bias holds every rule, causal included
-            vis = packed_visible(p, self.device)[None] if is_varlen(p) else \
-                dense_visible(p, self.device)
-            bias = additive(vis, q.dtype, p["heads_q"], align=16)
-        if is_varlen(p):
-            out = entry("_efficient_attention_forward")(
-                q[None], k[None], v[None], bias, cu_tensor(p["cu_seqlens_q"], self.device),
-                cu_tensor(p["cu_seqlens_k"], self.device), p["seqlen_q"], p["seqlen_k"], 0.0,
-                mask_type, True, scale=scale)
-            o = out[0][0]
-        else:
-            out = entry("_efficient_attention_forward")(
-                q, k, v, bias, None, None, None, None, 0.0, mask_type, True, scale=scale)
-            o = out[0]
-        self.route = (f"aten._efficient_attention_forward custom_mask_type {mask_type}" +
-                      (" + bias" if bias is not None else "") + (" varlen" if is_varlen(p) else ""))
-        return o, lse_to_attest(out[1], p) if need_lse else None
-
-
-class SdpaCudnnLse(Backend):
-    """sdpa-cudnn+lse: PyTorch's cuDNN kernel through aten._cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
-    compute_log_sumexp, dropout, is_causal, return_debug_mask, scale): q [B,H,S,D] (SDPA's
-    layout) or packed [T,H,D] with cumulative sequence lengths (SDPA's nested-tensor path),
-    is_causal (top-left) where it is the whole mask, every other rule through the additive
-    attn_bias ([B, 1, Sq, Sk] in the input dtype, -inf where hidden). GQA by fewer kv heads
-    and Dv != D as cuDNN's SDPA graph takes them."""
-
-    name = "sdpa-cudnn+lse"
-
-    def caps(self):
-        c = self.base_caps(self.dtype)
-        c.update({"causal": True, "window": True, "documents": True, "prefix_lm": True,
-                  "block_sparse": True, "gqa": True, "varlen": True,
-                  "head_dims": list(range(8, 257, 8)), "head_dims_v": list(range(8, 257, 8))})
-        return c
-
-    def run(self, p, q, k, v, need_lse):
-        scale = aw.scale_of(p)
-        if is_varlen(p):
-            causal_only = p.get("causal") and not has_window(p) and not extra_masks(p) and (
-                not bottom_right(p) or square_everywhere(p))
-            bias = None
-            if any_mask(p) and not causal_only:
-                # Per sequence, padded to [B, 1, max_q, max_k]: the layout the op expands a
-                # packed batch's bias to (its error on a [1, 1, total_q, total_k] bias).
-                bias = additive(padded_visible(p, self.device), q.dtype, 1, align=16)
-            causal = bool(causal_only)
-            # compute_log_sumexp always on: the backward reads the forward's stats.
-            out = entry("_cudnn_attention_forward")(
-                q, k, v, bias, cu_tensor(p["cu_seqlens_q"], self.device),
-                cu_tensor(p["cu_seqlens_k"], self.device), p["seqlen_q"], p["seqlen_k"],
-                True, 0.0, causal, False, scale=scale)
-            self.route = "aten._cudnn_attention_forward varlen" + (
-                " is_causal" if causal else "") + (" + bias" if bias is not None else "")
-            return out[0], lse_to_attest(out[1], p) if need_lse else None
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        # Bias rows 16-aligned, as SDPA's own mask preprocessing leaves them for its kernels.
-        mask, is_causal = sdpa_mask(p, self.device, q.dtype, "additive", allow_is_causal=True,
-                                    align=16)
-        self.route = "aten._cudnn_attention_forward " + sdpa_route(mask, is_causal)
-        out = entry("_cudnn_attention_forward")(
-            qt, kt, vt, mask, None, None, p["seqlen_q"], p["seqlen_k"], True, 0.0,
-            is_causal, False, scale=scale)
-        if out[0] is None:  # the op's answer, reported as such (seen for Sq = Sk = 0)
-            raise RuntimeError("aten._cudnn_attention_forward returned no output tensor (None) "
-                               f"for B{p['batch']} Sq{p['seqlen_q']} Sk{p['seqlen_k']}")
-        return out[0].transpose(1, 2), lse_to_attest(out[1], p) if need_lse else None
 
 
 # ---- Any function in attest's own layout ----

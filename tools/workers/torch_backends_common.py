@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import attest_worker as aw
+import torch_call as tc
 
 # ---- The kernels' entry points ----
 
@@ -216,6 +217,24 @@ def cu_tensor(values, device):
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
+def dtype_attr(dtype):
+    """A torch dtype as a call description (torch_call.Attr): torch.bfloat16."""
+    return tc.Attr("torch", str(dtype).replace("torch.", ""), obj=dtype)
+
+
+def bias_call(vis, dtype, heads, align):
+    """The additive bias `additive(vis, dtype, heads, align)` as a call description: built in
+    the exported script by this module's own `additive` from the boolean `vis` it carries, so
+    that the script passes the same aligned view the adapter passed."""
+    return tc.Invoke(tc.Func(additive, modules=("math",)), tc.Data("visible", vis),
+                     dtype_attr(dtype), heads, align=align)
+
+
+def lse_call(out, p):
+    """lse_to_attest(out, p) as a call description over `out` (the call's result)."""
+    return tc.Invoke(tc.Func(lse_to_attest, deps=(is_varlen,)), out, tc.Global("PROBLEM", p))
+
+
 def lse_to_attest(lse, p):
     """A kernel's lse as attest's layout: [B, Hq, Sq] dense, [Hq, total_q] packed. Accepts the
     layouts kernels write: [B, H, Sq] (or padded past Sq), [B, H, Sq, 1] (cuDNN), packed
@@ -237,12 +256,51 @@ def lse_to_attest(lse, p):
         if lse.dim() == 2 and lse.shape == (total, hq):
             return lse.t()
         if lse.dim() == 3 and lse.shape[0] == p["batch"]:  # [B, H, max_q], per sequence
-            return torch.cat([lse[b, :, :ql] for b, (_, ql, _, _) in
-                              enumerate(aw.sequences(p))], dim=1)
+            cq = p["cu_seqlens_q"]
+            return torch.cat([lse[b, :, :cq[b + 1] - cq[b]] for b in range(p["batch"])],
+                             dim=1)
         raise ValueError(f"lse of shape {list(lse.shape)}: no known packed layout")
     if lse.dim() == 3 and lse.shape[:2] == (p["batch"], hq) and lse.shape[2] >= p["seqlen_q"]:
         return lse[:, :, :p["seqlen_q"]]
     raise ValueError(f"lse of shape {list(lse.shape)}: no known layout")
+
+
+# ---- SDPA-style masks ----
+
+def sdpa_mask(p, device, dtype, form, allow_is_causal, align=1, describe=False):
+    """(attn_mask, is_causal) for an SDPA-style API: is_causal (top-left) when it is the whole
+    mask, else a [B, 1, Sq, Sk] boolean mask or an additive one (0 / -inf in the input dtype,
+    or in float32 for the form "additive_f32"); with ALiBi a [B, Hq, Sq, Sk] float32 additive
+    mask (-inf where hidden). With `describe`, an additive mask comes as its call description
+    (torch_backends_common.bias_call), which the caller evaluates."""
+    causal_only = (p.get("causal") and not has_window(p) and not extra_masks(p) and
+                   (not bottom_right(p) or p["seqlen_q"] == p["seqlen_k"]))
+    if allow_is_causal and causal_only and p.get("alibi_slopes") is None:
+        return None, True
+    if not any_mask(p) and p.get("alibi_slopes") is None:
+        return None, False
+    vis = dense_visible(p, device)[:, None]  # [B, 1, Sq, Sk]
+    if p.get("alibi_slopes") is not None:
+        bias = alibi_bias(p, device)[None]
+        return torch.where(vis, bias, torch.tensor(-math.inf, device=device)), False
+    if form == "bool":
+        return vis, False
+    make = bias_call if describe else additive
+    if form == "additive_f32":
+        return make(vis[:, 0], torch.float32, 1, align), False
+    return make(vis[:, 0], dtype, 1, align), False
+
+
+def sdpa_route(mask, is_causal):
+    if isinstance(mask, tc.Invoke):  # a description (sdpa_mask describe=True)
+        mask = tc.evaluate(mask, {})
+    if is_causal:
+        return "is_causal"
+    if mask is None:
+        return "no mask"
+    if type(mask).__name__ == "CausalBias":
+        return f"attn_mask CausalBias {mask.variant.name.lower()}"
+    return f"attn_mask {str(mask.dtype).replace('torch.', '')} {list(mask.shape)}"
 
 
 class Backend:

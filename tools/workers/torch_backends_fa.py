@@ -104,33 +104,51 @@ class FlashAttn(Backend):
             kw["return_attn_probs"] = True
         return kw
 
-    def describe_call(self, p, dtype, need_lse=False):
-        """The padded batch's call as data (torch_call.py): fn(q, k, v, **kwargs) on attest's
-        own [B, S, H, D] layout, as run() makes it; the result's first element is o. (A
-        FlashAttention-4 mask_mod is a CuTe function: rendering such a call fails, and the
-        export says so.)"""
+    def describe_call(self, p, dtype, need_lse=False, device=None):
+        """The call run() makes, as data (torch_call.py): fn(q, k, v, **kwargs) on attest's
+        own [B, S, H, D] layout, or for a packed batch the varlen function with
+        cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k= as well; o the result's
+        first element, lse (with need_lse) its second in attest's layout. (A FlashAttention-4
+        mask_mod is a CuTe function: rendering such a call fails, and the export says so.)"""
+        device = self.device if device is None else device
         kw = self._kwargs(p, need_lse)
-        target = tc.Attr(getattr(self.fn, "__module__", None) or "__main__",
-                         getattr(self.fn, "__qualname__", None) or repr(self.fn), obj=self.fn)
+        if isinstance(kw.get("alibi_slopes"), tc.Data):
+            kw["alibi_slopes"].tensor = kw["alibi_slopes"].tensor.to(device)
+        fn = self.fn
+        if is_varlen(p):
+            fn = self.varlen_fn
+            kw = dict({"cu_seqlens_q": tc.Data("cu_seqlens_q", cu_tensor(p["cu_seqlens_q"],
+                                                                         device)),
+                       "cu_seqlens_k": tc.Data("cu_seqlens_k", cu_tensor(p["cu_seqlens_k"],
+                                                                         device)),
+                       "max_seqlen_q": p["seqlen_q"], "max_seqlen_k": p["seqlen_k"]}, **kw)
+        target = tc.Attr(getattr(fn, "__module__", None) or "__main__",
+                         getattr(fn, "__qualname__", None) or repr(fn), obj=fn)
+        if need_lse:
+            return tc.Call(target, [tc.Ref("q"), tc.Ref("k"), tc.Ref("v")], kw,
+                           output=tc.Invoke(tc.Func(fa_first), tc.Ref("out")),
+                           lse=tc.Invoke(FA_LSE, tc.Ref("out"), tc.Global("PROBLEM", p)))
         return tc.Call(target, [tc.Ref("q"), tc.Ref("k"), tc.Ref("v")], kw,
-                       first_of_tuple=not need_lse)
+                       first_of_tuple=True)
 
     def run(self, p, q, k, v, need_lse):
+        call = self.describe_call(p, q.dtype, need_lse)
+        self.last_call = call  # what `attest repro --export` renders (torch_export.py)
         if is_varlen(p):
-            kw = {n: tc.evaluate(x, {}) for n, x in self._kwargs(p, need_lse).items()}
-            out = self.varlen_fn(q, k, v, cu_seqlens_q=cu_tensor(p["cu_seqlens_q"], self.device),
-                                 cu_seqlens_k=cu_tensor(p["cu_seqlens_k"], self.device),
-                                 max_seqlen_q=p["seqlen_q"], max_seqlen_k=p["seqlen_k"], **kw)
             self.route += ", varlen"
-        else:
-            call = self.describe_call(p, q.dtype, need_lse)
-            self.last_call = call  # what `attest repro --export` renders (torch_export.py)
-            out = call.run({"q": q, "k": k, "v": v})
-        if isinstance(out, (tuple, list)):
-            o, lse = out[0], (out[1] if len(out) > 1 else None)
-        else:
-            o, lse = out, None
-        if need_lse and lse is None:
-            raise ValueError("the function returned no lse")
-        return o, lse_to_attest(lse, p) if need_lse else None
+        return call.run_both({"q": q, "k": k, "v": v})
 
+
+def fa_first(out):
+    """o: the result's first element where it is a tuple."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def fa_lse(out, p):
+    """lse, the result's second element, in attest's layout; an error where there is none."""
+    if not isinstance(out, (tuple, list)) or len(out) < 2 or out[1] is None:
+        raise ValueError("the function returned no lse")
+    return lse_to_attest(out[1], p)
+
+
+FA_LSE = tc.Func(fa_lse, deps=(is_varlen, lse_to_attest))

@@ -1,12 +1,14 @@
 """FlexAttention adapters of tools/workers/torch_backends.py (flex-triton and flex-flash): the
 problem's rules as FlexAttention mask and score functions (flex_mods), and the Flex backend."""
 
-import numpy as np
 import torch
 
 import attest_worker as aw
+import torch_call as tc
 from torch_backends_common import (window_of, is_varlen, bottom_right, any_mask, padded_extent,
                                    cu_tensor, Backend)
+
+FLEX = "torch.nn.attention.flex_attention"
 
 # ---- FlexAttention (Triton, or FlashAttention-4 as its FLASH backend) ----
 
@@ -68,9 +70,9 @@ def flex_mods(p, device):
         seq_q = torch.full((q_pad,), n_seq, dtype=torch.int32, device=device)
         seq_k = torch.full((k_pad,), n_seq + 1, dtype=torch.int32, device=device)
         seq_q[:tq] = torch.repeat_interleave(torch.arange(n_seq, device=device),
-                                             torch.tensor(np.diff(cq), device=device)).int()
+                                             torch.tensor(cq, device=device).diff()).int()
         seq_k[:tk] = torch.repeat_interleave(torch.arange(n_seq, device=device),
-                                             torch.tensor(np.diff(ck), device=device)).int()
+                                             torch.tensor(ck, device=device).diff()).int()
         start_q = cu_tensor(list(cq) + [tq], device)
         start_k = cu_tensor(list(ck) + [tk], device)
         len_q = start_q[1:] - start_q[:-1]
@@ -123,6 +125,11 @@ def flex_mods(p, device):
     return mask_mod, score_mod, batch, sq, sk
 
 
+# What the exported script defines to run flex_mods (torch_call.Func): it and what it calls.
+FLEX_MODS = tc.Func(flex_mods, deps=(window_of, is_varlen, bottom_right, any_mask,
+                                     padded_extent, cu_tensor))
+
+
 class Flex(Backend):
     """torch.nn.attention.flex_attention under torch.compile, `kernel_options={"BACKEND":
     B}` with B = TRITON (flex-triton) or FLASH (flex-flash: FlexAttention's FlashAttention-4
@@ -140,26 +147,46 @@ class Flex(Backend):
         self.create_block_mask = fa_mod.create_block_mask
         self.aux = fa_mod.AuxRequest(lse=True)
         self.eager = self.device.type == "cpu"
+        self.dynamic = {"auto": False if backend == "FLASH" else None, "true": True,
+                        "false": False}[getattr(args, "flex_dynamic", None) or "auto"]
+        for x in self.prelude():
+            tc.evaluate(x, {})
+        wrap = self.wrap()
+        self.flex = fa_mod.flex_attention if wrap is None else \
+            tc.evaluate(wrap, {"fn": fa_mod.flex_attention})
+
+    def prelude(self):
+        """torch.compile as users call it: by default (--flex-dynamic auto) flex-triton gets
+        PyTorch's default (the first shape is compiled static and the first recompile makes
+        the changing sizes dynamic, so a suite of many shapes compiles a few kernels, not one
+        per shape) and flex-flash is compiled static, because its FLASH backend refuses
+        dynamic shapes (PyTorch 2.11 raises "NYI: score_mod or mask_mod captures a dynamic
+        scalar" once a size becomes symbolic; docs/gpu-results.md). "true"/"false" force
+        dynamic=True/False for both. Past dynamo's recompile limit a compiled function
+        silently falls back to eager (FlexAttention's reference path, not the kernel under
+        test): the limits are raised so that every call stays compiled. As descriptions
+        (torch_call.py) of the statements, run once here and written into an exported
+        repro.py."""
+        if self.eager:
+            return []
         import torch._dynamo as dynamo
-        # torch.compile as users call it: by default (--flex-dynamic auto) flex-triton gets
-        # PyTorch's default (the first shape is compiled static and the first recompile makes
-        # the changing sizes dynamic, so a suite of many shapes compiles a few kernels, not one
-        # per shape) and flex-flash is compiled static, because its FLASH backend refuses
-        # dynamic shapes (PyTorch 2.11 raises "NYI: score_mod or mask_mod captures a dynamic
-        # scalar" once a size becomes symbolic; docs/gpu-results.md). "true"/"false" force
-        # dynamic=True/False for both. Past dynamo's recompile limit a compiled function
-        # silently falls back to eager (FlexAttention's reference path, not the kernel under
-        # test): the limits are raised so that every call stays compiled.
-        for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                     "accumulated_recompile_limit"):
-            if hasattr(dynamo.config, knob):
-                setattr(dynamo.config, knob, 4096)
-        dynamic = {"auto": False if backend == "FLASH" else None, "true": True,
-                   "false": False}[getattr(args, "flex_dynamic", None) or "auto"]
-        if dynamic is False:
-            dynamo.config.automatic_dynamic_shapes = False
-        self.flex = (fa_mod.flex_attention if self.eager else
-                     torch.compile(fa_mod.flex_attention, dynamic=dynamic))
+        config = tc.Attr("torch._dynamo", "config", obj=dynamo.config)
+        setattr_ = tc.Attr("builtins", "setattr", obj=setattr)
+        out = [tc.Invoke(setattr_, config, knob, 4096)
+               for knob in ("cache_size_limit", "recompile_limit",
+                            "accumulated_cache_size_limit", "accumulated_recompile_limit")
+               if hasattr(dynamo.config, knob)]
+        if self.dynamic is False:
+            out.append(tc.Invoke(setattr_, config, "automatic_dynamic_shapes", False))
+        return out
+
+    def wrap(self):
+        """torch.compile(flex_attention, dynamic=...) as a description over Ref("fn"); None
+        on CPU (eager)."""
+        if self.eager:
+            return None
+        return tc.Invoke(tc.Attr("torch", "compile", obj=torch.compile), tc.Ref("fn"),
+                         dynamic=self.dynamic)
 
     def caps(self):
         c = self.base_caps(self.dtype)
@@ -177,32 +204,48 @@ class Flex(Backend):
         # grad, so no graph is kept.
         return torch.enable_grad()
 
-    def run(self, p, q, k, v, need_lse):
-        mask_mod, score_mod, batch, sq, sk = flex_mods(p, self.device)
-        if is_varlen(p):
-            qt, kt, vt = (x[None].transpose(1, 2).contiguous() for x in (q, k, v))
-        else:
-            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        block_mask = None
+    def describe_call(self, p, dtype, need_lse=False, device=None):
+        """The call run() makes, as data (torch_call.py): flex_mods(PROBLEM, q.device) (written
+        into the script from its source), create_block_mask(mask_mod, B, None, Sq, Sk,
+        device=str(q.device)) where there is a mask, then fn(q, k, v as [B, H, S, D]
+        contiguous (packed: one sequence [1, H, T, D]), score_mod=, block_mask=, scale=,
+        enable_gqa=[, kernel_options={"BACKEND": B}][, return_aux=AuxRequest(lse=True)]), fn
+        being flex_attention through wrap()."""
+        device = self.device if device is None else device
+        mask_mod, score_mod, batch, sq, sk = flex_mods(p, device)
+        qdev = tc.Getattr(tc.Ref("q"), "device")
+        setup = [("mods", tc.Invoke(FLEX_MODS, tc.Global("PROBLEM", p), qdev))]
         if mask_mod is not None:
-            block_mask = self.create_block_mask(mask_mod, batch, None, sq, sk,
-                                                device=str(self.device))
-        kw = {"score_mod": score_mod, "block_mask": block_mask, "scale": float(aw.scale_of(p)),
-              "enable_gqa": p["heads_q"] != p["heads_kv"]}
+            setup.append(("block_mask", tc.Invoke(
+                tc.Attr(FLEX, "create_block_mask", obj=self.create_block_mask),
+                tc.Index(tc.Ref("mods"), 0), batch, None, sq, sk,
+                device=tc.Invoke(tc.Attr("builtins", "str", obj=str), qdev))))
+        views = []
+        for n in ("q", "k", "v"):
+            x = tc.Index(tc.Ref(n), None) if is_varlen(p) else tc.Ref(n)
+            views.append(tc.Method(tc.Method(x, "transpose", 1, 2), "contiguous"))
+        kw = {"score_mod": tc.Index(tc.Ref("mods"), 1) if score_mod is not None else None,
+              "block_mask": tc.Ref("block_mask") if mask_mod is not None else None,
+              "scale": float(aw.scale_of(p)), "enable_gqa": p["heads_q"] != p["heads_kv"]}
         if not self.eager:
             kw["kernel_options"] = {"BACKEND": self.flex_backend}
-        self.route = f"flex_attention {self.flex_backend if not self.eager else 'eager'}" + (
-            " + block_mask" if block_mask is not None else "") + (
-            " + score_mod" if score_mod is not None else "")
+        o, lse = tc.Ref("out"), None
         if need_lse:
-            o, aux = self.flex(qt, kt, vt, return_aux=self.aux, **kw)
-            lse = aux.lse
-        else:
-            o, lse = self.flex(qt, kt, vt, **kw), None
+            kw["return_aux"] = tc.Invoke(tc.Attr(FLEX, "AuxRequest", obj=type(self.aux)),
+                                         lse=True)
+            o, lse = tc.Index(tc.Ref("out"), 0), tc.Getattr(tc.Index(tc.Ref("out"), 1), "lse")
         if is_varlen(p):
-            o = o[0].transpose(0, 1)
-            lse = lse[0] if lse is not None else None
+            o = tc.Method(tc.Index(o, 0), "transpose", 0, 1)
+            lse = tc.Index(lse, 0) if lse is not None else None
         else:
-            o = o.transpose(1, 2)
-        return o, lse
+            o = tc.Method(o, "transpose", 1, 2)
+        return tc.Call(tc.Attr(FLEX, "flex_attention"), views, kw, output=o, lse=lse,
+                       setup=setup, wrap=self.wrap(), prelude=self.prelude())
 
+    def run(self, p, q, k, v, need_lse):
+        call = self.describe_call(p, q.dtype, need_lse)
+        self.last_call = call  # what `attest repro --export` renders (torch_export.py)
+        self.route = f"flex_attention {self.flex_backend if not self.eager else 'eager'}" + (
+            " + block_mask" if "block_mask" in dict(call.setup) else "") + (
+            " + score_mod" if call.kwargs["score_mod"] is not None else "")
+        return call.run_both({"q": q, "k": k, "v": v}, fn=self.flex, wrapped=True)

@@ -16,6 +16,7 @@ another function with the same signature in the kernel's place.
 import json
 import os
 import platform
+import re
 import shutil
 
 import numpy as np
@@ -23,14 +24,16 @@ import torch
 
 import attest_worker as aw
 import torch_call as tc
+import torch_export_script as tes
 from torch_backends_common import to_torch
 
 # Inputs up to this many elements in all are written into repro.py; larger ones go to
 # inputs.safetensors beside it.
 INLINE_ELEMENTS = 4096
 
-# The checks whose rule the script can state as a comparison it makes itself.
-EXPORTABLE = ("accuracy", "gqa-mha", "determinism")
+# The checks whose rule the script can state as a comparison it makes itself, and the kernel
+# error (the call raises; the script raises it again).
+EXPORTABLE = ("accuracy", "gqa-mha", "determinism", "kernel-error")
 
 
 class NotExportable(Exception):
@@ -69,14 +72,9 @@ def _why_not(backend, verdict, problem):
     if not hasattr(backend, "describe_call"):
         return (f"the adapter {backend.name} does not describe its call as data "
                 f"(tools/workers/torch_call.py), so the script cannot render it")
-    if verdict["tensor"] not in ("o", "lse", "dq", "dk", "dv"):
+    if verdict["check"] != "kernel-error" and \
+            verdict["tensor"] not in ("o", "lse", "dq", "dk", "dv"):
         return f"the verdict judges {verdict['tensor']!r}, not an output tensor"
-    if verdict["tensor"] == "lse":
-        return "lse verdicts are not rendered (the script compares what the call returns first)"
-    if problem.get("cu_seqlens_q") is not None:
-        return "packed (varlen) batches are not rendered"
-    if problem.get("softcap"):
-        return "softcap is not rendered"
     if verdict["check"] == "gqa-mha" and problem["heads_q"] == problem["heads_kv"]:
         return "gqa-mha on a problem without GQA"
     return None
@@ -95,25 +93,33 @@ def export(folder, runner, dtype, device, fn_path=None, check=None, tensor=None)
     verdict = pick_verdict(report, check or meta.get("check"), tensor or meta.get("tensor"))
     backend = runner.backend
     why = _why_not(backend, verdict, problem)
-    if not why and runner.explicit_backward is not None and \
-            verdict["tensor"] in ("dq", "dk", "dv"):
+    if not why and runner.explicit_backward is not None and _backward(verdict):
         why = ("the gradients come from an explicit backward function, not from autograd "
                "through the call the script renders")
     if why:
         raise NotExportable(why)
     files = aw.read_safetensors(os.path.join(folder, "inputs.safetensors"))
     inputs = {n: to_torch(files[n], dtype, "cpu") for n in ("q", "k", "v", "do") if n in files}
-    calls = [("kernel_call", backend.describe_call(problem, inputs["q"].dtype))]
+    # The call as attest made it: with lse where its forward asked for one (the claim), without
+    # in a backward (autograd through the call, Runner.backward); its tensors on the CPU (the
+    # script moves them to its device).
+    need_lse = bool(runner.caps.get("lse", True)) and not _backward(verdict)
+    cpu = torch.device("cpu")
+    dt = inputs["q"].dtype
+    calls = [("kernel_call", backend.describe_call(problem, dt, need_lse=need_lse,
+                                                   device=cpu))]
     if verdict["check"] == "gqa-mha":
-        mha = backend.describe_call(dict(problem, heads_kv=problem["heads_q"]),
-                                    inputs["q"].dtype)
+        mha = backend.describe_call(dict(problem, heads_kv=problem["heads_q"]), dt,
+                                    need_lse=need_lse, device=cpu)
         for d in mha.data():
             d.name = "mha_" + d.name
         calls.append(("kernel_call_mha", mha))
     for _, call in calls:
         try:
-            call.source("f", set())
-        except TypeError as e:
+            call.source("f", tc.Sources())
+            call.wrap_source(tc.Sources())
+            call.prelude_source(tc.Sources())
+        except (TypeError, OSError) as e:
             raise NotExportable(f"the call has an argument with no source form ({e})")
     target = calls[0][1].target
     default_fn = fn_path or f"{target.module}:{target.name}"
@@ -146,6 +152,26 @@ def export(folder, runner, dtype, device, fn_path=None, check=None, tensor=None)
     return verdict
 
 
+def error_type(verdict):
+    """(class, message) of the exception a kernel-error verdict names ("... RuntimeError:
+    text"): the last such name in its message; (None, "") for other verdicts or where none is
+    named."""
+    if verdict["check"] != "kernel-error":
+        return None, ""
+    message = verdict.get("message") or ""
+    names = list(re.finditer(r"\b([A-Z]\w*(?:Error|Exception)): ", message))
+    if not names:
+        return None, ""
+    return names[-1].group(1), message[names[-1].end():].split("; last stderr line")[0]
+
+
+def _backward(verdict):
+    """Whether the verdict judges a backward: a gradient, or a kernel error in the backward."""
+    if verdict["check"] == "kernel-error":
+        return (verdict.get("message") or "").startswith("backward")
+    return verdict["tensor"] in ("dq", "dk", "dv")
+
+
 def _import_root(target):
     """The folder the target's top-level module is imported from, where it is not installed
     (site-packages) nor torch's: what the script puts on sys.path for its default function."""
@@ -164,7 +190,7 @@ def _import_root(target):
 
 _DTYPE_NAMES = {torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16",
                 torch.float32: "torch.float32", torch.float64: "torch.float64",
-                torch.bool: "torch.bool"}
+                torch.bool: "torch.bool", torch.int32: "torch.int32", torch.int64: "torch.int64"}
 
 
 def _codes(t):
@@ -172,6 +198,8 @@ def _codes(t):
     t = t.detach().to("cpu").contiguous()
     if t.dtype == torch.bool:
         return aw.Tensor(t.to(torch.uint8).numpy(), "U8")
+    if t.dtype in (torch.int32, torch.int64):
+        return aw.Tensor(t.numpy(), "I32" if t.dtype == torch.int32 else "I64")
     if t.dtype == torch.bfloat16:
         return aw.Tensor(t.view(torch.int16).numpy().view(np.uint16), "BF16")
     name = {torch.float16: "F16", torch.float32: "F32", torch.float64: "F64"}[t.dtype]
@@ -188,6 +216,8 @@ def _literal(t):
         chunks = [bits[i:i + 80] for i in range(0, len(bits), 80)] or [""]
         body = "\n".join(f"        {c!r}" for c in chunks)
         return f"_mask(\n{body},\n        {shape})"
+    if t.dtype in (torch.int32, torch.int64):
+        return f"torch.tensor({t.tolist()!r}, dtype={_DTYPE_NAMES[t.dtype]})"
     words = [tc.render(float(x), set()) for x in t.double().reshape(-1).tolist()]
     lines, line = [], ""
     for w in words:
@@ -225,16 +255,23 @@ def rule_in_words(verdict, problem):
                 f"{what}, within {verdict['policy']}")
     if c == "determinism":
         return f"two identical calls must return bitwise-equal {t}"
+    if c == "kernel-error":
+        return ("a call on a problem the kernel accepts must answer without raising an "
+                "error; it raised one in the " +
+                ("backward" if (verdict.get("message") or "").startswith("backward")
+                 else "forward"))
     return verdict.get("message", "")
 
 
 def _script(problem, verdict, meta, inputs, calls, default_fn, device, path_root, folder):
-    imports = {"torch"}
+    imports = tc.Sources({"torch"})
     call_lines = []
     data = []
     for name, call in calls:
         call_lines += call.source(name, imports) + ["", ""]
         data += call.data()
+    wrap = calls[0][1].wrap_source(imports)
+    prelude = calls[0][1].prelude_source(imports)
     tensors = dict(inputs)
     for d in data:
         tensors[d.name] = d.tensor
@@ -266,25 +303,34 @@ def _script(problem, verdict, meta, inputs, calls, default_fn, device, path_root
                                            "margin", "message")}
     v_short["worst"] = worst
     v_short["where"] = _where(worst)
+    if verdict["check"] == "kernel-error":
+        title = f"the call raises an error ({meta.get('case_label') or 'attest case'})"
+        saw = f"attest {meta['attest_version']} saw: {verdict.get('message')}"
+    else:
+        title = f"{verdict['check']} fails on {tensor} ({meta.get('case_label') or 'attest case'})"
+        saw = (f"attest {meta['attest_version']} saw {tensor} = "
+               f"{_num(worst and worst.get('observed'))} where "
+               f"{'the reference is' if verdict['check'] == 'accuracy' else 'the relation predicts'} "
+               f"{_num(worst and worst.get('reference'))} at {_where(worst)}: |error| "
+               f"{_num(verdict.get('observed'))}, allowed {_num(verdict.get('allowed'))}.")
+    no_wrap = "" if wrap is None else (
+        f"\n    python3 repro.py --fn M:F --no-wrap  M:F called as it is, not through {wrap}")
     header = f"""#!/usr/bin/env python3
-\"\"\"{meta.get('kernel_label') or meta['kernel']}: {verdict['check']} fails on {tensor} \
-({meta.get('case_label') or 'attest case'}).
+\"\"\"{meta.get('kernel_label') or meta['kernel']}: {title}.
 
 Rule: {rule_in_words(verdict, problem)}.
-attest {meta['attest_version']} saw {tensor} = {_num(worst and worst.get('observed'))} where \
-{'the reference is' if verdict['check'] == 'accuracy' else 'the relation predicts'} \
-{_num(worst and worst.get('reference'))} at {_where(worst)}: |error| \
-{_num(verdict.get('observed'))}, allowed {_num(verdict.get('allowed'))}.
+{saw}
 
 Written by `attest repro --export`; needs PyTorch and the kernel's own module only{'' if inline else ' (and safetensors, for inputs.safetensors beside it)'}.
     python3 repro.py                        exit 1 while the finding reproduces, 0 once not
+                                            (2: the call raised where a value was judged)
     python3 repro.py --fn MODULE:FUNCTION   the same call on another function with the same
-                                            signature (or ATTEST_REPRO_FN=MODULE:FUNCTION)
+                                            signature (or ATTEST_REPRO_FN=MODULE:FUNCTION){no_wrap}
 \"\"\"
 """
     body = [header, "import argparse", "import importlib", "import os", "import platform",
             "import sys", ""]
-    body += [f"import {m}" for m in sorted(imports)]
+    body += [f"import {m}" for m in sorted(imports) if m != "builtins"]
     body += ["", "",
              "# The case: attest's problem object (its case file's \"problem\"), and attest's "
              "verdict.",
@@ -298,16 +344,24 @@ Written by `attest repro --export`; needs PyTorch and the kernel's own module on
              f"FN_PATH = {[path_root] if path_root else []!r}  # where DEFAULT_FN is "
              "imported from",
              f"DEVICE = {str(device)!r}",
+             f"HAS_LSE = {calls[0][1].lse is not None!r}  # the call returns (o, lse)",
+             f"ERROR_TYPE = {error_type(verdict)[0]!r}  # the exception attest saw (kernel-error)",
+             f"ERROR_TEXT = {error_type(verdict)[1]!r}  # its message",
              "", ""]
-    body += _HELPERS.splitlines() + ["", ""]
+    body += tes.HELPERS.splitlines() + ["", ""]
+    if imports.defs:
+        body += ["# The functions of attest's adapters that the call runs, as their source "
+                 "(tools/workers/", "# torch_backends_*.py; torch_call.Func).", ""]
+        for src in imports.defs.values():
+            body += src.rstrip().splitlines() + ["", ""]
     body += load + ["", ""]
     body += ["# The call attest made: rendered from the call description its adapter "
              "executes", "# (tools/workers/torch_backends.py describe_call).", ""]
     body += call_lines
-    body += _REFERENCE.splitlines() + ["", ""]
+    body += tes.REFERENCE.splitlines() + ["", ""]
     data_names = [d.name for d in calls[0][1].data()]
     mha_names = [d.name for d in calls[1][1].data()] if len(calls) > 1 else []
-    body += _main(verdict, data_names, mha_names).splitlines()
+    body += tes.main_source(verdict, data_names, mha_names, wrap, prelude).splitlines()
     out["text"] = "\n".join(body).rstrip() + "\n"
     out["call_source"] = "\n".join(call_lines).rstrip() + "\n"
     return out
@@ -322,200 +376,6 @@ def _pyjson(obj):
     return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(obj.items())) + "}"
 
 
-_HELPERS = '''def _values(values, shape, dtype):
-    return torch.tensor(values, dtype=torch.float64).reshape(shape).to(dtype)
-
-
-def _mask(bits, shape):
-    return torch.tensor([c == "1" for c in bits], dtype=torch.bool).reshape(shape)
-
-
-def resolve(name, path):
-    """MODULE:FUNCTION, imported with `path` first on sys.path."""
-    module, _, qualname = name.partition(":")
-    sys.path[:0] = [p for p in path if p not in sys.path]
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def print_environment():
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    print(f"python {platform.python_version()}, torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}, cuDNN {cudnn}, GPU {gpu}, {platform.platform()}")'''
-
-_REFERENCE = '''def visible(device):
-    """Boolean [B, Sq, Sk]: may query i see key j, under the case's mask rules (attest's
-    docs/semantics.md; reference/problem/mask.h): the causal and window band around the
-    diagonal i + off (off = Sk - Sq aligned bottom-right, 0 top-left), a prefix every query
-    sees, then documents and blocks."""
-    p = PROBLEM
-    b, sq, sk = p["batch"], p["seqlen_q"], p["seqlen_k"]
-    off = sk - sq if p.get("causal_align", "bottom_right") == "bottom_right" else 0
-    left, right = p.get("window") or [-1, -1]
-    if p.get("causal"):
-        right = 0 if right < 0 else min(right, 0)
-    i = torch.arange(sq, device=device)[:, None]
-    j = torch.arange(sk, device=device)[None, :]
-    band = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left >= 0:
-        band &= j >= i + off - left
-    if right >= 0:
-        band &= j <= i + off + right
-    vis = (band | (j < (p.get("prefix_lm") or 0)))[None].repeat(b, 1, 1)
-    if p.get("document_ids_q") is not None:
-        dq = torch.tensor(p["document_ids_q"], device=device)[:, :, None]
-        dk = torch.tensor(p["document_ids_k"], device=device)[:, None, :]
-        vis &= dq == dk
-    sparse = p.get("block_sparse")
-    if sparse is not None:
-        allowed = torch.zeros(sq // sparse["block_q"] + 2, sk // sparse["block_k"] + 2,
-                              dtype=torch.bool, device=device)
-        for qb, kb in sparse["blocks"]:
-            if qb < allowed.shape[0] and kb < allowed.shape[1]:
-                allowed[qb, kb] = True
-        vis &= allowed[i // sparse["block_q"], j // sparse["block_k"]][None]
-    return vis
-
-
-def reference(q, k, v, do):
-    """float64 attention in attest's layout (q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D]): o, lse
-    and, with do, the gradients by autograd. Query head h reads kv head h // (Hq / Hkv);
-    ALiBi adds -slope_h * |i + off - j| to the scaled scores; a row that sees no key gives
-    o = 0, lse = -inf."""
-    p = PROBLEM
-    q, k, v = (x.detach().double().requires_grad_(do is not None) for x in (q, k, v))
-    r = q.shape[2] // k.shape[2]
-    qh = q.transpose(1, 2)
-    kh = k.transpose(1, 2).repeat_interleave(r, dim=1)
-    vh = v.transpose(1, 2).repeat_interleave(r, dim=1)
-    scale = p["scale"] if p.get("scale") is not None else q.shape[-1] ** -0.5
-    s = (qh @ kh.transpose(-1, -2)) * scale
-    sq, sk = s.shape[-2:]
-    if p.get("alibi_slopes") is not None:
-        off = sk - sq if p.get("causal_align", "bottom_right") == "bottom_right" else 0
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        slopes = torch.tensor(p["alibi_slopes"], dtype=torch.float64, device=q.device)
-        s = s - slopes[:, None, None] * (i + off - j).abs().double()
-    s = s.masked_fill(~visible(q.device)[:, None], float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(s - m)
-    total = e.sum(-1, keepdim=True)
-    prob = e / torch.where(total > 0, total, torch.ones_like(total))
-    o = (prob @ vh).transpose(1, 2)
-    out = {"o": o.detach(), "lse": (m + torch.log(total)).squeeze(-1).detach()}
-    if do is not None:
-        out["dq"], out["dk"], out["dv"] = torch.autograd.grad(o, (q, k, v), do.double())
-    return out
-
-
-def run_kernel(call, fn, q, k, v, do, data, grads):
-    """The kernel's outputs: o (under no_grad, as attest's forward ran), or with `grads` the
-    gradients by autograd through the same call with dO = do, as attest's backward ran."""
-    if not grads:
-        with torch.no_grad():
-            return {"o": call(fn, q, k, v, **data)}
-    q, k, v = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    o = call(fn, q, k, v, **data)
-    dq, dk, dv = torch.autograd.grad(o, (q, k, v), grad_outputs=do)
-    return {"o": o.detach(), "dq": dq, "dk": dk, "dv": dv}
-
-
-def compare(got, expected, allowed):
-    """|got - expected| at the element attest reported (VERDICT["worst"]["flat"], the
-    row-major index into the tensor in attest's layout), against attest's allowance there;
-    the whole tensor's largest |error| is printed for information. True: the finding holds."""
-    if tuple(got.shape) != tuple(expected.shape):
-        print(f"{TENSOR}: shape {list(got.shape)} where {list(expected.shape)} is expected")
-        return True
-    g = got.detach().double().cpu().contiguous().reshape(-1)
-    e = expected.detach().double().cpu().contiguous().reshape(-1)
-    both = torch.isfinite(g) & torch.isfinite(e)
-    diff = torch.where(both, (g - e).abs(), torch.zeros_like(g))
-    bad = (~both & ~((g == e) | (g.isnan() & e.isnan()))).sum().item()
-    at = int(diff.argmax())
-    print(f"whole tensor: largest |error| {diff.max().item():.6g} at flat index {at}; "
-          f"{bad} element(s) non-finite on one side only")
-    worst = VERDICT["worst"]
-    if worst is None:
-        print(f"attest reported no location; the script compares the largest |error| with "
-              f"{allowed:.6g}")
-        return bad > 0 or diff.max().item() > allowed
-    flat = worst["flat"]
-    a, b = g[flat].item(), e[flat].item()
-    same = a == b or (a != a and b != b)
-    err = abs(a - b) if (both[flat] or same) else float("inf")
-    print(f"{TENSOR} at {VERDICT['where']} (flat index {flat}): kernel {a!r}, expected {b!r}, "
-          f"|error| {err:.6g}, allowed {allowed:.6g} ({VERDICT['policy']})")
-    return not err <= allowed'''
-
-
-def _main(verdict, data_names, mha_names):
-    data = "{" + ", ".join(f"{n!r}: t[{n!r}]" for n in data_names) + "}"
-    mha = "{" + ", ".join(f"{n[4:]!r}: t[{n!r}]" for n in mha_names) + "}"
-    grads = verdict["tensor"] in ("dq", "dk", "dv")
-    check = verdict["check"]
-    lines = ['def main():',
-             '    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])',
-             '    ap.add_argument("--fn", default=os.environ.get("ATTEST_REPRO_FN") or '
-             'DEFAULT_FN,',
-             '                    help="MODULE:FUNCTION called in the kernel\'s place '
-             '(default: %(default)s)")',
-             '    ap.add_argument("--path", action="append", default=[],',
-             '                    help="a folder to import MODULE from")',
-             '    ap.add_argument("--device", default=DEVICE)',
-             '    args = ap.parse_args()',
-             '    if args.fn is None:',
-             '        ap.error(f"the kernel ({KERNEL}) is not importable by name: pass --fn '
-             'MODULE:FUNCTION")',
-             '    print_environment()',
-             '    fn = resolve(args.fn, args.path + (FN_PATH if args.fn == DEFAULT_FN else []))',
-             '    print(f"function: {args.fn}")',
-             '    t = load_inputs(args.device)',
-             '    q, k, v, do = t["q"], t["k"], t["v"], t.get("do")',
-             '    print(f"rule: {RULE}")',
-             '    print(f"attest: {VERDICT[\'message\']}")',
-             f'    got = run_kernel(kernel_call, fn, q, k, v, do, {data}, {grads})[TENSOR]']
-    if check == "accuracy":
-        lines += ['    expected = reference(q, k, v, do)[TENSOR]',
-                  '    failed = compare(got, expected, VERDICT["allowed"])']
-    elif check == "gqa-mha":
-        lines += [
-            '    # MHA: the same call with k and v repeated per group (query head h reads kv '
-            'head',
-            '    # h // r), then for dk and dv the sum over each group\'s query heads in '
-            'float64.',
-            '    r = q.shape[2] // k.shape[2]',
-            '    k2, v2 = (x.repeat_interleave(r, dim=2) for x in (k, v))',
-            f'    other = run_kernel(kernel_call_mha, fn, q, k2, v2, do, {mha}, {grads})'
-            '[TENSOR]',
-            '    if TENSOR in ("dk", "dv"):',
-            '        b, s, h, d = other.shape',
-            '        other = other.double().reshape(b, s, h // r, r, d).sum(3)',
-            '    ref = reference(q, k, v, do)[TENSOR]',
-            '    if VERDICT["worst"] is not None:',
-            '        print(f"float64 reference there: '
-            '{ref.contiguous().reshape(-1)[VERDICT[\'worst\'][\'flat\']].item()!r}")',
-            '    failed = compare(got, other, VERDICT["allowed"])']
-    else:  # determinism
-        lines += [f'    again = run_kernel(kernel_call, fn, q, k, v, do, {data}, {grads})'
-                  '[TENSOR]',
-                  '    differ = (got.contiguous().view(-1).view(torch.uint8) != '
-                  'again.contiguous().view(-1).view(torch.uint8)).sum().item()',
-                  '    print(f"{TENSOR}: {differ} byte(s) differ between two identical calls")',
-                  '    failed = differ > 0']
-    lines += ['    print("FINDING REPRODUCES" if failed else "finding does not reproduce")',
-              '    return 1 if failed else 0',
-              '', '',
-              'if __name__ == "__main__":',
-              '    sys.exit(main())']
-    return "\n".join(lines)
-
-
 def _report(problem, verdict, meta, script, calls, has_data):
     worst = verdict.get("worst") or {}
     env = meta.get("environment") or environment()
@@ -524,19 +384,22 @@ def _report(problem, verdict, meta, script, calls, has_data):
     embed = text if len(text) <= 60000 else None
     rel = "the relation's prediction" if verdict["check"] != "accuracy" else \
         "the float64 reference"
+    what = ("the call raises an error" if verdict["check"] == "kernel-error" else
+            f"{verdict['check']} fails on {verdict['tensor']}")
     lines = [
-        f"# {meta.get('kernel_label') or meta['kernel']}: {verdict['check']} fails on "
-        f"{verdict['tensor']}",
+        f"# {meta.get('kernel_label') or meta['kernel']}: {what}",
         "",
         f"**Case.** {meta.get('case_label') or ''} (`case.json`: "
         f"{_shape(problem)}).",
         "",
         f"**Rule.** {rule_in_words(verdict, problem)}.",
         "",
-        f"**Expected vs actual.** At {_where(worst or None)} of {verdict['tensor']}: the kernel "
-        f"returned {_num(worst.get('observed'))}, {rel} is {_num(worst.get('reference'))}; "
-        f"|error| {_num(verdict.get('observed'))} where attest allows "
-        f"{_num(verdict.get('allowed'))} ({verdict.get('policy')}).",
+        (f"**Expected vs actual.** An answer is expected; the call raised: "
+         f"{verdict.get('message')}" if verdict["check"] == "kernel-error" else
+         f"**Expected vs actual.** At {_where(worst or None)} of {verdict['tensor']}: the "
+         f"kernel returned {_num(worst.get('observed'))}, {rel} is "
+         f"{_num(worst.get('reference'))}; |error| {_num(verdict.get('observed'))} where "
+         f"attest allows {_num(verdict.get('allowed'))} ({verdict.get('policy')})."),
         "",
         f"**What the script compares.** {_compares(verdict)}",
         "",
@@ -581,6 +444,11 @@ def _report(problem, verdict, meta, script, calls, has_data):
 def _compares(verdict):
     t = verdict["tensor"]
     worst = verdict.get("worst")
+    if verdict["check"] == "kernel-error":
+        return ("nothing: it makes the call (" +
+                ("forward, then the backward by autograd"
+                 if (verdict.get("message") or "").startswith("backward") else "forward") +
+                ") and fails while the call raises; it prints the exception.")
     if verdict["check"] == "determinism":
         return f"{t} of two identical calls, byte for byte; any difference fails."
     expected = ("the float64 reference computed in the script" if verdict["check"] == "accuracy"
