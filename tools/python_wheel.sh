@@ -6,7 +6,8 @@
 # libraries from the wheel and none from the system (python/tests/wheel_proof.py: the API, the
 # pytest plugin by its entry point, the `attest` command).
 #
-# Usage: tools/python_wheel.sh [--abi3] [--cli ATTEST] [--chroot DIR] [OUT_DIR]
+# Usage: tools/python_wheel.sh [--abi3] [--cuda-oracle auto|on|off] [--cli ATTEST] [--chroot DIR]
+#                              [OUT_DIR]
 #   (no --abi3)  the cp311 wheel, built by tools/bootstrap's build/venv (CPython 3.11);
 #                OUT_DIR defaults to build/wheel-dist
 #   --abi3       the cp312-abi3 wheel (stable ABI: one wheel for CPython 3.12 and later,
@@ -16,6 +17,12 @@
 #                abi3audit (every Python symbol it imports is in 3.12's stable ABI) and proven in
 #                a fresh venv of every CPython >= 3.12 found; OUT_DIR defaults to
 #                build/wheel-dist-abi3. Exit 77 where no CPython >= 3.12 is found.
+#   --cuda-oracle auto|on|off  the CUDA oracle in the wheel (ATTEST_WHEEL_CUDA_ORACLE,
+#                reference/oracle/cuda/CMakeLists.txt): auto (the default, as `pip install .`)
+#                where nvcc is found, on (nvcc required), off (a CPU-only wheel). Where the wheel
+#                has it, the script checks that auditwheel kept it and that it needs no CUDA
+#                library but the driver's (its NEEDED entries), and the proof that the package
+#                loads it
 #   --cli ATTEST the CMake build's tools/attest/attest: the wheel's `attest` must give the same
 #                exit codes, outputs and files (wheel_proof.py's COMMANDS)
 #   --chroot DIR also prove the wheel inside DIR, a chroot of another distribution with python3
@@ -26,11 +33,16 @@
 # earlier builds. The test venvs get NumPy and pytest from PyPI or pip's cache.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-abi3=0 cli="" chroot="" out_arg=""
+abi3=0 cli="" chroot="" out_arg="" cuda_oracle=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --abi3) abi3=1 ;;
     --cli) cli="$(realpath "$2")"; shift ;;
+    --cuda-oracle)
+      case "$2" in auto|on|off) cuda_oracle="$2" ;;
+        *) echo "python_wheel.sh: --cuda-oracle $2: not auto, on or off" >&2; exit 2 ;;
+      esac
+      shift ;;
     --chroot) chroot="$2"; shift ;;
     --make-chroot)
       dir="$2"; start=$SECONDS
@@ -97,7 +109,7 @@ rm -rf "$out/raw" "$out/repaired" "$out"/venv* "$out/proof"
 # name, so that only the same name reuses the main build's objects.
 export CC="${CC:-cc}" CXX="${CXX:-c++}"
 "$py" -m pip wheel "$root" --no-build-isolation --no-deps -q -w "$out/raw" \
-  -C build-dir="$out/build"
+  -C build-dir="$out/build" -C cmake.define.ATTEST_WHEEL_CUDA_ORACLE="${cuda_oracle^^}"
 raw="$(ls "$out"/raw/attest-*.whl)"
 echo "built $(basename "$raw") with $("$py" --version) in $((SECONDS - start)) s"
 if [ "$abi3" = 1 ]; then
@@ -112,6 +124,48 @@ PATH="$root/build/venv/bin:$PATH" "$root/build/venv/bin/python3" -m auditwheel r
 wheel="$(ls "$out"/repaired/attest-*.whl)"
 echo "repaired: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 
+# 2b. The CUDA oracle: in the wheel as --cuda-oracle says (auto: where nvcc is, as CMake finds
+# it), kept by auditwheel (loaded with dlopen, it is no extension's dependency), and needing
+# at run time the C and C++ runtimes (which manylinux allows) and, through the static CUDA
+# runtime's own dlopen, the driver's libcuda.so.1: no libcudart or other CUDA library.
+has_oracle=no
+case "$cuda_oracle" in
+  on) has_oracle=yes ;;
+  auto) { command -v nvcc || [ -x /usr/local/cuda/bin/nvcc ]; } > /dev/null && has_oracle=yes ;;
+esac
+oracle_tmp="$out/oracle-check"
+rm -rf "$oracle_tmp" && mkdir -p "$oracle_tmp"
+"$py" - "$wheel" "$oracle_tmp" <<'PY'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for i in z.infolist():
+    if i.filename == "attest/libattest_oracle_cuda.so":
+        z.extract(i, sys.argv[2])
+        print(f"  {i.filename}: {i.file_size} bytes, {i.compress_size} in the wheel")
+PY
+oracle_so="$oracle_tmp/attest/libattest_oracle_cuda.so"
+if [ "$has_oracle" = yes ]; then
+  [ -f "$oracle_so" ] || { echo "python_wheel.sh: no CUDA oracle in $wheel" >&2; exit 1; }
+  needed="$(readelf -d "$oracle_so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | xargs)"
+  for lib in $needed; do
+    case "$lib" in
+      libstdc++.so.6|libgcc_s.so.1|libc.so.6|libm.so.6|ld-linux-x86-64.so.2) ;;
+      *) echo "python_wheel.sh: the CUDA oracle needs $lib (NEEDED: $needed)" >&2; exit 1 ;;
+    esac
+  done
+  grep -q "libcuda\.so\.1" "$oracle_so" ||
+    { echo "python_wheel.sh: the CUDA oracle does not name libcuda.so.1" >&2; exit 1; }
+  echo "  NEEDED: $needed; libcuda.so.1 opened by the static CUDA runtime"
+  # auditwheel show reads every ELF file of the wheel, the oracle's too: its platform tag.
+  show="$(PATH="$root/build/venv/bin:$PATH" "$root/build/venv/bin/python3" -m auditwheel show \
+          "$wheel" 2>&1 | tr '\n' ' ')"
+  [[ "$show" =~ tag:\ \"([a-z0-9_]+)\" ]] ||
+    { echo "python_wheel.sh: auditwheel show: $show" >&2; exit 1; }
+  echo "  auditwheel show: the wheel, the CUDA oracle included, is ${BASH_REMATCH[1]}"
+else
+  [ ! -f "$oracle_so" ] || { echo "python_wheel.sh: a CUDA oracle in $wheel" >&2; exit 1; }
+fi
+
 # 3. abi3audit: every CPython symbol the stable-ABI module imports belongs to the stable ABI
 # of 3.12 or older (PEP 384, PEP 652: Misc/stable_abi.toml), and none is newer than its tag.
 if [ "$abi3" = 1 ]; then
@@ -125,8 +179,9 @@ prove() {  # prove PYTHON NAME [wheel_proof.py options]
   "$python" -m venv "$out/venv-$name"
   "$out/venv-$name/bin/python3" -m pip install -q --disable-pip-version-check "$wheel" \
     "$pytest_pin"
-  env -u PYTHONPATH -u LD_LIBRARY_PATH "$out/venv-$name/bin/python3" \
-    "$root/python/tests/wheel_proof.py" --work "$out/proof/$name" "$@"
+  env -u PYTHONPATH -u LD_LIBRARY_PATH -u ATTEST_ORACLE_CUDA "$out/venv-$name/bin/python3" \
+    "$root/python/tests/wheel_proof.py" --work "$out/proof/$name" \
+    --cuda-oracle "$has_oracle" "$@"
 }
 cli_args=()
 [ -n "$cli" ] && cli_args=(--cli "$cli")
@@ -146,7 +201,8 @@ if [ -n "$chroot" ]; then
   else
     stage="$chroot/tmp/attest-wheel"
     rm -rf "$stage" && mkdir -p "$stage"
-    cp "$wheel" "$root/python/tests/wheel_proof.py" "$stage/"
+    cp "$wheel" "$root/python/tests/wheel_proof.py" "$root/tools/workers/numpy_worker.py" \
+      "$root/tools/workers/attest_worker.py" "$stage/"
     cp /etc/ssl/certs/ca-certificates.crt "$stage/ca.crt"  # pip behind this machine's proxy
     mountpoint -q "$chroot/proc" || { mount -t proc proc "$chroot/proc"; \
       trap 'umount "$chroot/proc"' EXIT; }
@@ -158,7 +214,8 @@ if [ -n "$chroot" ]; then
         python3 -m venv venv
         venv/bin/python3 -m pip install -q --disable-pip-version-check $(basename "$wheel") \
           $pytest_pin
-        venv/bin/python3 wheel_proof.py --work /tmp/attest-wheel/work"
+        venv/bin/python3 wheel_proof.py --work /tmp/attest-wheel/work \
+          --cuda-oracle $has_oracle --workers /tmp/attest-wheel"
   fi
 fi
 echo "python_wheel.sh: ok in $((SECONDS - start)) s"

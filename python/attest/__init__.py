@@ -19,7 +19,20 @@ import os
 import tempfile
 import warnings
 
-from . import _core
+
+def _point_at_cuda_oracle():
+    """A wheel built where nvcc was (docs/python.md "The CUDA oracle in the wheel") carries the
+    CUDA oracle beside this file: the loader (reference/oracle/cuda/oracle_cuda_host.h) is
+    pointed at it through ATTEST_ORACLE_CUDA, unless that names a library already. The
+    `attest` command of the wheel imports this package, so it finds the same copy."""
+    lib = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libattest_oracle_cuda.so")
+    if not os.environ.get("ATTEST_ORACLE_CUDA") and os.path.isfile(lib):
+        os.environ["ATTEST_ORACLE_CUDA"] = lib
+
+
+_point_at_cuda_oracle()
+
+from . import _core  # noqa: E402  (after the environment the loader reads)
 from . import _kernel
 from .report import Report, Verdict
 

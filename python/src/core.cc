@@ -31,6 +31,7 @@
 #include "kernels/exec/children.h"
 #include "kernels/kernel.h"
 #include "reference/dtype.h"
+#include "reference/oracle/cuda/oracle_cuda_host.h"
 #include "reference/problem/problem.h"
 #include "run/build_info.h"
 #include "run/check_run.h"
@@ -450,6 +451,26 @@ NB_MODULE(_core, m) {
         "allow_skips"_a, "verbose"_a, "oracle_device"_a);
   m.def("suite_rows", &SuiteRows, "suite"_a, "capabilities_json"_a, "seed"_a);
   m.def("cli", &RunCli, "args"_a, "own_process"_a = false);
+  // Where the CUDA oracle's library is loaded from (the search of oracle_cuda_host.h) and
+  // whether it finds a GPU: {"library": path or "", "devices": n, "why": the reason for none}.
+  m.def("cuda_oracle", []() {
+    nb::dict out;
+    std::string library, why;
+    int devices = 0;
+    {
+      nb::gil_scoped_release release;
+      try {
+        library = CudaOracleLibrary();
+        devices = CudaDeviceCount(&why);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    out["library"] = library;
+    out["devices"] = devices;
+    out["why"] = why;
+    return out;
+  });
   m.def("kernel_capabilities", [](const std::string& spec) {
     std::unique_ptr<Kernel> kernel;
     {

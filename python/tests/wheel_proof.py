@@ -10,9 +10,17 @@
   4. the `attest` command on the venv's PATH is the command line: with --cli REF (the CMake
      build's tools/attest/attest), every command of COMMANDS below gives the same exit code,
      stdout, stderr and written files through both (wall times aside: WALL_TIMES), each run
-     as `attest` from PATH in a folder of its own.
+     as `attest` from PATH in a folder of its own;
+  5. the CUDA oracle (--cuda-oracle yes: the wheel was built with it): libattest_oracle_cuda.so
+     is in the package, the package points the loader at it (ATTEST_ORACLE_CUDA, set on
+     import) and the loader loads that file; with or without it, a kernel on CUDA (NumPy's
+     exec worker declaring "device": "cuda", --workers) is judged with the CPU oracle on a
+     machine without a GPU, the report saying `oracle_device: cpu` and the warning why, and
+     `--oracle-device cuda` is refused with the reason (exit 2) through the API and through
+     the `attest` command, which finds the same library.
 
-Usage: VENV/bin/python3 wheel_proof.py [--cli REF] [--work DIR]
+Usage: VENV/bin/python3 wheel_proof.py [--cli REF] [--work DIR] [--cuda-oracle yes|no]
+                                       [--workers DIR]
 Prints one line per step; exits 1 on the first difference."""
 
 import argparse
@@ -24,6 +32,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import warnings
 
 # The command line's subcommands, each run the same way through both binaries (in a folder of
 # its own, so that relative paths in their outputs are equal). {case} is a failing case the
@@ -107,6 +116,62 @@ def plugin(work):
          f"and none of them failing, {len(failed)} of the mutant failing ({tail})")
 
 
+def cuda_oracle(expected, workers, work):
+    import attest
+    lib = os.path.join(os.path.dirname(attest.__file__), "libattest_oracle_cuda.so")
+    env = os.environ.get("ATTEST_ORACLE_CUDA")
+    found = attest._core.cuda_oracle()
+    if expected:
+        if not os.path.isfile(lib) or env != lib or found["library"] != lib:
+            fail(f"CUDA oracle: {lib} present {os.path.isfile(lib)}, ATTEST_ORACLE_CUDA "
+                 f"{env!r}, the loader loads {found['library']!r} ({found['why']})")
+    elif os.path.exists(lib) or env is not None or found["library"]:
+        fail(f"a CPU-only wheel with a CUDA oracle: {lib} present {os.path.exists(lib)}, "
+             f"ATTEST_ORACLE_CUDA {env!r}, the loader loads {found['library']!r}")
+    if found["devices"] > 0:
+        step(f"CUDA oracle: {found['library']}, {found['devices']} GPU(s); the CPU-oracle "
+             "steps are for a machine without one")
+        return
+    # The reason the loader gives: with the wheel's library, its own words (the CUDA runtime's
+    # error without a driver or GPU); without it, that no library loads.
+    why = found["why"]
+    if expected != ("cudaGetDeviceCount" in why):
+        fail(f"CUDA oracle: the reason for no GPU is not the {'wheel' if expected else ''} "
+             f"library's: {why}")
+    bad = None
+    try:
+        attest.check("cpu/flash2-bf16", suite="quick", oracle_device="cuda")
+    except ValueError as e:
+        bad = str(e)
+    if not bad or why.split(":")[0] not in bad:
+        fail(f"oracle_device='cuda' without a GPU: {bad!r}")
+    r = run_cli(os.path.dirname(sys.executable), ["check", "--kernel", "cpu/flash2-bf16",
+                                                   "--suite", "quick", "--oracle-device",
+                                                   "cuda"], work)
+    if r.returncode != 2 or why.split(":")[0].encode() not in r.stderr:
+        fail(f"`attest check --oracle-device cuda` from PATH: exit {r.returncode}, "
+             f"{r.stderr[-500:]!r}")
+    worker = os.path.join(workers or "", "numpy_worker.py")
+    if not workers or not os.path.isfile(worker):
+        step(f"CUDA oracle: {found['library'] or 'none'} ({why}); no NumPy worker to judge "
+             "a kernel on CUDA with (--workers)")
+        return
+    spec = f"exec:{sys.executable} {worker} --declare-device cuda"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = attest.check(spec, suite="quick", only_check="accuracy")
+    notes = [str(w.message) for w in caught if "float64 oracle runs on the CPU" in str(
+        w.message)]
+    if report.data.get("oracle_device") != "cpu" or not notes or not report.passed:
+        fail(f"a kernel on CUDA without a GPU: oracle_device "
+             f"{report.data.get('oracle_device')!r}, warnings {notes}, {report.summary()}")
+    step(f"CUDA oracle: {'the wheel' if expected else 'none in the wheel'}"
+         f"{' (' + found['library'] + ')' if expected else ''}; no GPU here ({why}): a kernel "
+         f"on CUDA ({len(report.verdicts)} verdicts) is judged with oracle_device cpu and the "
+         "warning says why; --oracle-device cuda exits 2 with that reason from the API and "
+         "from `attest` on PATH")
+
+
 # Wall times, which differ between any two runs (the same binary's too): "(3.0 s)" in the
 # console report and the progress lines, "in 0.2 s (26.4 cases/s)" in fuzz's, time="..." in
 # JUnit, "seconds" in fuzz-report.json. Replaced before comparing; the check reports' JSON
@@ -126,6 +191,9 @@ def timeless(data):
 def run_cli(exe_dir, args, cwd):
     env = dict(os.environ, PATH=exe_dir + os.pathsep + os.environ.get("PATH", ""))
     env.pop("PYTHONPATH", None)
+    # Set by `import attest` in this process (the proof runs without it): the wheel's
+    # `attest` must find its CUDA oracle by itself.
+    env.pop("ATTEST_ORACLE_CUDA", None)
     return subprocess.run(["attest"] + args, cwd=cwd, env=env, capture_output=True)
 
 
@@ -200,12 +268,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", help="the CMake build's attest executable to compare with")
     ap.add_argument("--work", help="a folder for the runs' files (default: a temporary one)")
+    ap.add_argument("--cuda-oracle", choices=["yes", "no"], default="no",
+                    help="whether the wheel was built with the CUDA oracle")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--workers", default=os.path.join(here, "..", "..", "tools", "workers"),
+                    help="the folder of numpy_worker.py and attest_worker.py")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="attest-wheel-proof-")
     os.makedirs(work, exist_ok=True)
     os.chdir(work)  # not the source tree: `import attest` must find the installed package
     api_and_libraries()
     plugin(os.path.join(work, "plugin"))
+    cuda_oracle(a.cuda_oracle == "yes", os.path.abspath(a.workers), work)
     r = run_cli(os.path.dirname(sys.executable), ["list", "kernels"], work)
     if r.returncode != 0 or b"cpu/flash2-bf16" not in r.stdout:
         fail(f"`attest list kernels` from the venv's PATH: exit {r.returncode}")
