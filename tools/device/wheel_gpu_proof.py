@@ -23,7 +23,8 @@ Subcommands:
   exec-spec --kernel K [--dtype --device --python --workers DIR]
           prints the exec: spec of K's worker (tools/device/torch_campaign.sh's kernel_of)
   pytest-file --kernels K1,K2 --out FILE [--dtype --device --suite --seed]
-          a pytest module with one attest.pytest_suite per kernel (the plugin's items)
+          a pytest module with one attest.pytest_suite per kernel (the plugin's items; the
+          shell script writes one module per kernel, so that they run in parallel)
   compare A.json B.json
           the differences between two reports' verdicts (exit 1 if any)
   summarize --work DIR --out DIR --kernels K1,K2
@@ -229,12 +230,18 @@ def read_rc(path):
         return None, None
 
 
-def kernel_summary(work, k):
+def kernel_summary(work, k, expect_oracle=None):
     inproc, exec_ = load(f"{work}/inproc-{k}.json"), load(f"{work}/exec-{k}.json")
     meta = load(f"{work}/inproc-{k}.meta.json") or {}
     rc_in, s_in = read_rc(f"{work}/inproc-{k}.rc")
     rc_ex, s_ex = read_rc(f"{work}/exec-{k}.rc")
+    rc_py, s_py = read_rc(f"{work}/pytest-{k}.rc")
+    tail = ""
+    if os.path.exists(f"{work}/pytest-{k}.log"):
+        lines = open(f"{work}/pytest-{k}.log").read().strip().splitlines()
+        tail = lines[-1] if lines else ""
     row = {"kernel": k, "exit": {"inproc": rc_in, "exec": rc_ex},
+           "pytest": {"exit": rc_py, "seconds": s_py, "tail": tail},
            "inproc": route_summary(inproc, meta.get("seconds") or s_in),
            "exec": route_summary(exec_, s_ex),
            "cuda_oracle": meta.get("cuda_oracle"), "warnings": meta.get("warnings", [])}
@@ -244,19 +251,24 @@ def kernel_summary(work, k):
     else:
         row["agree"] = None
         row["differences"] = ["a route wrote no report (see its log)"]
+    # With --expect-oracle cuda: both reports say oracle_device cuda, and the in-process
+    # loader loaded the wheel's own library (the one beside the attest package it imported).
+    if expect_oracle:
+        lib = (meta.get("cuda_oracle") or {}).get("library") or ""
+        own = os.path.join(os.path.dirname(meta.get("attest") or "-"), "libattest_oracle_cuda.so")
+        row["oracle_ok"] = bool(
+            inproc and exec_ and inproc.get("oracle_device") == expect_oracle and
+            exec_.get("oracle_device") == expect_oracle and
+            (expect_oracle != "cuda" or lib == own))
     return row
 
 
 def cmd_summarize(a):
-    rows = [kernel_summary(a.work, k) for k in a.kernels.split(",") if k]
-    pytest_rc, pytest_s = read_rc(f"{a.work}/pytest.rc")
-    tail = ""
-    if os.path.exists(f"{a.work}/pytest.log"):
-        lines = open(f"{a.work}/pytest.log").read().strip().splitlines()
-        tail = lines[-1] if lines else ""
-    summary = {"kernels": rows, "pytest": {"exit": pytest_rc, "seconds": pytest_s,
-                                           "tail": tail},
-               "info": load(f"{a.work}/info.json")}
+    rows = [kernel_summary(a.work, k, a.expect_oracle) for k in a.kernels.split(",") if k]
+    summary = {"kernels": rows, "info": load(f"{a.work}/info.json"),
+               "agree": bool(rows) and all(r["agree"] for r in rows)}
+    if a.expect_oracle:
+        summary["oracle_ok"] = bool(rows) and all(r["oracle_ok"] for r in rows)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -268,12 +280,19 @@ def cmd_summarize(a):
             return (f"{x['verdicts']} verdicts ({x['failed_verdicts']} failing), oracle "
                     f"{x['oracle_device']}, {x['seconds']} s = {x['seconds_per_verdict']} "
                     f"s/verdict")
-        text.append(f"{r['kernel']}: agree {r['agree']}; in-process {fmt(r['inproc'])}; "
-                    f"exec {fmt(r['exec'])}")
+        oracle = f", oracle as expected {r['oracle_ok']}" if "oracle_ok" in r else ""
+        text.append(f"{r['kernel']}: agree {r['agree']}{oracle}; in-process "
+                    f"{fmt(r['inproc'])}; exec {fmt(r['exec'])}")
+        py = r["pytest"]
+        if py["exit"] is not None:
+            text.append(f"    pytest plugin: exit {py['exit']} in {py['seconds']} s: "
+                        f"{py['tail']}")
         text += [f"    {d}" for d in r["differences"][:20]]
         if len(r["differences"]) > 20:
             text.append(f"    ... {len(r['differences']) - 20} more (summary.json)")
-    text.append(f"pytest plugin: exit {pytest_rc} in {pytest_s} s: {tail}")
+    text.append(f"all kernels agree: {summary['agree']}" + (
+        f"; oracle_device {a.expect_oracle} everywhere: {summary['oracle_ok']}"
+        if a.expect_oracle else ""))
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))
@@ -310,6 +329,8 @@ def main(argv=None):
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--kernels", required=True)
+    p.add_argument("--expect-oracle", choices=["cuda", "cpu"],
+                   help="the oracle_device both routes' reports must name")
     a = ap.parse_args(argv)
     if a.cmd == "exec-spec":
         print(exec_spec(a.kernel, a.dtype, a.device, a.python, a.workers))

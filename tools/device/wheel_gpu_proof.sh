@@ -44,7 +44,9 @@ echo "wheel_gpu_proof.sh: $(date -u +%FT%TZ) on $(hostname), $(nproc) cores, $("
 
 # 1. The wheel into a target folder, offline.
 wheel="${WHEEL:-}"
-for w in "$devw"/attest-*-cp312-abi3-*.whl; do [ -z "${WHEEL:-}" ] && [ -f "$w" ] && wheel="$w"; done
+for w in "$devw"/attest-*-cp312-abi3-*.whl; do
+  [ -z "${WHEEL:-}" ] && [ -f "$w" ] && wheel="$w"
+done
 [ -n "$wheel" ] || { echo "no attest cp312-abi3 wheel in $devw (tools/device/pack_wheel.sh)" >&2
                      exit 2; }
 extra=()
@@ -85,8 +87,8 @@ if [ -z "${KERNELS:-}" ] && ! grep -q '"fa4": true' "$work/info.json"; then
   echo "FlashAttention-4 does not import here: fa4 left out"
 fi
 
-# 2. The runs, JOBS at a time: per kernel the in-process check and the exec route, and one
-# pytest run; each under `timeout` with what is left of the call (a run with under 30 s left
+# 2. The runs, JOBS at a time: per kernel a pytest run of the plugin, the in-process check and
+# the exec route; each under `timeout` with what is left of the call (a run with under 30 s left
 # is not started: its .rc says "- 0").
 run() {  # NAME COMMAND...: $work/NAME.log, $work/NAME.rc ("EXIT SECONDS")
   local name="$1" t t0; shift
@@ -100,20 +102,22 @@ run() {  # NAME COMMAND...: $work/NAME.log, $work/NAME.rc ("EXIT SECONDS")
 jobs_max="${JOBS:-8}"
 throttle() { while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done; }
 pids=()
-if [ "${PYTEST:-1}" = 1 ]; then
-  "${proof[@]}" pytest-file --kernels "${kernels// /,}" --dtype "$dtype" --device "$device" \
-    --suite "$suite" --seed "$seed" --out "$work/test_wheel_gpu.py" || exit 2
-  ( cd "$work" && run pytest "$python" -m pytest -q -p no:cacheprovider test_wheel_gpu.py \
-      --junitxml "$work/pytest.xml" ) &
-  pids+=($!)
-fi
 for k in $kernels; do
+  if [ "${PYTEST:-1}" = 1 ]; then
+    test_py="test_wheel_gpu_${k//-/_}.py"
+    timeout 60 "${proof[@]}" pytest-file --kernels "$k" --dtype "$dtype" --device "$device" \
+      --suite "$suite" --seed "$seed" --out "$work/$test_py" || exit 2
+    throttle
+    ( cd "$work" && run "pytest-$k" "$python" -m pytest -q -p no:cacheprovider "$test_py" \
+        --junitxml "$work/pytest-$k.xml" ) &
+    pids+=($!)
+  fi
   throttle
   run "inproc-$k" "${proof[@]}" inproc --kernel "$k" --dtype "$dtype" --device "$device" \
     --suite "$suite" --seed "$seed" --threads "$threads" --out "$work" &
   pids+=($!)
   throttle
-  spec="$("${proof[@]}" exec-spec --kernel "$k" --dtype "$dtype" --device "$device" \
+  spec="$(timeout 30 "${proof[@]}" exec-spec --kernel "$k" --dtype "$dtype" --device "$device" \
           --python "$python" --workers "$root/tools/workers")"
   run "exec-$k" attest check --kernel "$spec" --suite "$suite" --seed "$seed" \
     --threads "$threads" --json "$work/exec-$k.json" --junit "$work/exec-$k.xml" \
@@ -123,6 +127,7 @@ done
 [ ${#pids[@]} = 0 ] || wait "${pids[@]}"
 
 # 3. The comparison and the summary.
-"${proof[@]}" summarize --work "$work" --out "$out" --kernels "${kernels// /,}"
-tar -C "$stash" -czf "$out/wheel-proof.tar.gz" wheel-proof
+timeout 60 "${proof[@]}" summarize --work "$work" --out "$out" --kernels "${kernels// /,}" \
+  --expect-oracle "$device"
+timeout 60 tar -C "$stash" -czf "$out/wheel-proof.tar.gz" wheel-proof
 echo "wheel_gpu_proof.sh: done in $(( ${CALL_SECONDS:-420} - $(left) )) s"

@@ -3,7 +3,8 @@
 (ctest wheel_gpu_proof_compare): equal reports agree; a flipped verdict, a case run by one
 route only, a repeat of the same (check, tensor, case) missing, different skipped rows and a
 different overall verdict are each written as a difference; the summary reads the routes'
-reports, timings and exit codes into summary.json and summary.txt."""
+reports, timings and exit codes into summary.json and summary.txt, and with --expect-oracle
+cuda holds a kernel to oracle_device cuda in both reports and the wheel's own library."""
 
 import copy
 import json
@@ -72,17 +73,18 @@ def main():
             with open(os.path.join(work, name), "w") as f:
                 f.write(data if isinstance(data, str) else json.dumps(data))
         write("inproc-sdpa-math.json", BASE)
-        write("inproc-sdpa-math.meta.json", {"seconds": 2.0, "warnings": [],
-                                              "cuda_oracle": {"library": "x", "devices": 1}})
+        write("inproc-sdpa-math.meta.json", {
+            "seconds": 2.0, "warnings": [], "attest": "/site/attest/__init__.py",
+            "cuda_oracle": {"library": "/site/attest/libattest_oracle_cuda.so", "devices": 1}})
         write("inproc-sdpa-math.rc", "0 3")
         write("exec-sdpa-math.json", flipped)
         write("exec-sdpa-math.rc", "1 8")
         write("inproc-flex.rc", "124 400")
-        write("pytest.rc", "1 50")
-        write("pytest.log", "...\n3 failed, 10 passed in 49.0s\n")
+        write("pytest-sdpa-math.rc", "1 50")
+        write("pytest-sdpa-math.log", "...\n3 failed, 10 passed in 49.0s\n")
         out = os.path.join(work, "out")
         rc = proof.main(["summarize", "--work", work, "--out", out,
-                         "--kernels", "sdpa-math,flex"])
+                         "--kernels", "sdpa-math,flex", "--expect-oracle", "cuda"])
         s = json.load(open(os.path.join(out, "summary.json")))
         math, flex = s["kernels"]
         expect(rc == 0 and math["agree"] is False and len(math["differences"]) == 2
@@ -91,13 +93,32 @@ def main():
                and math["exec"]["failed_verdicts"] == 1
                and math["inproc"]["oracle_device"] == "cuda"
                and flex["agree"] is None and flex["exit"]["inproc"] == 124
-               and s["pytest"]["exit"] == 1 and "3 failed" in s["pytest"]["tail"],
+               and math["pytest"]["exit"] == 1 and "3 failed" in math["pytest"]["tail"]
+               and flex["pytest"]["exit"] is None
+               and math["oracle_ok"] is True and flex["oracle_ok"] is False
+               and s["agree"] is False and s["oracle_ok"] is False,
                f"summary: {json.dumps(s)[:1500]}")
         text = open(os.path.join(out, "summary.txt")).read()
         expect("sdpa-math: agree False" in text and "flex: agree None" in text
                and "in-process pass, exec FAIL" in text, f"summary.txt: {text}")
+        # The oracle from elsewhere than the wheel, or the CPU's, is not the expected one.
+        write("inproc-sdpa-math.meta.json", {
+            "seconds": 2.0, "attest": "/site/attest/__init__.py",
+            "cuda_oracle": {"library": "/build/libattest_oracle_cuda.so", "devices": 1}})
+        proof.main(["summarize", "--work", work, "--out", out, "--kernels", "sdpa-math",
+                    "--expect-oracle", "cuda"])
+        s = json.load(open(os.path.join(out, "summary.json")))
+        expect(s["kernels"][0]["oracle_ok"] is False, "a library from elsewhere passes")
+        write("inproc-sdpa-math.meta.json", {
+            "seconds": 2.0, "attest": "/site/attest/__init__.py",
+            "cuda_oracle": {"library": "/site/attest/libattest_oracle_cuda.so", "devices": 1}})
+        write("exec-sdpa-math.json", dict(flipped, oracle_device="cpu"))
+        proof.main(["summarize", "--work", work, "--out", out, "--kernels", "sdpa-math",
+                    "--expect-oracle", "cuda"])
+        s = json.load(open(os.path.join(out, "summary.json")))
+        expect(s["kernels"][0]["oracle_ok"] is False, "the exec route's CPU oracle passes")
     print("wheel_gpu_proof_test: ok (agreement, flipped verdict, extra case, repeat, skipped "
-          "rows, summary)")
+          "rows, summary, oracle_device and library expected)")
 
 
 if __name__ == "__main__":
