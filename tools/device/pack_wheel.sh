@@ -34,8 +34,9 @@ python3 - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 if "attest/libattest_oracle_cuda.so" not in names:
-    sys.exit(f"pack_wheel.sh: {sys.argv[1]} has no CUDA oracle (build it where nvcc is: "
-             "tools/python_wheel.sh --abi3 --cuda-oracle on)")
+    print(f"pack_wheel.sh: {sys.argv[1]} has no CUDA oracle (build it where nvcc is: "
+          "tools/python_wheel.sh --abi3 --cuda-oracle on)", file=sys.stderr)
+    sys.exit(2)
 PY
 exclude="$(git rev-parse --git-path info/exclude)"
 grep -qx '/.devW/' "$exclude" 2> /dev/null || echo '/.devW/' >> "$exclude"
