@@ -418,7 +418,24 @@ extern "C" __attribute__((visibility("default"))) int attest_oracle_cuda_device_
                    cudaGetErrorString(e));
     return 0;
   }
-  if (n == 0) SetMessage(message, message_size, "no CUDA device");
+  if (n == 0) {
+    SetMessage(message, message_size, "no CUDA device");
+    return 0;
+  }
+  // The kernels need compute capability 8.0 or later (mma.sync m8n8k4 f64 and cp.async: PTX
+  // ISA, "Warp Level Matrix Multiply-Accumulate Instructions" and "cp.async"): on an older GPU
+  // there is no usable device, so that the caller judges with the CPU oracle and says why.
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      major < 8) {
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    SetMessage(message, message_size,
+               "GPU " + std::to_string(device) + " has compute capability " +
+                   std::to_string(major) + "." + std::to_string(minor) +
+                   "; the CUDA oracle needs 8.0 or later");
+    return 0;
+  }
   return n;
 }
 

@@ -371,6 +371,7 @@ using cudaEvent_t = int*;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
@@ -391,7 +392,15 @@ inline cudaError_t cudaGetDevice(int* d) {
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   // H100 / H200: compute capability 9.0, 227 KiB of shared memory per block (opt-in).
-  *value = attr == cudaDevAttrComputeCapabilityMajor ? 9 : 232448;
+  // ATTEST_ORACLE_CUDA_EMULATE_CC="M.m" stands for another GPU's compute capability (tests of
+  // attest_oracle_cuda_device_count's refusal of an older GPU).
+  int major = 9, minor = 0;
+  if (const char* cc = std::getenv("ATTEST_ORACLE_CUDA_EMULATE_CC"); cc != nullptr) {
+    std::sscanf(cc, "%d.%d", &major, &minor);
+  }
+  *value = attr == cudaDevAttrComputeCapabilityMajor   ? major
+           : attr == cudaDevAttrComputeCapabilityMinor ? minor
+                                                       : 232448;
   return 0;
 }
 template <class F>

@@ -5,7 +5,8 @@
 // a small problem must agree with the CPU oracle within the certification bounds. Through the
 // CPU-emulated library (ATTEST_ORACLE_CUDA_EMULATED), the C interface itself: device pointers
 // (host memory there) give the bits host pointers give, and a bad problem is an error code
-// with a message naming the field.
+// with a message naming the field, and a GPU older than compute capability 8.0 (the emulated
+// library standing for one) counts as no usable device, with the reason.
 #include "reference/oracle/cuda/oracle_cuda_host.h"
 
 #include <dlfcn.h>
@@ -144,6 +145,25 @@ TEST(OracleCudaHostTest, CInterfaceDevicePointersAndErrors) {
             0);
   EXPECT_NE(std::string(message).find("heads_q"), std::string::npos) << message;
   dlclose(handle);
+}
+
+// A GPU older than compute capability 8.0 (the emulated library standing for one) is no usable
+// device: the count is 0 with the reason, so that --oracle-device auto falls back to the CPU.
+TEST(OracleCudaHostTest, OlderGpuIsNoUsableDevice) {
+  const char* library = std::getenv("ATTEST_ORACLE_CUDA_EMULATED");
+  if (library == nullptr || *library == '\0') GTEST_SKIP() << "no emulated library given";
+  CudaOracleOptions options;
+  options.library = library;
+  std::string why;
+  ASSERT_EQ(setenv("ATTEST_ORACLE_CUDA_EMULATE_CC", "7.5", 1), 0);
+  EXPECT_EQ(CudaDeviceCount(&why, options), 0);
+  EXPECT_NE(why.find("compute capability 7.5; the CUDA oracle needs 8.0"), std::string::npos)
+      << why;
+  ASSERT_EQ(setenv("ATTEST_ORACLE_CUDA_EMULATE_CC", "8.0", 1), 0);
+  why.clear();
+  EXPECT_EQ(CudaDeviceCount(&why, options), 1) << why;
+  ASSERT_EQ(unsetenv("ATTEST_ORACLE_CUDA_EMULATE_CC"), 0);
+  EXPECT_EQ(CudaDeviceCount(&why, options), 1) << why;
 }
 
 }  // namespace
