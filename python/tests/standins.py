@@ -58,6 +58,31 @@ def flex_eager(*args, kernel_options=None, **kwargs):
     return _flex(*args, **kwargs)
 
 
+def flex_dense(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+               return_aux=None, kernel_options=None):
+    """flex_attention's semantics in plain float32 PyTorch with autograd (FlexAttention's
+    eager path on a CPU has no backward): score_mod and the block mask's mask_mod evaluated
+    on broadcast index tensors, GQA by repeated kv heads, empty rows o = 0, lse = -inf."""
+    from torch.nn.attention.flex_attention import AuxOutput
+    b_, hq, sq, _ = q.shape
+    sk = k.shape[2]
+    r = hq // k.shape[1]
+    kk, vv = (x.float().repeat_interleave(r, 1) for x in (k, v))
+    s = (q.float() @ kk.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    b = torch.arange(b_)[:, None, None, None]
+    h = torch.arange(hq)[None, :, None, None]
+    i = torch.arange(sq)[None, None, :, None]
+    j = torch.arange(sk)[None, None, None, :]
+    if score_mod is not None:
+        s = score_mod(s, b, h, i, j)
+    if block_mask is not None:
+        s = s.masked_fill(~block_mask.mask_mod(b, h, i, j).expand(s.shape), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    o = (p @ vv).to(q.dtype)
+    return (o, AuxOutput(lse=lse)) if return_aux is not None and return_aux.lse else o
+
+
 def flex_lse_ln2_bug(*args, **kwargs):
     """K9's symptom: flex_attention's lse times ln 2."""
     out = flex_eager(*args, **kwargs)
