@@ -17,7 +17,6 @@ import os
 import py_compile
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import types
@@ -32,6 +31,7 @@ except ImportError as e:
     sys.exit(77)
 
 import standins  # noqa: E402  (puts tools/workers on sys.path)
+from repro_runner import run_scripts  # noqa: E402
 import attest_worker as aw  # noqa: E402
 import torch_backends as tb  # noqa: E402
 import torch_export  # noqa: E402
@@ -106,16 +106,6 @@ def verdict_for(page):
             "message": "stand-in verdict"}
 
 
-def run_script(folder, args):
-    boot = ("import runpy, sys; sys.modules['attest'] = None; "
-            f"sys.argv = ['repro.py'] + {list(args)!r}; "
-            "runpy.run_path('repro.py', run_name='__main__')")
-    r = subprocess.run([sys.executable, "-I", "-c", boot], cwd=folder,
-                       env={"PATH": "/usr/bin:/bin", "HOME": folder}, capture_output=True,
-                       text=True, timeout=300)
-    return r.returncode, r.stdout + r.stderr
-
-
 def one(tmp, page, case):
     words = shlex.split(page["repro"])
     spec = shlex.split(words[words.index("--kernel") + 1][5:])
@@ -143,20 +133,24 @@ def one(tmp, page, case):
         expect(False, f"{label}: not exportable: {e}")
         return
     py_compile.compile(os.path.join(folder, "repro.py"), doraise=True)
-    rc, log = run_script(folder, ["--fn", STANDIN[name][0], "--path", HERE, "--device", "cpu"]
-                         + STANDIN[name][1:])
-    expect(rc == 0, f"{label}: {v['check']}/{v['tensor'] or '-'} repro.py compiles and exits 0 "
-           f"on a correct stand-in ({rc}): " + log.strip()[-300:])
+    return (label + f": {v['check']}/{v['tensor'] or '-'}", folder,
+            ["--fn", STANDIN[name][0], "--path", HERE, "--device", "cpu"] + STANDIN[name][1:])
 
 
 def main():
     folder = os.path.join(ROOT, "docs", "findings")
     with tempfile.TemporaryDirectory() as tmp:
+        runs = []
         for name in sorted(os.listdir(folder)):
             if re.match(r"^K[0-9]+[a-z]?-.*\.md$", name):
                 page = page_data(os.path.join(folder, name))
-                for case in page["case_files"]:
-                    one(tmp, page, case)
+                runs += [r for r in (one(tmp, page, case) for case in page["case_files"]) if r]
+        expect(len(runs) >= 24, f"{len(runs)} finding cases rendered")
+        codes, logs = run_scripts([(f, a) for _, f, a in runs])
+        expect(len(codes) == len(runs), "every script ran")
+        for (label, _, _), rc, log in zip(runs, codes, logs):
+            expect(rc == 0, f"{label} repro.py compiles and exits 0 on a correct stand-in "
+                   f"({rc}): " + log.strip()[-300:])
     if failures:
         print(f"export_findings_test: FAIL ({len(failures)})")
         return 1

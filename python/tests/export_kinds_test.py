@@ -3,7 +3,7 @@ python_export_kinds; ATTEST_CLI the attest executable): `attest repro --export` 
 python/tests/standin_torch_worker.py, where a seeded stand-in (python/tests/standins.py) takes
 the CUDA entry point's place and the adapter runs its CUDA code path, so that attest finds the
 finding and the worker renders the call the adapter made. Each script then runs with PyTorch
-alone (isolated interpreter, attest unimportable) and its exit status must follow the function
+alone (one isolated interpreter runs them all, attest unimportable) and its exit status must follow the function
 it calls: 1 on the seeded stand-in, 0 on the correct one, 2 (cannot judge) where the call fails
 otherwise (the real CUDA op on a CPU). Kinds:
   1. sdpa-efficient+lse, packed batch, lse (K3's case): aten._efficient_attention_forward with
@@ -38,6 +38,9 @@ except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
 
+sys.path.insert(0, HERE)
+from repro_runner import run_scripts  # noqa: E402
+
 CLI = os.environ["ATTEST_CLI"]
 failures = []
 
@@ -46,18 +49,6 @@ def expect(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         failures.append(what)
-
-
-def run_script(folder, *args):
-    """repro.py in a clean interpreter: isolated mode, `attest` unimportable, a fresh
-    environment; stand-ins from python/tests through --path."""
-    boot = ("import runpy, sys; sys.modules['attest'] = None; "
-            f"sys.argv = ['repro.py'] + {list(args)!r}; "
-            "runpy.run_path('repro.py', run_name='__main__')")
-    r = subprocess.run([sys.executable, "-I", "-c", boot], cwd=folder,
-                       env={"PATH": "/usr/bin:/bin", "HOME": folder}, capture_output=True,
-                       text=True, timeout=300)
-    return r.returncode, r.stdout + r.stderr
 
 
 def export(tmp, standin, backend, case, *extra):
@@ -74,12 +65,22 @@ def export(tmp, standin, backend, case, *extra):
     return out
 
 
+RUNS = []  # (label, folder, expected exit status, arguments), run at the end
+
+
 def expect_exits(folder, label, cases):
-    """cases: [(expected exit status, arguments)]."""
+    """cases: [(expected exit status, arguments)], run by run_all."""
     if not os.path.isfile(os.path.join(folder, "repro.py")):
         return
     for want, args in cases:
-        rc, log = run_script(folder, *args)
+        RUNS.append((label, folder, want, list(args)))
+
+
+def run_all():
+    """Every script of RUNS in one clean interpreter (python/tests/repro_runner.py)."""
+    codes, logs = run_scripts([(f, a) for _, f, _, a in RUNS])
+    expect(len(codes) == len(RUNS), f"every script ran ({len(codes)} of {len(RUNS)})")
+    for (label, _, want, args), rc, log in zip(RUNS, codes, logs):
         expect(rc == want, f"{label}: repro.py {' '.join(args) or '(default)'} exits {want} "
                f"({rc}): " + log.strip()[-300:])
 
@@ -191,6 +192,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         flex_folder = test_attest_exports(tmp)
         test_compiled_flex(tmp, flex_folder)
+        run_all()
     if failures:
         print(f"export_kinds_test: FAIL ({len(failures)})")
         return 1
