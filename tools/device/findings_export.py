@@ -53,12 +53,16 @@ def kernel_words(repro):
 
 
 def backend_of(kw):
-    return kw[kw.index("--backend") + 1] if kw and "--backend" in kw else None
+    """torch_worker.py's --backend; for another exec: worker, its file's name."""
+    if not kw:
+        return None
+    if "--backend" in kw:
+        return kw[kw.index("--backend") + 1]
+    return next((os.path.basename(w) for w in kw if w.endswith(".py")), None)
 
 
 def selected(backend, filters):
-    return any(backend == f or backend.startswith(f + "-") or backend.startswith(f + "+")
-               for f in filters)
+    return any(backend == f or backend.startswith(f + "-") for f in filters)
 
 
 def check_for(page, words, case):
@@ -85,7 +89,9 @@ def jobs_of(args):
         if "--device" in worker:
             del worker[worker.index("--device"):worker.index("--device") + 2]
         spec = f"exec:{args.worker_env}{shlex.quote(args.worker_python)} " + \
-            " ".join(shlex.quote(w) for w in worker) + f" --device {args.device}"
+            " ".join(shlex.quote(w) for w in worker)
+        if any(w.endswith("torch_worker.py") for w in worker):
+            spec += f" --device {args.device}"
         for case in page["case_files"]:
             stem = os.path.basename(case).replace(".case.json", "")
             out.append({"finding": page["id"], "case": case, "backend": backend,
@@ -94,25 +100,57 @@ def jobs_of(args):
     return out
 
 
-def run(cmd, timeout, cwd, env=None, log=None):
-    """(exit status, seconds, output tail): the command in its own process group, killed
-    whole at the timeout (exit status "timeout")."""
+def kill_tree(pid):
+    """SIGKILL to pid's process group and to the group of every descendant: attest starts an
+    exec: worker in a process group of its own (kernels/exec/process.cc), which killing
+    attest's group would leave running."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    todo, found = [pid], []
+    while todo:
+        q = todo.pop()
+        found.append(q)
+        todo += children.get(q, [])
+    groups = set()
+    for q in found:
+        try:
+            groups.add(os.getpgid(q))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())
+    for g in groups | {pid}:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def run(cmd, timeout, cwd, log, env=None):
+    """(exit status, seconds, output tail): the command in its own process group, its output
+    into the file `log` (no pipe a stray grandchild could hold open), the group killed whole
+    at the timeout (exit status "timeout")."""
     t0 = time.time()
     if timeout <= 0:
         return "not run (budget)", 0.0, ""
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        text, _ = p.communicate(timeout=timeout)
-        rc = p.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        text, _ = p.communicate()
-        rc = "timeout"
-    if log:
-        with open(log, "w") as f:
-            f.write(text or "")
-    return rc, round(time.time() - t0, 1), (text or "").strip()[-2000:]
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(p.pid)
+            p.wait()
+            rc = "timeout"
+    with open(log, errors="replace") as f:
+        text = f.read()
+    return rc, round(time.time() - t0, 1), text.strip()[-2000:]
 
 
 def one(job, args, deadline):
@@ -126,7 +164,7 @@ def one(job, args, deadline):
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     rc, secs, tail = run(cmd, min(args.run_timeout, left() - 5), ROOT,
-                         log=job["dir"] + ".attest.log")
+                         job["dir"] + ".attest.log")
     rec.update(attest_exit=rc, attest_seconds=secs)
     script = os.path.join(job["dir"], "repro.py")
     if os.path.isfile(script):
@@ -147,9 +185,9 @@ def one(job, args, deadline):
                   "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
             if k in os.environ:
                 env[k] = os.environ[k]
-        rc2, secs2, tail2 = run([args.repro_python, "repro.py"], min(args.repro_timeout,
-                                                                     left() - 2),
-                                job["dir"], env=env, log=job["dir"] + ".repro.log")
+        rc2, secs2, tail2 = run([args.repro_python, "repro.py"],
+                                min(args.repro_timeout, left() - 2), job["dir"],
+                                job["dir"] + ".repro.log", env=env)
         rec.update(repro_exit=rc2, repro_seconds=secs2,
                    repro_verdict=next((ln for ln in reversed(tail2.splitlines())
                                        if ln.strip()), ""))
