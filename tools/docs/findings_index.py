@@ -246,7 +246,13 @@ def render(pages):
         "P-numbers: PyTorch's public SDPA on an H100). attest's own defects (A-numbers) and "
         "documented",
         "refusals (D-numbers) have no page. The case files are under golden/findings/, and",
-        "golden/findings/README.md says how to run them.",
+        "golden/findings/README.md says how to run them. Each page's \"Reproduce\" says what "
+        "`attest repro",
+        "--export` writes for it (a standalone repro.py, or the attest-only folder); on the "
+        "CUDA host,",
+        "tools/device/findings_export.sh exports every case of the pages of its backends and "
+        "runs each",
+        "repro.py with the device's own Python, recording whether it still reproduces.",
         "",
         "Each page starts with a ```json block right after its title line; "
         "tools/docs/findings_index.py",
