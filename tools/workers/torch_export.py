@@ -129,6 +129,7 @@ def export(folder, runner, dtype, device, fn_path=None, check=None, tensor=None)
     meta["kernel_label"] = (f"{target.path}" +
                             (f" under {tc.render(context, set())}" if context else "") +
                             f" ({dtype}, {device})")
+    meta["forward_mode"] = type(backend.grad_mode()).__name__  # no_grad, enable_grad
     script = _script(problem, verdict, meta, inputs, calls, default_fn, device,
                      _import_root(target), folder)
     stage = os.path.join(folder, ".repro.tmp")
@@ -345,6 +346,8 @@ Written by `attest repro --export`; needs PyTorch and the kernel's own module on
              "imported from",
              f"DEVICE = {str(device)!r}",
              f"HAS_LSE = {calls[0][1].lse is not None!r}  # the call returns (o, lse)",
+             f"FORWARD_MODE = {meta.get('forward_mode', 'no_grad')!r}  # the adapter's forward "
+             "grad mode",
              f"ERROR_TYPE = {error_type(verdict)[0]!r}  # the exception attest saw (kernel-error)",
              f"ERROR_TEXT = {error_type(verdict)[1]!r}  # its message",
              "", ""]

@@ -135,13 +135,14 @@ def reference(q, k, v, do):
 
 
 def run_kernel(call, fn, q, k, v, do, data, grads):
-    """The kernel's outputs: o (and lse where the call returns one) under no_grad, as attest's
+    """The kernel's outputs: o (and lse where the call returns one) under the adapter's grad
+    mode (FORWARD_MODE: no_grad, or enable_grad where compiled flex needs it), as attest's
     forward ran; with `grads` the gradients by autograd through the same call with dO = do,
     as attest's backward ran."""
     def split(out):
         return out if HAS_LSE and not grads else (out, None)
     if not grads:
-        with torch.no_grad():
+        with getattr(torch, FORWARD_MODE)():
             o, lse = split(call(fn, q, k, v, **data))
         return {"o": o, "lse": lse}
     q, k, v = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
