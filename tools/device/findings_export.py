@@ -188,7 +188,10 @@ def one(job, args, deadline):
         rc2, secs2, tail2 = run([args.repro_python, "repro.py"],
                                 min(args.repro_timeout, left() - 2), job["dir"],
                                 job["dir"] + ".repro.log", env=env)
-        rec.update(repro_exit=rc2, repro_seconds=secs2,
+        # The versions it ran on: repro.py prints them first (python, torch, CUDA, cuDNN, GPU).
+        with open(job["dir"] + ".repro.log", errors="replace") as f:
+            env_line = next((ln.strip() for ln in f if ln.startswith("python ")), "")
+        rec.update(repro_exit=rc2, repro_seconds=secs2, repro_environment=env_line,
                    repro_verdict=next((ln for ln in reversed(tail2.splitlines())
                                        if ln.strip()), ""))
     rec["seconds"] = round(rec["attest_seconds"] + rec["repro_seconds"], 1)

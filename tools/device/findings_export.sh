@@ -6,7 +6,8 @@
 # each exported repro.py with the device's own Python (no attest on its path; the
 # FlashAttention-4 install of stage B on PYTHONPATH, as the kernel's own package), and writes
 # $OUT/findings-export.json (one record per case: finding, case, attest repro's exit status,
-# the export's status, repro.py's exit status, seconds) and $OUT/findings-export.txt (a table),
+# the export's status, repro.py's exit status, its last line and the versions it printed,
+# seconds) and $OUT/findings-export.txt (a table),
 # the export folders and logs under $OUT/export/, then $OUT/findings-export.tar.gz of them all.
 # The driver is tools/device/findings_export.py; every process runs under a timeout, JOBS at a
 # time, and all end within CALL_SECONDS.

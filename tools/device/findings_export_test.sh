@@ -26,6 +26,8 @@ assert set(r) == {"D1", "D2"}, r.keys()
 d1, d2 = r["D1"], r["D2"]
 assert d1["attest_exit"] == 1 and d1["export"] == "repro.py" and d1["repro_exit"] == 1, d1
 assert d1["check"] == "gqa-mha" and "--device cpu" in d1["kernel"], d1
+assert d1["repro_environment"].startswith("python ") and "torch" in d1["repro_environment"], d1
+assert d1["repro_verdict"] == "FINDING REPRODUCES", d1
 assert d2["attest_exit"] == 1 and d2["export"] == "repro.py", d2
 assert d2["repro_exit"] in (1, -8), d2  # the exception, or SIGFPE as attest saw it
 print("ok   D1 repro.py exits 1, D2", d2["repro_exit"])
