@@ -113,6 +113,28 @@ TEST(CaseJson, ErrorsNameTheField) {
   EXPECT_EQ(ErrorOf(j), "generator.params: expected an object, got 3");
   j["generator"] = {{"name", "uniform"}, {"seed", 1}, {"parms", {}}};
   EXPECT_EQ(ErrorOf(j), "generator: unknown field \"parms\"");
+  // The sink's generator object (docs/semantics.md section 7).
+  j["generator"] = {{"name", "gaussian"}, {"seed", 1}, {"params", {{"sink", {{"std", 2}}}}}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.sink: the problem has no sink (set problem.sink = true)");
+  j["problem"]["sink"] = true;
+  EXPECT_EQ(ErrorOf(j), "(accepted)");
+  j["generator"]["params"]["sink"] = {{"std", -2}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.sink.std: expected a finite number >= 0, got -2");
+  j["generator"]["params"]["sink"] = {{"scale", 1}};
+  EXPECT_EQ(ErrorOf(j),
+            "generator.params.sink: unknown parameter \"scale\" (parameters: mean, std, or values)");
+  j["generator"]["params"]["sink"] = {{"values", {1, "+inf"}}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.sink.values[1]: expected a number finite in float32 or "
+                        "\"-inf\", got \"+inf\"");
+  j["generator"]["params"]["sink"] = {{"values", {1e39}}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.sink.values[0]: expected a number finite in float32 or "
+                        "\"-inf\", got 1e+39");
+  j["generator"]["params"]["sink"] = {{"values", json::array()}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.sink.values: expected a non-empty array, got []");
+  j["generator"]["params"]["sink"] = {{"values", {1}}, {"mean", 0}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.sink: give either values or mean/std, not both");
+  j["problem"]["sink"] = 1;
+  EXPECT_EQ(ErrorOf(j), "problem.sink: expected true or false, got 1");
 }
 
 TEST_F(CaseFileTest, LoadResolvesRelativeInputsAgainstTheCaseFileDirectory) {
@@ -227,8 +249,13 @@ TEST_F(CaseFileTest, SaveRoundTripsEveryFieldIncludingExtensions) {
   j["problem"]["document_ids_k"] = {{0, 0, 0, 1, 1, 1}};
   j["problem"]["prefix_lm"] = 2;
   j["problem"]["block_sparse"] = {{"block_q", 2}, {"block_k", 3}, {"blocks", {{0, 0}, {1, 1}}}};
-  j["generator"] = {
-      {"name", "uniform"}, {"seed", 7}, {"params", {{"low", -0.1}, {"q", {{"high", 3}}}}}};
+  j["problem"]["sink"] = true;
+  j["generator"] = {{"name", "uniform"},
+                    {"seed", 7},
+                    {"params",
+                     {{"low", -0.1},
+                      {"q", {{"high", 3}}},
+                      {"sink", {{"values", {1e30, "-inf", -0.5}}}}}}};
   const auto parsed = CaseFromJson(j);
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   const Case c = *parsed;

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "reference/data/generate.h"
 #include "reference/formats/format.h"
@@ -39,6 +41,40 @@ Status CheckRepresentable(const Tensor& f64, DType dtype, std::string_view name,
       "{}: tensor '{}': {} values are not representable in the problem's dtype {} (first at "
       "flat index {}: {}); convert the file first (attest convert --to {})",
       file, name, bad, Name(dtype), first, a[static_cast<size_t>(first)], Name(dtype))};
+}
+
+// The file's "sink" tensor: F32, [Hq], each value finite or -inf; present iff problem.sink.
+Status ReadSink(const Case& c, const NamedTensors& file, CaseInputs& in) {
+  const std::string& path = *c.inputs;
+  const Tensor* t = file.Find("sink");
+  if (t == nullptr) {
+    if (!c.problem.sink) return {};
+    return Error{fmt::format("{}: no tensor named 'sink' (problem.sink is true: sink [{}] F32)",
+                             path, c.problem.heads_q)};
+  }
+  if (!c.problem.sink) {
+    return Error{fmt::format(
+        "{}: tensor 'sink' is present but problem.sink is false (set it, or drop the tensor)",
+        path)};
+  }
+  if (t->dtype() != DType::kF32) {
+    return Error{fmt::format("{}: tensor 'sink' has dtype {}, expected f32 (float32)", path,
+                             Name(t->dtype()))};
+  }
+  if (t->shape() != c.problem.SinkShape()) {
+    return Error{fmt::format("{}: tensor 'sink': shape [{}] does not match the problem's [{}] "
+                             "(one logit per query head)",
+                             path, fmt::join(t->shape(), ", "), c.problem.heads_q)};
+  }
+  in.sink = ToF64(*t);
+  const auto x = in.sink.span<const double>();
+  for (size_t h = 0; h < x.size(); ++h) {
+    if (std::isnan(x[h]) || x[h] == std::numeric_limits<double>::infinity()) {
+      return Error{fmt::format("{}: tensor 'sink': sink[{}] = {} (a sink is finite or -inf)",
+                               path, h, x[h])};
+    }
+  }
+  return {};
 }
 
 Expected<CaseInputs> FromFile(const Case& c) {
@@ -73,6 +109,7 @@ Expected<CaseInputs> FromFile(const Case& c) {
       !st.ok()) {
     return Error{path + ": " + st.error().message};
   }
+  if (Status st = ReadSink(c, *file, in); !st.ok()) return st.error();
   return in;
 }
 
@@ -89,8 +126,10 @@ Expected<CaseInputs> MakeCaseInputs(const Case& c) {
   // generated tensors are this function's own).
   const DType dtype = c.problem.dtype;
   for (Tensor* t : {&gen->q, &gen->k, &gen->v, &gen->dout}) RoundTensorInPlace(*t, dtype);
+  // The sink is float32 whatever the dtype (Problem::sink).
+  if (gen->sink.defined()) RoundTensorInPlace(gen->sink, DType::kF32);
   return CaseInputs{std::move(gen->q), std::move(gen->k), std::move(gen->v),
-                    std::move(gen->dout)};
+                    std::move(gen->dout), std::move(gen->sink)};
 }
 
 uint64_t CaseSeed(const Case& c) {

@@ -12,6 +12,10 @@ namespace attest {
 
 struct CaseInputs {
   Tensor q, k, v, dout;  // f64, contiguous, problem shapes, values representable in dtype
+  // Problem::sink: [Hq] f64 holding float32 values (finite, or -inf for no sink in that
+  // head), whatever the problem's dtype; undefined without a sink. A file stores it as an
+  // F32 tensor named "sink".
+  Tensor sink;
 };
 
 Expected<CaseInputs> MakeCaseInputs(const Case& c);

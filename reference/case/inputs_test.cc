@@ -1,13 +1,23 @@
 // Case inputs (inputs.h): a case whose problem is over the memory budget
 // (reference/problem/budget.h) is refused before its inputs are allocated, with the fields that
-// make it large. Built into case_file_test.
+// make it large; the learnable sink, generated (float32, deterministic, values cycling over
+// heads, -inf and huge) and read from a file (F32 [Hq], present iff problem.sink, errors naming
+// the tensor). Built into case_file_test.
 #include "reference/case/inputs.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
 #include <string>
+
+#include "reference/formats/format.h"
+#include "reference/io/safetensors.h"
 
 namespace attest {
 namespace {
@@ -26,6 +36,100 @@ TEST(CaseInputs, RefusesAnOverBudgetCaseBeforeAllocating) {
   EXPECT_NE(in.error().message.find("over the 8 GiB memory budget (ATTEST_MEMORY_BUDGET"),
             std::string::npos)
       << in.error().message;
+}
+
+Case SinkCase(nlohmann::json sink_params) {
+  Case c;
+  c.problem.heads_q = 4;
+  c.problem.heads_kv = 2;
+  c.problem.seqlen_q = 3;
+  c.problem.seqlen_k = 5;
+  c.problem.head_dim = c.problem.head_dim_v = 8;
+  c.problem.sink = true;
+  nlohmann::json params = nlohmann::json::object();
+  if (!sink_params.is_null()) params["sink"] = std::move(sink_params);
+  c.generator = GeneratorSpec{"gaussian", 11, params};
+  return c;
+}
+
+TEST(CaseInputs, GeneratedSinksAreFloat32DeterministicAndCycleTheirValues) {
+  const auto a = MakeCaseInputs(SinkCase(nullptr));
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  ASSERT_TRUE(a->sink.defined());
+  EXPECT_EQ(a->sink.shape(), (Shape{4}));
+  const auto b = MakeCaseInputs(SinkCase(nullptr));
+  EXPECT_TRUE(a->sink.BitwiseEqual(b->sink));
+  for (double x : a->sink.span<const double>()) {
+    EXPECT_EQ(x, static_cast<double>(static_cast<float>(x)));  // rounded to float32
+    EXPECT_TRUE(std::isfinite(x) && x != 0.0);
+  }
+  // A sink of its own stream: q, k, v, do are those of the same case without a sink.
+  Case none = SinkCase(nullptr);
+  none.problem.sink = false;
+  const auto n = MakeCaseInputs(none);
+  ASSERT_TRUE(n.ok());
+  EXPECT_FALSE(n->sink.defined());
+  EXPECT_TRUE(n->q.BitwiseEqual(a->q) && n->dout.BitwiseEqual(a->dout));
+  const auto v = MakeCaseInputs(SinkCase({{"values", {1e30, "-inf", 0.1}}}));
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  const double* x = v->sink.data<double>();
+  EXPECT_EQ(x[0], static_cast<double>(1e30f));
+  EXPECT_EQ(x[1], -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(x[2], static_cast<double>(0.1f));
+  EXPECT_EQ(x[3], x[0]);
+}
+
+TEST(CaseInputs, SinkFromAFileIsF32OfHqAndErrorsNameIt) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("attest_inputs_sink_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  Case c = SinkCase(nullptr);
+  const auto gen = MakeCaseInputs(c);
+  ASSERT_TRUE(gen.ok());
+  const auto f32 = [](const Tensor& t) { return Convert(t, Format::kF32).value(); };
+  // Writes q, k, v, do (as bf16 values in f32) plus `sink` if defined; loads the case.
+  const auto load = [&](const std::optional<Tensor>& sink, bool problem_sink) {
+    NamedTensors file;
+    file.Add("q", f32(gen->q));
+    file.Add("k", f32(gen->k));
+    file.Add("v", f32(gen->v));
+    file.Add("do", f32(gen->dout));
+    if (sink) file.Add("sink", *sink);
+    const std::string path = (dir / "in.safetensors").string();
+    EXPECT_TRUE(WriteSafetensors(path, file).ok());
+    Case fc = c;
+    fc.generator.reset();
+    fc.inputs = path;
+    fc.problem.sink = problem_sink;
+    return MakeCaseInputs(fc);
+  };
+  const auto ok = load(f32(gen->sink), true);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_TRUE(ok->sink.BitwiseEqual(gen->sink));
+  const auto error_of = [&](const std::optional<Tensor>& sink, bool problem_sink) {
+    const auto r = load(sink, problem_sink);
+    return r.ok() ? std::string("(accepted)") : r.error().message;
+  };
+  EXPECT_NE(error_of(std::nullopt, true).find("no tensor named 'sink' (problem.sink is true"),
+            std::string::npos);
+  EXPECT_NE(error_of(f32(gen->sink), false).find("'sink' is present but problem.sink is false"),
+            std::string::npos);
+  EXPECT_NE(error_of(gen->sink, true).find("tensor 'sink' has dtype f64, expected f32"),
+            std::string::npos)
+      << error_of(gen->sink, true);
+  const Tensor three = f32(Tensor::FromF64({3}, {1, 2, 3}));
+  EXPECT_NE(error_of(three, true).find("tensor 'sink': shape [3] does not match the problem's [4]"),
+            std::string::npos)
+      << error_of(three, true);
+  const Tensor nan = f32(Tensor::FromF64({4}, {1, std::nan(""), 3, 4}));
+  EXPECT_NE(error_of(nan, true).find("sink[1] = nan"), std::string::npos) << error_of(nan, true);
+  const Tensor inf =
+      f32(Tensor::FromF64({4}, {1, 2, 3, std::numeric_limits<double>::infinity()}));
+  EXPECT_NE(error_of(inf, true).find("sink[3] = inf"), std::string::npos) << error_of(inf, true);
+  const Tensor minus_inf =
+      f32(Tensor::FromF64({4}, {1, 2, 3, -std::numeric_limits<double>::infinity()}));
+  EXPECT_EQ(error_of(minus_inf, true), "(accepted)");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

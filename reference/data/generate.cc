@@ -555,7 +555,7 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
     // libFuzzer build uses, cannot capture structured bindings).
     const std::string& key = item.key();
     const nlohmann::json& value = item.value();
-    if (allow_tensors && IsTensorName(key)) continue;
+    if (allow_tensors && (IsTensorName(key) || key == "sink")) continue;
     const bool known = std::any_of(row.params.begin(), row.params.end(),
                                    [&](const GeneratorParam& p) { return p.name == key; });
     if (!known) {
@@ -578,6 +578,74 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
     }
   }
   return {};
+}
+
+// The "sink" object of the params (generate.h GeneratedInputs::sink).
+Status CheckSinkParams(const Problem& p, const nlohmann::json& params) {
+  if (!params.contains("sink")) return {};
+  const nlohmann::json& s = params.at("sink");
+  if (!p.sink) {
+    return Error{"generator.params.sink: the problem has no sink (set problem.sink = true)"};
+  }
+  if (!s.is_object()) {
+    return Error{fmt::format("generator.params.sink: expected an object, got {}", JsonExcerpt(s))};
+  }
+  for (const auto& item : s.items()) {
+    const std::string& key = item.key();
+    if (key != "mean" && key != "std" && key != "values") {
+      return Error{fmt::format(
+          "generator.params.sink: unknown parameter {} (parameters: mean, std, or values)",
+          QuotedExcerpt(key))};
+    }
+    if (key == "values") continue;
+    const nlohmann::json& x = item.value();
+    if (!x.is_number() || !std::isfinite(x.get<double>()) || (key == "std" && x < 0)) {
+      return Error{fmt::format("generator.params.sink.{}: expected a finite number{}, got {}",
+                               key, key == "std" ? " >= 0" : "", JsonExcerpt(x))};
+    }
+  }
+  if (!s.contains("values")) return {};
+  if (s.contains("mean") || s.contains("std")) {
+    return Error{"generator.params.sink: give either values or mean/std, not both"};
+  }
+  const nlohmann::json& values = s.at("values");
+  if (!values.is_array() || values.empty()) {
+    return Error{fmt::format("generator.params.sink.values: expected a non-empty array, got {}",
+                             JsonExcerpt(values))};
+  }
+  for (size_t n = 0; n < values.size(); ++n) {
+    const nlohmann::json& x = values[n];
+    const bool neg_inf = x.is_string() && x.get<std::string>() == "-inf";
+    const bool finite_f32 =
+        x.is_number() && std::isfinite(static_cast<float>(x.get<double>()));
+    if (!neg_inf && !finite_f32) {
+      return Error{fmt::format(
+          "generator.params.sink.values[{}]: expected a number finite in float32 or \"-inf\", "
+          "got {}",
+          n, JsonExcerpt(x))};
+    }
+  }
+  return {};
+}
+
+Tensor GenerateSink(const Problem& p, const GeneratorSpec& spec) {
+  Tensor t = Tensor::Zeros(DType::kF64, p.SinkShape());
+  const std::span<double> out = t.span<double>();
+  const nlohmann::json s =
+      spec.params.contains("sink") ? spec.params.at("sink") : nlohmann::json::object();
+  if (s.contains("values")) {
+    const nlohmann::json& values = s.at("values");
+    for (size_t h = 0; h < out.size(); ++h) {
+      const nlohmann::json& x = values[h % values.size()];
+      out[h] = x.is_string() ? -std::numeric_limits<double>::infinity() : x.get<double>();
+    }
+    return t;
+  }
+  const double mean = s.value("mean", 0.0), std = s.value("std", 1.0);
+  for (size_t h = 0; h < out.size(); ++h) {
+    out[h] = mean + std * ElementStream(spec.seed, kStreamSink, h).NextNormal();
+  }
+  return t;
 }
 
 // The tensor's parameters: its override, else the top level, else the row's default.
@@ -613,7 +681,6 @@ std::vector<std::string> GeneratorNames() {
 }
 
 Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec) {
-  (void)p;  // rows may later depend on the problem (e.g. which channel is an outlier)
   const GeneratorRow* row = FindRow(spec.name);
   if (row == nullptr) {
     std::string known;
@@ -623,6 +690,7 @@ Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec) {
                     known)};
   }
   if (Status s = CheckParamObject(*row, spec.params, "generator.params", true); !s) return s;
+  if (Status s = CheckSinkParams(p, spec.params); !s) return s;
   for (const auto& t : kTensors) {
     const std::string where = fmt::format("generator.params.{}", t.name);
     if (spec.params.contains(std::string(t.name))) {
@@ -660,6 +728,7 @@ Expected<GeneratedInputs> GenerateInputs(const Problem& p, const GeneratorSpec& 
     row.fill(ctx, targets[t]->span<double>());
     earlier.push_back(targets[t]);
   }
+  if (p.sink) out.sink = GenerateSink(p, spec);
   return out;
 }
 

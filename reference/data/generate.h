@@ -32,7 +32,13 @@ std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<u
 
 // Stream ids of the four input tensors (the third counter word). Generators that need
 // auxiliary randomness (e.g. which channels are outliers) use ids >= kFirstAuxStream.
-enum TensorStream : uint32_t { kStreamQ = 0, kStreamK = 1, kStreamV = 2, kStreamDO = 3 };
+enum TensorStream : uint32_t {
+  kStreamQ = 0,
+  kStreamK = 1,
+  kStreamV = 2,
+  kStreamDO = 3,
+  kStreamSink = 4  // the learnable sink [Hq] (Problem::sink)
+};
 inline constexpr uint32_t kFirstAuxStream = 16;
 
 // The random words of one element: counter (index lo, index hi, stream, block), two 64-bit
@@ -108,10 +114,18 @@ std::vector<std::string> GeneratorNames();
 
 struct GeneratedInputs {
   Tensor q, k, v, dout;  // f64, the problem's shapes, NOT rounded to the problem's dtype
+  Tensor sink;           // [Hq] f64 when Problem::sink (NOT rounded to float32), else undefined
 };
 
+// The sink logits of a problem with Problem::sink, whatever the generator row: the params'
+// "sink" object, either {"mean": m, "std": s} (defaults 0 and 1: sink_h = m + s * the first
+// normal of ElementStream(seed, kStreamSink, h)) or {"values": [x, ...]} (head h takes
+// values[h mod n]; a number whose float32 rounding is finite, or the string "-inf", which
+// removes the sink: docs/semantics.md). Huge sinks are values such as 1e30.
+
 // Checks the spec against the table: known name, known parameter names (top level and in
-// per-tensor overrides {"q": {...}, "k": ..., "v": ..., "do": ...}), numeric and valid values.
+// per-tensor overrides {"q": {...}, "k": ..., "v": ..., "do": ...}), numeric and valid values,
+// and the "sink" object (only for a problem with a sink).
 Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec);
 Expected<GeneratedInputs> GenerateInputs(const Problem& p, const GeneratorSpec& spec);
 

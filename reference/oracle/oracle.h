@@ -60,6 +60,12 @@ struct OracleOptions {
   // oracle_sample_test checks it); the statistics are those of the tiles computed.
   const std::vector<uint8_t>* query_rows = nullptr;
   const std::vector<uint8_t>* key_rows = nullptr;
+  // The learnable sink (Problem::sink; docs/semantics.md "Learnable sink"): [Hq] f64, each
+  // value finite or -inf. Required exactly when the problem has a sink. Each row's softmax
+  // denominator gains exp(sink_h), lse includes it (a row with no visible key: o = 0,
+  // lse = sink_h, no gradient), and the backward returns BackwardOut::dsink. A sampled
+  // backward leaves dsink NaN (it needs every row).
+  const Tensor* sink = nullptr;
 };
 
 // The float64 path's tiles for `p` when OracleOptions leaves them 0: 128 x 128 for every
@@ -102,6 +108,11 @@ struct OracleStats {
   int64_t max_queries = 0;  // most (query, head) pairs that see one key
   int64_t sum_len_q = 0;    // Lq: longest accumulation chain over (query, head) pairs
   int64_t unseen_keys = 0;  // (b, kv head, j) seen by no query
+  // Learnable sink (0 without one). The sink is a logit like a score: s_abs, the largest
+  // finite |sink_h|, joins a in the bound, and a finite sink adds one term to sum_len_k.
+  double sink_abs_max = 0;
+  double sink_mass_max = 0;  // S: max_h sum over (b, i) of exp(sink_h - lse_i) (backward)
+  int64_t sink_rows = 0;     // Ls: rows summed into one dsink (backward)
 };
 
 struct ForwardOut {
@@ -111,6 +122,9 @@ struct ForwardOut {
 
 struct BackwardOut {
   Tensor dq, dk, dv;  // f64, contiguous, shapes of q, k, v
+  // dsink [Hq] = -sum over batch and rows i of head h of exp(sink_h - lse_i) delta_i (0 for a
+  // sink of -inf); undefined without a sink.
+  Tensor dsink;
   Tensor delta;       // D_i = rowsum(dO_i * O_i), lse's shape (0 on empty rows)
   Tensor o, lse;      // the forward this backward differentiated
   OracleStats stats;
@@ -146,8 +160,8 @@ BackwardOut Backward(Precision precision, const Problem& p, const Tensor& q, con
                      const Tensor& v, const Tensor& dout, const OracleOptions& options = {});
 
 // The outputs a certification bound exists for.
-enum class OracleTensor { kO, kLse, kDq, kDk, kDv, kDelta };
-std::string_view Name(OracleTensor t);  // "o", "lse", "dq", "dk", "dv", "delta"
+enum class OracleTensor { kO, kLse, kDq, kDk, kDv, kDelta, kDsink };
+std::string_view Name(OracleTensor t);  // "o", "lse", "dq", "dk", "dv", "delta", "dsink"
 
 // A bound on max over elements of |computed - exact| (absolute, in the tensor's units) for
 // the run that produced `stats`, including the final rounding of each output. Compare the

@@ -36,6 +36,15 @@
 //      scale Qinf G V c (kappa + 2 (Lq + 2) u).
 //    dv_j = sum_(h,i) p_ij dO_i:   c Ginf (theta + (Lq + 1) u).
 //    delta:                        G V (eta + (Lk + 4) u).
+// 7. Learnable sink (OracleStats::sink_*): the sink is a logit without a value, exact (an
+//    input), so it is a score of magnitude <= s_abs without a dot product: a becomes
+//    max(a, s_abs), and a finite sink is one more term of l (sum_len_k counts it). Its
+//    fold into the finished row (oracle_double.cc FinishRow: m' = max(m, sink), one
+//    rescale exp(m - m') and one exp(sink - m')) is one more rescale and exp of step 2.
+//    dsink_h = -sum_i w_i delta_i with w_i = exp(sink_h - lse_i) <= 1: w_i errs by theta
+//    w_i, delta_i by G V (eta + (Lk + 4) u), and the sum of Ls terms by (Ls + 1) u of
+//    sum |w_i delta_i| <= S G V (S = sink_mass_max):
+//      dsink:                      S G V (theta + eta + (Lk + 4) u + (Ls + 2) u).
 // Every bound is doubled to cover second-order terms (products of the first-order ones,
 // gamma_n's 1/(1 - n u)), which are below 1% of the first-order terms for n u < 1e-3.
 #include <algorithm>
@@ -48,7 +57,7 @@ namespace attest {
 double ErrorBound(const OracleStats& s, OracleTensor t) {
   constexpr double kSafety = 2.0;
   const double u = s.unit_roundoff;
-  const double a = s.score_abs_max;
+  const double a = std::max(s.score_abs_max, s.sink_abs_max);
   const double lk = static_cast<double>(s.sum_len_k);
   const double lq = static_cast<double>(s.sum_len_q);
   const double d = static_cast<double>(s.head_dim);
@@ -81,6 +90,10 @@ double ErrorBound(const OracleStats& s, OracleTensor t) {
       break;
     case OracleTensor::kDelta:
       bound = gv * delta;
+      break;
+    case OracleTensor::kDsink:
+      bound = s.sink_mass_max * gv *
+              (theta + delta + (static_cast<double>(s.sink_rows) + 2) * u);
       break;
   }
   return kSafety * bound;

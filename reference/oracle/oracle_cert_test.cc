@@ -1,10 +1,13 @@
 // Certification of the float64 oracle (oracle.h): on every feature problem, double against
-// mp256 within ErrorBound for o, lse, dq, dk, dv, delta (bounds printed with the observed
-// margin); the mp256 backward against central finite differences of the mp256 forward
-// (directional derivatives of L = <dO, O>, ~40 correct digits); mp128 against mp256.
+// mp256 within ErrorBound for o, lse, dq, dk, dv, delta, and with a learnable sink dsink too
+// (bounds printed with the observed margin); the mp256 backward against central finite
+// differences of the mp256 forward (directional derivatives of L = <dO, O>, ~40 correct
+// digits); mp128 against mp256.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
+#include <random>
 
 #include "reference/oracle/oracle.h"
 #include "reference/oracle/oracle_generic.h"
@@ -33,8 +36,10 @@ void ExpectCertified(const std::string& name, const BackwardOut& x, const Backwa
   const Pair pairs[] = {
       {OracleTensor::kO, &x.o, &y.o},    {OracleTensor::kLse, &x.lse, &y.lse},
       {OracleTensor::kDq, &x.dq, &y.dq}, {OracleTensor::kDk, &x.dk, &y.dk},
-      {OracleTensor::kDv, &x.dv, &y.dv}, {OracleTensor::kDelta, &x.delta, &y.delta}};
+      {OracleTensor::kDv, &x.dv, &y.dv}, {OracleTensor::kDelta, &x.delta, &y.delta},
+      {OracleTensor::kDsink, &x.dsink, &y.dsink}};
   for (const Pair& pr : pairs) {
+    if (!pr.x->defined()) continue;  // dsink: only with a sink
     const double err = MaxAbsDiff(*pr.x, *pr.y);
     const double bound = ErrorBound(x.stats, pr.t) + ErrorBound(y.stats, pr.t);
     const double mag = MaxAbs(*pr.y);
@@ -42,7 +47,15 @@ void ExpectCertified(const std::string& name, const BackwardOut& x, const Backwa
                 name.c_str(), std::string(Name(pr.t)).c_str(), err, bound,
                 bound > 0 ? err / bound : 0.0, mag > 0 ? bound / mag : 0.0);
     EXPECT_LE(err, bound) << name << " " << Name(pr.t);
-    const double cond = 1 + x.stats.score_abs_max;
+    // dsink sums signed terms (it may cancel to nearly 0): its bound is judged against the
+    // sum of their magnitudes, S G V.
+    const double cond = 1 + std::max(x.stats.score_abs_max, x.stats.sink_abs_max);
+    if (pr.t == OracleTensor::kDsink) {
+      EXPECT_LT(bound, 1e-10 * cond * x.stats.sink_mass_max * x.stats.do_norm_max *
+                           x.stats.v_norm_max)
+          << name << ": vacuous dsink bound";
+      continue;
+    }
     if (mag > 0)
       EXPECT_LT(bound / mag, 1e-10 * cond) << name << " " << Name(pr.t) << ": vacuous bound";
   }
@@ -68,6 +81,37 @@ TEST(OracleCertTest, DoubleMatchesMp256WithinTheBoundOnEveryFeature) {
       const ForwardOut f = Forward<double>(np.p, in.q, in.k, in.v, opt);
       EXPECT_TRUE(f.o.BitwiseEqual(d.o));
       EXPECT_TRUE(f.lse.BitwiseEqual(d.lse));
+    }
+  }
+}
+
+TEST(OracleCertTest, DoubleMatchesMp256WithinTheBoundWithALearnableSink) {
+  // Every feature problem with a sink per query head: alternately ordinary (N(0, 2^2)) and
+  // large (+-12, above and below the rows' maxima), -inf in the last head of problems with
+  // three or more heads (no sink there).
+  uint64_t seed = 700;
+  for (NamedProblem np : FeatureProblems()) {
+    SCOPED_TRACE(np.name);
+    np.p.sink = true;
+    std::mt19937_64 rng(++seed);
+    std::normal_distribution<double> normal(0.0, 2.0);
+    std::vector<double> values;
+    for (int64_t h = 0; h < np.p.heads_q; ++h) {
+      values.push_back(h % 2 == 0 ? normal(rng) : (h % 4 == 1 ? 12.0 : -12.0));
+    }
+    if (np.p.heads_q >= 3) values.back() = -std::numeric_limits<double>::infinity();
+    const Tensor sink = Tensor::FromF64({np.p.heads_q}, values);
+    const auto in = RandomInputs(np.p, seed, np.q_sigma);
+    OracleOptions opt;
+    opt.sink = &sink;
+    const BackwardOut mp = Backward<Mp256>(np.p, in.q, in.k, in.v, in.dout, opt);
+    opt.threads = 2;
+    for (const auto& [tq, tk] : {std::pair<int64_t, int64_t>{0, 0}, {3, 2}}) {
+      opt.tile_q = tq;
+      opt.tile_k = tk;
+      const BackwardOut d = Backward<double>(np.p, in.q, in.k, in.v, in.dout, opt);
+      ExpectCertified(np.name + "/sink/tiles" + std::to_string(tq) + "x" + std::to_string(tk), d,
+                      mp);
     }
   }
 }

@@ -97,3 +97,32 @@ expect_match("${out}" "--device: expected cpu or cuda" "oracle --device tpu")
 run_attest(2 out oracle --case "${case}" --out "${WORK}/x.safetensors" --device cuda
            --precision mp256)
 expect_match("${out}" "only --precision double runs on the GPU" "oracle --device cuda mp256")
+
+# A learnable sink (docs/semantics.md "Learnable sink"): GQA, causal empty rows, a packed
+# sequence without keys, softcap, and sinks of 0.5, -inf, 1e30 and -2; both oracles write
+# dsink (with its bound). The CUDA oracle declines sinks: --device cuda says so and runs the
+# CPU oracle, byte for byte the CPU file. A sink object for a problem without a sink exits 2.
+set(sink_case "${SRC}/reference/oracle/testdata/sink_varlen_gqa_causal.case.json")
+foreach(precision double mp256)
+  run_attest(0 out oracle --case "${sink_case}" --out "${WORK}/sink-${precision}.safetensors"
+             --precision ${precision})
+  expect_match("${out}" "\\(44 empty rows, " "sink oracle ${precision}")
+  run_attest(0 out inspect --json "${WORK}/sink-${precision}.safetensors")
+  expect_match("${out}" "\"dsink\"" "inspect sink ${precision}: dsink")
+  expect_match("${out}" "sink_mass_max" "inspect sink ${precision}: stats")
+endforeach()
+if(EMULATED)
+  set(ENV{ATTEST_ORACLE_CUDA} "${EMULATED}")
+  run_attest(0 out oracle --case "${sink_case}" --out "${WORK}/sink-cuda.safetensors"
+             --device cuda)
+  unset(ENV{ATTEST_ORACLE_CUDA})
+  expect_match("${out}" "the CUDA oracle declines learnable sinks; running the CPU" "sink --device cuda")
+  file(SHA256 "${WORK}/sink-cuda.safetensors" got)
+  file(SHA256 "${WORK}/sink-double.safetensors" want)
+  if(NOT got STREQUAL want)
+    message(FATAL_ERROR "sink --device cuda: not the CPU oracle's bytes")
+  endif()
+endif()
+file(WRITE "${WORK}/nosink.case.json" "{\"problem\": {\"heads_q\": 2}, \"generator\": {\"name\": \"gaussian\", \"seed\": 1, \"params\": {\"sink\": {\"values\": [1]}}}}")
+run_attest(2 out oracle --case "${WORK}/nosink.case.json" --out "${WORK}/nosink.safetensors")
+expect_match("${out}" "generator.params.sink: the problem has no sink" "sink params without a sink")

@@ -17,8 +17,51 @@
 namespace attest {
 namespace oracle_internal {
 
+namespace {
+
+// OracleOptions::sink against the problem: present iff Problem::sink, [Hq] f64, each value
+// finite or -inf (docs/semantics.md "Learnable sink").
+std::vector<double> CheckSink(const Problem& p, const Tensor* sink) {
+  if (sink == nullptr) {
+    if (!p.sink) return {};
+    throw std::invalid_argument(
+        "oracle: sink: problem.sink is true but no sink tensor was given (OracleOptions::sink)");
+  }
+  if (!p.sink) {
+    throw std::invalid_argument("oracle: sink: a sink tensor was given but problem.sink is false");
+  }
+  if (sink->dtype() != DType::kF64 || sink->shape() != p.SinkShape()) {
+    throw std::invalid_argument(fmt::format(
+        "oracle: sink: expected f64 [{}] (one logit per query head), got {}", p.heads_q,
+        sink->Describe()));
+  }
+  const Tensor c = sink->contiguous() ? *sink : sink->Clone();
+  const auto x = c.span<const double>();
+  for (size_t h = 0; h < x.size(); ++h) {
+    if (std::isnan(x[h]) || x[h] == std::numeric_limits<double>::infinity()) {
+      throw std::invalid_argument(
+          fmt::format("oracle: sink[{}] is {}: a sink is finite or -inf", h, x[h]));
+    }
+  }
+  return {x.begin(), x.end()};
+}
+
+}  // namespace
+
+double SinkAbsMax(const Inputs& in) {
+  double m = 0;
+  for (double s : in.sink) {
+    if (std::isfinite(s)) m = std::max(m, std::abs(s));
+  }
+  return m;
+}
+
+bool AnyFiniteSink(const Inputs& in) {
+  return std::any_of(in.sink.begin(), in.sink.end(), [](double s) { return std::isfinite(s); });
+}
+
 Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor* dout) {
+                   const Tensor* dout, const Tensor* sink) {
   if (Status s = Validate(p); !s) throw std::invalid_argument("oracle: " + s.error().message);
   if (Status s = ValidateInputShapes(p, q, k, v, dout); !s) {
     throw std::invalid_argument("oracle: " + s.error().message);
@@ -61,6 +104,7 @@ Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Ten
   finite(in.k, "k");
   finite(in.v, "v");
   if (dout != nullptr) finite(in.dout, "do");
+  in.sink = CheckSink(p, sink);
   return in;
 }
 
@@ -156,6 +200,9 @@ void MergeStats(OracleStats& into, const OracleStats& from) {
   into.max_queries = std::max(into.max_queries, from.max_queries);
   into.sum_len_k = std::max(into.sum_len_k, from.sum_len_k);
   into.sum_len_q = std::max(into.sum_len_q, from.sum_len_q);
+  into.sink_abs_max = std::max(into.sink_abs_max, from.sink_abs_max);
+  into.sink_mass_max = std::max(into.sink_mass_max, from.sink_mass_max);
+  into.sink_rows = std::max(into.sink_rows, from.sink_rows);
   into.empty_rows += from.empty_rows;
   into.unseen_keys += from.unseen_keys;
 }
@@ -195,6 +242,8 @@ std::string_view Name(OracleTensor t) {
       return "dv";
     case OracleTensor::kDelta:
       return "delta";
+    case OracleTensor::kDsink:
+      return "dsink";
   }
   return "?";
 }

@@ -87,6 +87,7 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
   const TileWalk& walk = walks_[static_cast<size_t>(item.b)];
   const Sequence& seq = walk.mask().sequence();
   const int64_t tq = item.tq, dv = p_.head_dim_v, key_tiles = KeyTiles(seq);
+  const bool sink_term = AnyFiniteSink(in_);
   sc.acc_v.assign(static_cast<size_t>(tq * dv), 0.0);
   sc.m.assign(static_cast<size_t>(tq), kNegInf);
   sc.l.assign(static_cast<size_t>(tq), 0.0);
@@ -165,18 +166,37 @@ void DoubleOracle::ForwardTile(const Tile& item, Scratch& sc, OracleStats& st, d
     double* orow = o + RowOffset(row, p_.heads_q, item.h, dv);
     double& lse = lse_rows_[RowIndex(row, item.h)];
     st.max_keys = std::max(st.max_keys, sc.keys[ur]);
-    st.sum_len_k = std::max(st.sum_len_k, max_tk + sc.tiles[ur]);
+    st.sum_len_k = std::max(st.sum_len_k, max_tk + sc.tiles[ur] + (sink_term ? 1 : 0));
     if (sc.m[ur] == kNegInf) {
       EmptyRow(orow, dv, &lse);
+      // A row with no visible key: o = 0, lse = sink_h (-inf without a sink), exactly.
+      if (in_.HasSink()) lse = in_.sink[static_cast<size_t>(item.h)];
       ++st.empty_rows;
       continue;
     }
-    const double l = sc.l[ur] + sc.comp[ur];
-    const double* acc = &sc.acc_v[static_cast<size_t>(r * dv)];
-    for (int64_t d = 0; d < dv; ++d) orow[d] = acc[d] / l;
-    lse = sc.m[ur] + std::log(l);
+    FinishRow(item.h, sc.m[ur], sc.l[ur] + sc.comp[ur], &sc.acc_v[static_cast<size_t>(r * dv)],
+              orow, &lse);
     st.lse_abs_max = std::max(st.lse_abs_max, std::abs(lse));
   }
+}
+
+void DoubleOracle::FinishRow(int64_t h, double m, double l, const double* acc, double* orow,
+                             double* lse) const {
+  const int64_t dv = p_.head_dim_v;
+  // The sink joins the finished online softmax as one more logit with no value: with
+  // m' = max(m, sink), f = exp(m - m'), l' = l f + exp(sink - m') and O f / l'. A sink of
+  // -inf is skipped, so that it gives bitwise the answer of no sink.
+  const double sink = in_.HasSink() ? in_.sink[static_cast<size_t>(h)] : kNegInf;
+  if (sink == kNegInf) {
+    for (int64_t d = 0; d < dv; ++d) orow[d] = acc[d] / l;
+    *lse = m + std::log(l);
+    return;
+  }
+  const double m2 = std::max(m, sink);
+  const double f = std::exp(m - m2);  // 1 exactly when the sink is below the row max
+  const double l2 = l * f + std::exp(sink - m2);
+  for (int64_t d = 0; d < dv; ++d) orow[d] = acc[d] * f / l2;
+  *lse = m2 + std::log(l2);
 }
 
 ForwardOut DoubleOracle::RunForward() {

@@ -91,7 +91,7 @@ class DoubleOracle {
   DoubleOracle(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                const Tensor* dout, const OracleOptions& options)
       : p_(p),
-        in_(CheckInputs(p, q, k, v, dout)),
+        in_(CheckInputs(p, q, k, v, dout, options.sink)),
         norms_(ComputeNorms(p, in_)),
         masks_(MaskViews(p)),
         tile_q_(options.tile_q > 0 ? options.tile_q : AutoTiles(p).q),
@@ -109,6 +109,7 @@ class DoubleOracle {
     stats_.v_abs_max = norms_.v_abs;
     stats_.v_norm_max = norms_.v_norm;
     stats_.k_abs_max = norms_.k_abs;
+    stats_.sink_abs_max = SinkAbsMax(in_);
   }
 
   ForwardOut RunForward();
@@ -329,6 +330,12 @@ class DoubleOracle {
     }
     return sum + comp;
   }
+  // A row's end: o = acc / l and lse = m + log l, the sink folded in first
+  // (oracle_double.cc).
+  void FinishRow(int64_t h, double m, double l, const double* acc, double* orow,
+                 double* lse) const;
+  // dsink from lse_rows_ and delta_rows_ (oracle_double_backward.cc), and its statistics.
+  Tensor Dsink();
   // lse_rows_ (or delta_rows_) into a tensor of the problem's lse shape.
   Tensor RowsToLse(const std::vector<double>& rows) const;
 

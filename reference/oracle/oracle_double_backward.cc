@@ -260,10 +260,38 @@ BackwardOut DoubleOracle::RunBackward() {
     BlankUnsampled(out.o.data<double>(), out.dq.data<double>(), out.dk.data<double>(),
                    out.dv.data<double>());
   }
+  if (in_.HasSink()) out.dsink = Dsink();
   out.lse = RowsToLse(lse_rows_);
   out.delta = RowsToLse(delta_rows_);
   out.stats = stats_;
   return out;
+}
+
+Tensor DoubleOracle::Dsink() {
+  // dsink_h = -sum_i exp(sink_h - lse_i) delta_i over every row i of head h (all sequences,
+  // ascending rows), compensated; an empty row adds exp(0) * 0. A sampled run lacks rows.
+  Tensor t = Tensor::Zeros(DType::kF64, p_.SinkShape());
+  double* out = t.data<double>();
+  const int64_t rows = p_.TotalQ();
+  stats_.sink_rows = rows;
+  for (int64_t h = 0; h < p_.heads_q; ++h) {
+    const double sink = in_.sink[static_cast<size_t>(h)];
+    if (sink == kNegInf) continue;  // no sink in this head: dsink = 0
+    if (Sampled()) {
+      out[h] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    double sum = 0, comp = 0, mass = 0;
+    for (int64_t row = 0; row < rows; ++row) {
+      const size_t r = RowIndex(row, h);
+      const double w = std::exp(sink - lse_rows_[r]);
+      mass += w;
+      TwoSumAdd(sum, comp, -(w * delta_rows_[r]));
+    }
+    out[h] = sum + comp;
+    stats_.sink_mass_max = std::max(stats_.sink_mass_max, mass);
+  }
+  return t;
 }
 
 }  // namespace attest::double_oracle

@@ -42,6 +42,7 @@ struct GenericRun {
   std::vector<MaskView> masks;
   int threads;
   std::vector<T> q, k, v, dout;  // inputs in T
+  std::vector<T> sink;           // [Hq] in T when Problem::sink
   std::vector<T> o, lse;         // forward: [total_q, Hq, Dv] and [total_q, Hq]
   std::vector<char> empty;       // [total_q, Hq]: the row sees no key
   OracleStats stats;
@@ -50,7 +51,7 @@ struct GenericRun {
   GenericRun(const Problem& prob, const Tensor& tq, const Tensor& tk, const Tensor& tv,
              const Tensor* tdo, const OracleOptions& options, std::function<void()> exit_hook = {})
       : p(prob),
-        in(CheckInputs(prob, tq, tk, tv, tdo)),
+        in(CheckInputs(prob, tq, tk, tv, tdo, options.sink)),
         norms(ComputeNorms(prob, in)),
         masks(MaskViews(prob)),
         threads(ThreadCount(options, prob.batch * prob.heads_kv)),
@@ -59,6 +60,8 @@ struct GenericRun {
     k = ToScalar<T>(in.K(), in.k.numel());
     v = ToScalar<T>(in.V(), in.v.numel());
     if (tdo != nullptr) dout = ToScalar<T>(in.DO(), in.dout.numel());
+    if (in.HasSink()) sink = ToScalar<T>(in.sink.data(), static_cast<int64_t>(in.sink.size()));
+    stats.sink_abs_max = SinkAbsMax(in);
     stats.unit_roundoff = std::ldexp(1.0, -std::numeric_limits<T>::digits);
     stats.scale = p.EffectiveScale();
     stats.softcap = p.softcap;
@@ -101,6 +104,7 @@ struct GenericRun {
 
   void RunForward() {
     using std::exp;
+    using std::isinf;
     using std::log;
     const int64_t rows = p.TotalQ();
     o.assign(static_cast<size_t>(rows * p.heads_q * p.head_dim_v), T(0));
@@ -129,11 +133,16 @@ struct GenericRun {
               if (s[static_cast<size_t>(j)] > m) m = s[static_cast<size_t>(j)];
             });
             st.max_keys = std::max<int64_t>(st.max_keys, static_cast<int64_t>(keys.size()));
+            const size_t r = static_cast<size_t>(row * p.heads_q + h);
+            // The sink is one more logit in the denominator, with no value (-inf: none).
+            const bool has_sink = in.HasSink() && !isinf(sink[static_cast<size_t>(h)]);
             if (keys.empty()) {
               ++st.empty_rows;
-              continue;  // o = 0, lse = -inf (already)
+              if (has_sink) lse[r] = sink[static_cast<size_t>(h)];
+              continue;  // o = 0, lse = -inf (already) or the sink
             }
-            T l = 0;
+            if (has_sink && sink[static_cast<size_t>(h)] > m) m = sink[static_cast<size_t>(h)];
+            T l = has_sink ? T(exp(sink[static_cast<size_t>(h)] - m)) : T(0);
             T* orow = &o[static_cast<size_t>(RowOffset(row, p.heads_q, h, p.head_dim_v))];
             for (int64_t j : keys) {
               const T e = exp(s[static_cast<size_t>(j)] - m);
@@ -142,7 +151,6 @@ struct GenericRun {
               for (int64_t d = 0; d < p.head_dim_v; ++d) orow[d] += e * vrow[d];
             }
             for (int64_t d = 0; d < p.head_dim_v; ++d) orow[d] /= l;
-            const size_t r = static_cast<size_t>(row * p.heads_q + h);
             lse[r] = m + log(l);
             empty[r] = 0;
             st.lse_abs_max = std::max(st.lse_abs_max, std::abs(static_cast<double>(lse[r])));
@@ -150,7 +158,30 @@ struct GenericRun {
         },
         worker_exit);
     for (const auto& st : partial) MergeStats(stats, st);
-    stats.sum_len_k = stats.max_keys;
+    stats.sum_len_k = stats.max_keys + (AnyFiniteSink(in) ? 1 : 0);
+  }
+
+  // dsink [Hq] from the forward's lse and the backward's delta (RunBackward first): the sum
+  // over every row of head h, in T.
+  std::vector<T> Dsink(const std::vector<T>& delta) {
+    using std::exp;
+    using std::isinf;
+    std::vector<T> out(static_cast<size_t>(p.heads_q), T(0));
+    stats.sink_rows = p.TotalQ();
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const T& sv = sink[static_cast<size_t>(h)];
+      if (isinf(sv)) continue;  // -inf: no sink, dsink = 0
+      T sum = 0, mass = 0;
+      for (int64_t row = 0; row < p.TotalQ(); ++row) {
+        const size_t r = static_cast<size_t>(row * p.heads_q + h);
+        const T w = exp(sv - lse[r]);
+        mass += w;
+        sum -= w * delta[r];
+      }
+      out[static_cast<size_t>(h)] = sum;
+      stats.sink_mass_max = std::max(stats.sink_mass_max, static_cast<double>(mass));
+    }
+    return out;
   }
 
   // dq, dk, dv, delta in T; requires RunForward first.
@@ -285,6 +316,7 @@ BackwardOut GenericBackward(const Problem& p, const Tensor& q, const Tensor& k, 
   out.dk = ToTensor(p.KShape(), dk);
   out.dv = ToTensor(p.VShape(), dv);
   out.delta = LseToTensor(p, delta);
+  if (run.in.HasSink()) out.dsink = ToTensor(p.SinkShape(), run.Dsink(delta));
   out.o = ToTensor(p.OShape(), run.o);
   out.lse = LseToTensor(p, run.lse);
   out.stats = run.stats;

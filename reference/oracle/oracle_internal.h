@@ -16,15 +16,21 @@ namespace attest::oracle_internal {
 // Validated, contiguous f64 inputs (a strided input is copied once).
 struct Inputs {
   Tensor q, k, v, dout;  // dout undefined for a forward
+  std::vector<double> sink;  // [Hq] when Problem::sink (finite or -inf), else empty
+  bool HasSink() const { return !sink.empty(); }
   const double* Q() const { return q.data<double>(); }
   const double* K() const { return k.data<double>(); }
   const double* V() const { return v.data<double>(); }
   const double* DO() const { return dout.data<double>(); }
 };
 // Throws std::invalid_argument (naming the problem field or tensor) on a bad problem, wrong
-// shapes or a non-f64 tensor.
+// shapes or a non-f64 tensor; `sink` is OracleOptions::sink.
 Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor* dout);
+                   const Tensor* dout, const Tensor* sink = nullptr);
+// The largest finite |sink_h| (0 without a sink), and whether any sink is finite
+// (OracleStats::sink_abs_max; a finite sink lengthens the denominator's sum by one term).
+double SinkAbsMax(const Inputs& in);
+bool AnyFiniteSink(const Inputs& in);
 
 // Element offsets in the contiguous layouts. `row` is the token row of the flattened
 // sequence axis (Sequence::q_begin + i, or k_begin + j): padded [B, S, H, X] and packed

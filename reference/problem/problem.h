@@ -67,6 +67,11 @@ struct Problem {
   // must give the same answer, and a suite row per form asks exactly that of APIs that take
   // masks as tensors (PyTorch SDPA's attn_mask; Capabilities::mask_forms).
   std::string mask_form;
+  // Learnable attention sink (gpt-oss; FlashAttention-4's learnable_sink): the input tensor
+  // `sink` [Hq] float32 (CaseInputs::sink) holds one logit per query head that joins every
+  // row's softmax denominator as exp(sink_h) with no value; lse includes it, and the backward
+  // returns dsink [Hq] (docs/semantics.md section 2, "Learnable sink").
+  bool sink = false;
 
   double EffectiveScale() const;
   bool varlen() const { return cu_seqlens_q.has_value(); }
@@ -82,6 +87,7 @@ struct Problem {
   Shape VShape() const;
   Shape OShape() const;
   Shape LseShape() const;
+  Shape SinkShape() const { return {heads_q}; }  // sink and dsink: [Hq]
 
   bool operator==(const Problem&) const = default;
 };

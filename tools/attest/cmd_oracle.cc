@@ -4,8 +4,9 @@
 // reference/oracle/cuda/oracle_cuda_host.h, which exits 2 with a message where there is no
 // library or GPU) on a
 // case's inputs (reference/case/inputs.h: loaded or generated, rounded to the dtype) and
-// writes o, lse, dq, dk, dv and delta as F64 (forward outputs only when the case has no
-// "do"). The file's metadata records the precision, the OracleStats and each tensor's
+// writes o, lse, dq, dk, dv and delta (and dsink when the problem has a learnable sink) as
+// F64 (forward outputs only when the case has no "do"); the CUDA oracle declines sinks, so a
+// sink case runs on the CPU oracle with --device cuda too. The file's metadata records the precision, the OracleStats and each tensor's
 // certification bound (ErrorBound). A missing or invalid case file, inputs that do not
 // match the problem, or an unwritable output exit 2.
 #include <fmt/format.h>
@@ -58,6 +59,14 @@ nlohmann::json StatsJson(const OracleStats& s) {
           {"unseen_keys", s.unseen_keys}};
 }
 
+// The sink's statistics join the metadata only for a problem with a sink (files of other
+// problems keep their bytes).
+void AddSinkStats(nlohmann::json& j, const OracleStats& s) {
+  j["sink_abs_max"] = s.sink_abs_max;
+  j["sink_mass_max"] = s.sink_mass_max;
+  j["sink_rows"] = s.sink_rows;
+}
+
 int RunOracle(const OracleCmdOptions& opt) {
   const auto precision = ParsePrecision(opt.precision);
   if (!precision) {
@@ -77,6 +86,15 @@ int RunOracle(const OracleCmdOptions& opt) {
 
   OracleOptions options;
   options.threads = opt.threads;
+  if (in->sink.defined()) options.sink = &in->sink;
+  // The CUDA oracle declines learnable sinks (reference/oracle/cuda/oracle_cuda_host.h): the
+  // CPU float64 oracle runs such a case, and says so.
+  const bool on_gpu = cuda && !c->problem.sink;
+  if (cuda && !on_gpu && !opt.quiet) {
+    std::cerr << opt.case_path
+              << ": problem.sink: the CUDA oracle declines learnable sinks; running the CPU "
+                 "float64 oracle\n";
+  }
   NamedTensors out;
   nlohmann::json bounds = nlohmann::json::object();
   OracleStats stats;
@@ -84,7 +102,7 @@ int RunOracle(const OracleCmdOptions& opt) {
   try {
     if (in->dout.defined()) {
       BackwardOut b =
-          cuda ? CudaBackward(c->problem, in->q, in->k, in->v, in->dout)
+          on_gpu ? CudaBackward(c->problem, in->q, in->k, in->v, in->dout)
                : Backward(*precision, c->problem, in->q, in->k, in->v, in->dout, options);
       out.Add("o", b.o);
       out.Add("lse", b.lse);
@@ -95,8 +113,12 @@ int RunOracle(const OracleCmdOptions& opt) {
       stats = b.stats;
       tensors = {OracleTensor::kO,  OracleTensor::kLse, OracleTensor::kDq,
                  OracleTensor::kDk, OracleTensor::kDv,  OracleTensor::kDelta};
+      if (b.dsink.defined()) {
+        out.Add("dsink", b.dsink);
+        tensors.push_back(OracleTensor::kDsink);
+      }
     } else {
-      ForwardOut f = cuda ? CudaForward(c->problem, in->q, in->k, in->v)
+      ForwardOut f = on_gpu ? CudaForward(c->problem, in->q, in->k, in->v)
                           : Forward(*precision, c->problem, in->q, in->k, in->v, options);
       out.Add("o", f.o);
       out.Add("lse", f.lse);
@@ -114,14 +136,16 @@ int RunOracle(const OracleCmdOptions& opt) {
   }
   for (OracleTensor t : tensors) bounds[std::string(Name(t))] = ErrorBound(stats, t);
   out.metadata["attest.oracle.precision"] = std::string(Name(*precision));
-  if (cuda) out.metadata["attest.oracle.device"] = "cuda";  // CPU files stay byte-identical
-  out.metadata["attest.oracle.stats"] = StatsJson(stats).dump();
+  if (on_gpu) out.metadata["attest.oracle.device"] = "cuda";  // CPU files stay byte-identical
+  nlohmann::json stats_json = StatsJson(stats);
+  if (c->problem.sink) AddSinkStats(stats_json, stats);
+  out.metadata["attest.oracle.stats"] = stats_json.dump();
   out.metadata["attest.oracle.error_bound"] = bounds.dump();
   if (Status s = WriteSafetensors(opt.out, out); !s.ok()) throw UsageError(s.error().message);
   if (!opt.quiet) {
     // The products' ISA version is printed, never stored: every version gives the same bits.
     const std::string how =
-        cuda ? std::string("double oracle (CUDA)")
+        on_gpu ? std::string("double oracle (CUDA)")
         : *precision == Precision::kDouble
             ? fmt::format("double oracle ({} products)", oracle_internal::GemmPanelsIsa())
             : fmt::format("{} oracle", Name(*precision));
@@ -134,7 +158,8 @@ int RunOracle(const OracleCmdOptions& opt) {
 Runner SetupOracle(CLI::App& sub) {
   auto opt = std::make_shared<OracleCmdOptions>();
   sub.add_option("--case", opt->case_path, "Case file (*.case.json)")->required();
-  sub.add_option("--out", opt->out, "Output safetensors file (o, lse, dq, dk, dv, delta as F64)")
+  sub.add_option("--out", opt->out,
+                 "Output safetensors file (o, lse, dq, dk, dv, delta [, dsink] as F64)")
       ->required();
   sub.add_option("--precision", opt->precision, "double (tiled float64), mp128 or mp256 (MPFR)");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Worker threads (0: all cores)");

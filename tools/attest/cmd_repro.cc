@@ -27,6 +27,7 @@
 
 #include "kernels/builtin.h"
 #include "reference/case/inputs.h"
+#include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
 #include "reference/oracle/oracle.h"
 #include "run/build_info.h"
@@ -91,9 +92,15 @@ void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesy
   inputs.Add("k", in.k);
   inputs.Add("v", in.v);
   if (in.dout.defined()) inputs.Add("do", in.dout);
+  if (in.sink.defined()) {  // F32, as a case file's inputs hold it (reference/case/inputs.h)
+    auto sink = Convert(in.sink, Format::kF32);
+    if (!sink.ok()) throw UsageError("sink: " + sink.error().message);
+    inputs.Add("sink", *sink);
+  }
   write(inputs, "inputs.safetensors");
   OracleOptions oo;
   oo.threads = threads;
+  if (in.sink.defined()) oo.sink = &in.sink;
   NamedTensors oracle;
   if (in.dout.defined()) {
     BackwardOut b = OracleBackwardOn(cuda, c.problem, in.q, in.k, in.v, in.dout, oo);

@@ -18,6 +18,7 @@ OracleOptions CheckContext::SampledOptions() const {
     o.query_rows = &sample->query_rows;
     o.key_rows = &sample->key_rows;
   }
+  if (inputs.sink.defined()) o.sink = &inputs.sink;  // the case's learnable sink
   return o;
 }
 

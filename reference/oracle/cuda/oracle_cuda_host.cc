@@ -190,6 +190,13 @@ struct Outputs {
 
 Outputs RunCuda(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                 const Tensor* dout, const CudaOracleOptions& options) {
+  // Learnable sinks are not implemented on the GPU: declined before anything is loaded, and
+  // OracleForwardOn / OracleBackwardOn run such problems on the CPU oracle instead.
+  if (p.sink) {
+    throw std::invalid_argument(
+        "CUDA oracle: problem.sink: the CUDA oracle declines learnable sinks (the CPU float64 "
+        "oracle computes them: OracleForwardOn, attest oracle --device cpu)");
+  }
   // The CPU oracle's checks: Validate, shapes, f64, finite (names the field or tensor).
   const oracle_internal::Inputs in = oracle_internal::CheckInputs(p, q, k, v, dout);
   const Api& api = LoadWithDevice(options);
@@ -254,13 +261,14 @@ std::string CudaOracleLibrary(const CudaOracleOptions& options) { return Load(op
 
 ForwardOut OracleForwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
                            const Tensor& k, const Tensor& v, const OracleOptions& cpu) {
-  return cuda != nullptr ? CudaForward(p, q, k, v, *cuda) : Forward<double>(p, q, k, v, cpu);
+  return cuda != nullptr && !p.sink ? CudaForward(p, q, k, v, *cuda)
+                                    : Forward<double>(p, q, k, v, cpu);
 }
 
 BackwardOut OracleBackwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
                              const Tensor& k, const Tensor& v, const Tensor& dout,
                              const OracleOptions& cpu) {
-  return cuda != nullptr ? CudaBackward(p, q, k, v, dout, *cuda)
+  return cuda != nullptr && !p.sink ? CudaBackward(p, q, k, v, dout, *cuda)
                          : Backward<double>(p, q, k, v, dout, cpu);
 }
 

@@ -26,6 +26,10 @@ struct CudaOracleOptions {
   double* kernel_seconds = nullptr;
 };
 
+// Learnable sinks (Problem::sink) are declined: CudaForward / CudaBackward throw
+// std::invalid_argument naming problem.sink, and OracleForwardOn / OracleBackwardOn run a
+// problem with a sink on the CPU oracle (with cpu.sink) even when `cuda` is set.
+//
 // Throw std::invalid_argument (naming the field or tensor) on a bad problem or inputs, and
 // std::runtime_error when the library cannot be loaded, there is no GPU, or CUDA fails.
 ForwardOut CudaForward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -6,7 +6,8 @@
 // CPU-emulated library (ATTEST_ORACLE_CUDA_EMULATED), the C interface itself: device pointers
 // (host memory there) give the bits host pointers give, and a bad problem is an error code
 // with a message naming the field, and a GPU older than compute capability 8.0 (the emulated
-// library standing for one) counts as no usable device, with the reason.
+// library standing for one) counts as no usable device, with the reason. Learnable sinks are
+// declined, and the CPU oracle runs them.
 #include "reference/oracle/cuda/oracle_cuda_host.h"
 
 #include <dlfcn.h>
@@ -58,6 +59,31 @@ TEST(OracleCudaHostTest, BadInputsNameTheTensorBeforeLoading) {
   const std::string what = ErrorOf([&] { CudaForward(p, in.k, in.k, in.v, options); });
   EXPECT_NE(what.find("q"), std::string::npos) << what;
   EXPECT_THROW(CudaForward(p, in.k, in.k, in.v, options), std::invalid_argument);
+}
+
+TEST(OracleCudaHostTest, LearnableSinksAreDeclinedAndRunOnTheCpuOracle) {
+  // oracle_cuda_host.h: CudaForward / CudaBackward decline a problem with a sink (naming
+  // problem.sink, before loading anything); OracleForwardOn / OracleBackwardOn run it on the
+  // CPU oracle even with GPU options (here a library that does not exist).
+  Problem p = Base(1, 2, 1, 5, 4, 8, 8);
+  p.causal = true;
+  p.sink = true;
+  const auto in = RandomInputs(p, 4);
+  const Tensor sink = Tensor::FromF64({2}, {0.5, -1.0});
+  CudaOracleOptions options;
+  options.library = "/nonexistent/libattest_oracle_cuda.so";
+  EXPECT_THROW(CudaForward(p, in.q, in.k, in.v, options), std::invalid_argument);
+  const std::string what = ErrorOf([&] { CudaBackward(p, in.q, in.k, in.v, in.dout, options); });
+  EXPECT_NE(what.find("problem.sink: the CUDA oracle declines learnable sinks"),
+            std::string::npos)
+      << what;
+  OracleOptions cpu;
+  cpu.sink = &sink;
+  const BackwardOut on = OracleBackwardOn(&options, p, in.q, in.k, in.v, in.dout, cpu);
+  const BackwardOut want = Backward<double>(p, in.q, in.k, in.v, in.dout, cpu);
+  EXPECT_TRUE(on.dsink.BitwiseEqual(want.dsink) && on.dq.BitwiseEqual(want.dq));
+  const ForwardOut f = OracleForwardOn(&options, p, in.q, in.k, in.v, cpu);
+  EXPECT_TRUE(f.lse.BitwiseEqual(want.lse));
 }
 
 TEST(OracleCudaHostTest, BuiltLibraryRunsOrSaysThereIsNoGpu) {
