@@ -41,6 +41,11 @@ struct Capabilities {
   bool block_sparse = false;
   bool backward = false;
   bool deterministic = false;  // repeat runs are bitwise equal
+  // Learnable sink (Problem::sink; docs/semantics.md "Learnable sink"): the kernel takes the
+  // sink [Hq] through Kernel::ForwardSink and returns dsink from Kernel::BackwardSink. A kernel
+  // that does not claim it never sees a problem with a sink (Covers). JSON key "sink", written
+  // only when true.
+  bool sink = false;
   // The forward returns lse. A kernel whose public API returns the output alone (PyTorch's
   // F.scaled_dot_product_attention) declares false: ForwardResult::lse is then left undefined,
   // its Backward receives an undefined lse, and checks judge o and the gradients only. An
@@ -139,6 +144,7 @@ struct ForwardResult {
 
 struct BackwardResult {
   Tensor dq, dk, dv;
+  Tensor dsink;  // [Hq], any float dtype: from Kernel::BackwardSink only (Problem::sink)
 };
 
 // A kernel call's answer: outputs, an honest refusal, or an error (a finding: crash,
@@ -160,6 +166,17 @@ class Kernel {
                                                 const Tensor& k, const Tensor& v,
                                                 const Tensor& o, const Tensor& lse,
                                                 const Tensor& dout) = 0;
+  // The same calls for a problem with a learnable sink (Problem::sink, Capabilities::sink):
+  // `sink` is [Hq] f64 holding float32 values (finite, or -inf for none in that head), and
+  // BackwardResult::dsink [Hq] must be set. The plain Forward / Backward are never called with
+  // a sink problem by attest. Defaults: Unsupported (kernels that do not claim sinks).
+  virtual KernelAnswer<ForwardResult> ForwardSink(const Problem& p, const Tensor& q,
+                                                  const Tensor& k, const Tensor& v,
+                                                  const Tensor& sink);
+  virtual KernelAnswer<BackwardResult> BackwardSink(const Problem& p, const Tensor& q,
+                                                    const Tensor& k, const Tensor& v,
+                                                    const Tensor& o, const Tensor& lse,
+                                                    const Tensor& dout, const Tensor& sink);
   // Free-form notes about the last call (e.g. which code path a hybrid kernel took).
   virtual std::string last_route() const { return {}; }
   // The format Backward rounds dP = dO·Vᵀ to on `p` before forming dS (a rounding point

@@ -283,6 +283,12 @@ class ProtocolKernel final : public Kernel {
     }
     auto reply = ParseDescribeReply(*line);
     if (!reply) return fail("describe: " + reply.error().message);
+    // The protocol does not carry the learnable sink yet (docs/protocol.md "Capabilities"):
+    // a claim would send sink problems to a worker that never receives the sink.
+    if (reply->capabilities.sink) {
+      return fail("describe: capabilities.sink: true is not supported by the exec protocol "
+                  "yet (no sink input, no dsink output)");
+    }
     if (starts_ == 1) {
       caps_ = reply->capabilities;
       caps_json_ = reply->capabilities_json;

@@ -124,9 +124,11 @@ json Handle(Kernel& kernel, const json& request) {
   }
   const std::string op = request["op"].get<std::string>();
   if (op == "describe") {
-    return {{"status", "ok"},
-            {"name", kernel.name()},
-            {"capabilities", CapabilitiesToJson(kernel.capabilities())}};
+    // The protocol carries no learnable sink (docs/protocol.md "Capabilities"): a forked
+    // kernel is described without one, so it is never sent a sink problem.
+    Capabilities caps = kernel.capabilities();
+    caps.sink = false;
+    return {{"status", "ok"}, {"name", kernel.name()}, {"capabilities", CapabilitiesToJson(caps)}};
   }
   if (op != "forward" && op != "backward") {
     return ErrorReply("request: unknown op \"" + op + "\" (describe, forward, backward)");

@@ -303,6 +303,16 @@ std::string EngineUnsupportedReason(const Problem& p, const Recipe& recipe,
     return "tile sizes must be positive";
   }
   if (Status s = ValidateRecipe(recipe); !s) return s.error().message;
+  if (p.sink && options.sink == nullptr) {
+    return "learnable sink: the engine needs its tensor (Kernel::ForwardSink / BackwardSink)";
+  }
+  if (!p.sink && options.sink != nullptr) return "a sink tensor for a problem without a sink";
+  if (options.sink != nullptr && options.sink->shape() != p.SinkShape()) {
+    return "sink: shape " + options.sink->Describe() + " is not [heads_q]";
+  }
+  if (p.sink && engine_detail::HooksOf(options).KvSplits() > 1) {
+    return "learnable sink with a split-KV combine is not modelled";
+  }
   return {};
 }
 

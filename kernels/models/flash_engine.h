@@ -131,6 +131,11 @@ struct EngineOptions {
   // Null: the correct algorithm. Else the hooks a mutant substitutes (not owned; must outlive
   // the call).
   const EngineHooks* hooks = nullptr;
+  // The learnable sink [Hq] (f64 holding float32 values) of a problem with Problem::sink (not
+  // owned); required exactly then. The forward folds exp(sink_h) into each finished row's sum
+  // in fp32 (after the online softmax, as FlashAttention-4's learnable_sink enters at the
+  // row's end), the backward returns BackwardResult::dsink in fp32.
+  const Tensor* sink = nullptr;
 };
 
 // The format the backward rounds dP = dO·Vᵀ to before dP − D, or nullopt (kept in fp32):

@@ -254,6 +254,34 @@ using engine_detail::InputFloats;
 using engine_detail::InputFormat;
 using engine_detail::MakeOutput;
 using engine_detail::MakeScoreParams;
+
+namespace {
+
+// dsink_h = -sum_i exp(sink_h - lse_i) D_i in fp32 over the rows of head h (sequences and
+// rows ascending), from the lse the backward was given and its D (docs/semantics.md
+// "Learnable sink"); 0 for a sink of -inf. Stored as F32.
+Tensor Dsink(const BackwardPlan& plan, const Tensor& sink_tensor) {
+  const Problem& p = *plan.p;
+  const std::vector<float> sink = engine_detail::InputFloats(sink_tensor, DType::kF32);
+  std::vector<float> out(static_cast<size_t>(p.heads_q), 0.0f);
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    const float sv = sink[static_cast<size_t>(h)];
+    if (!(sv > -engine_detail::kInf)) continue;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Sequence seq = SequenceOf(p, b);
+      for (int64_t i = 0; i < seq.q_len; ++i) {
+        const float lse = plan.lse[static_cast<size_t>(engine_detail::LseIndex(p, b, h, i))];
+        const float d = plan.delta[static_cast<size_t>((seq.q_begin + i) * p.heads_q + h)];
+        acc -= std::exp(sv - lse) * d;
+      }
+    }
+    out[static_cast<size_t>(h)] = acc;
+  }
+  return MakeOutput(p.SinkShape(), out, Format::kF32);
+}
+
+}  // namespace
 using engine_detail::Operand;
 using engine_detail::Prepare;
 using engine_detail::RunItems;
@@ -339,6 +367,7 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
   out.dq = MakeOutput(p.QShape(), plan.dq, plan.grad_format);
   out.dk = MakeOutput(p.KShape(), plan.dk, plan.grad_format);
   out.dv = MakeOutput(p.VShape(), plan.dv, plan.grad_format);
+  if (options.sink != nullptr) out.dsink = Dsink(plan, *options.sink);
   return out;
 }
 

@@ -24,7 +24,28 @@ struct ForwardPlan {
   OperandScheme out_round;  // o's rounding (recipe.h OutputRoundingOf)
   std::vector<float> o;     // [total_q, Hq, Dv], rounded by out_round
   std::vector<float> lse;  // lse layout
+  std::vector<float> sink;  // [Hq] (EngineOptions::sink), empty without one
 };
+
+// A finished row's o (rounded by out_round) and lse, with the learnable sink (finite) joining
+// the sum at the row's end in fp32: below the row max it adds exp(sink - m) to the sum; above
+// it becomes the max (the accumulator and the sum rescaled by exp(m - sink)), so a huge sink
+// neither overflows nor loses lse = sink.
+void FinishSinkRow(const ForwardPlan& plan, const EngineHooks& hooks, float row_max, float sum,
+                   float sink, const float* acc, int64_t dv, float* out, float* lse) {
+  const float m = row_max * plan.sp.scale_softmax;
+  float f = 1.0f, total = 0.0f;
+  if (sink <= m) {
+    total = sum + std::exp(sink - m);
+    *lse = hooks.RowLse(row_max, total, plan.sp.scale_softmax);
+  } else {
+    f = std::exp(m - sink);
+    total = sum * f + 1.0f;
+    *lse = sink + std::log(total);
+  }
+  const float inv = 1.0f / total;
+  for (int64_t c = 0; c < dv; ++c) out[c] = RoundElement(acc[c] * f * inv, plan.out_round);
+}
 
 // One query tile of one head (flash_fwd_kernel.h compute_attn_1rowblock).
 Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
@@ -105,8 +126,14 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
       continue;
     }
     const float sum = st.row_sum[i];
+    const float sink = plan.sink.empty() ? -kInf : plan.sink[static_cast<size_t>(h)];
     if (sum == 0 || sum != sum) {  // no visible key (or nothing left of them)
       EmptyRow(out, dv, &lse);
+      if (sum == 0 && sink > -kInf) lse = sink;  // o = 0, lse = sink (docs/semantics.md)
+      continue;
+    }
+    if (sink > -kInf) {
+      FinishSinkRow(plan, hooks, st.row_max[i], sum, sink, &st.acc[i * dv], dv, out, &lse);
       continue;
     }
     const float inv = 1.0f / sum;
@@ -166,6 +193,7 @@ KernelAnswer<ForwardResult> FlashForward(const Problem& p, const Recipe& recipe,
   }
   plan.o.assign(static_cast<size_t>(p.TotalQ() * p.heads_q * p.head_dim_v), 0.0f);
   plan.lse.assign(static_cast<size_t>(Tensor::NumElements(p.LseShape())), -kInf);
+  if (options.sink != nullptr) plan.sink = InputFloats(*options.sink, DType::kF32);
   struct Item {
     int64_t b, h, m0;
   };

@@ -16,6 +16,7 @@ Capabilities Flash2Model::capabilities() const {
   // document / prefix / block-sparse masks; the model extends its numerics to them).
   caps.causal = caps.window = caps.softcap = caps.alibi = caps.varlen = caps.gqa = true;
   caps.documents = caps.prefix_lm = caps.block_sparse = true;
+  caps.sink = true;  // the learnable sink joins each finished row (flash_engine.h)
   caps.backward = true;
   caps.deterministic = true;  // fixed tile order, thread-count independent
   caps.strides = "any";      // the engine reads every input through its strides
@@ -40,6 +41,29 @@ KernelAnswer<BackwardResult> Flash2Model::Backward(const Problem& p, const Tenso
   std::string why;
   if (!capabilities().Covers(p, &why)) return Unsupported{name_ + ": " + why};
   return FlashBackward(p, *recipe_, q, k, v, o, lse, dout, options_);
+}
+
+KernelAnswer<ForwardResult> Flash2Model::ForwardSink(const Problem& p, const Tensor& q,
+                                                     const Tensor& k, const Tensor& v,
+                                                     const Tensor& sink) {
+  route_ = "flash2 forward, sink";
+  std::string why;
+  if (!capabilities().Covers(p, &why)) return Unsupported{name_ + ": " + why};
+  EngineOptions options = options_;
+  options.sink = &sink;
+  return FlashForward(p, *recipe_, q, k, v, options);
+}
+
+KernelAnswer<BackwardResult> Flash2Model::BackwardSink(const Problem& p, const Tensor& q,
+                                                       const Tensor& k, const Tensor& v,
+                                                       const Tensor& o, const Tensor& lse,
+                                                       const Tensor& dout, const Tensor& sink) {
+  route_ = "flash2 backward, sink";
+  std::string why;
+  if (!capabilities().Covers(p, &why)) return Unsupported{name_ + ": " + why};
+  EngineOptions options = options_;
+  options.sink = &sink;
+  return FlashBackward(p, *recipe_, q, k, v, o, lse, dout, options);
 }
 
 std::optional<Format> Flash2Model::BackwardDpFormat(const Problem& p) const {

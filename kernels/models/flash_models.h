@@ -25,6 +25,12 @@ class Flash2Model : public Kernel {
   KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const Tensor& o, const Tensor& lse,
                                         const Tensor& dout) override;
+  // The learnable sink through the engine (EngineOptions::sink; docs/semantics.md).
+  KernelAnswer<ForwardResult> ForwardSink(const Problem& p, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& sink) override;
+  KernelAnswer<BackwardResult> BackwardSink(const Problem& p, const Tensor& q, const Tensor& k,
+                                            const Tensor& v, const Tensor& o, const Tensor& lse,
+                                            const Tensor& dout, const Tensor& sink) override;
   std::string last_route() const override { return route_; }
   std::optional<Format> BackwardDpFormat(const Problem& p) const override;
   const EngineOptions& options() const { return options_; }

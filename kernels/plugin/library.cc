@@ -325,6 +325,11 @@ Expected<std::shared_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
       return LibError(path, kwhere + ": capabilities.lse: false is not supported by the C ABI "
                                      "(a plugin's forward writes lse); use an exec: worker");
     }
+    // The C ABI has no sink input and no dsink output (attest_kernel.h).
+    if (e.capabilities.sink) {
+      return LibError(path, kwhere + ": capabilities.sink: true is not supported by the C ABI "
+                                     "(no sink input, no dsink output)");
+    }
     // The C ABI passes packed buffers (attest_kernel.h: no strides), so no plugin can be
     // handed a view: a claim otherwise would make the layouts check pass unexercised.
     if (e.capabilities.strides != "contiguous") {

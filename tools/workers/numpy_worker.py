@@ -177,8 +177,13 @@ def main():
     parser.add_argument("--declare-device", choices=["host", "cuda"], default="host",
                         help='the "device" it declares (it always runs on the host): cuda '
                              "stands in for a GPU kernel in tests of --oracle-device")
+    parser.add_argument("--claim-sink", action="store_true",
+                        help='declare "sink": true, which the exec protocol cannot carry yet '
+                             "(attest refuses the worker; for tests)")
     args = parser.parse_args()
     caps = dict(CAPABILITIES, lse=False) if args.no_lse else CAPABILITIES
+    if args.claim_sink:
+        caps = dict(caps, sink=True)
     if args.declare_device != "host":
         caps = dict(caps, device=args.declare_device)
     if args.no_masks:

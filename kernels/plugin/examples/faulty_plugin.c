@@ -7,6 +7,7 @@
  *   -DFAULTY_BAD_STRUCT    a descriptor whose struct_size is wrong
  *   -DFAULTY_BAD_CAPS      a descriptor whose capabilities name an unknown dtype
  *   -DFAULTY_NO_LSE        capabilities with "lse": false, which the C ABI cannot carry
+ *   -DFAULTY_SINK          capabilities with "sink": true, which the C ABI cannot carry
  */
 #include <signal.h>
 #include <stdint.h>
@@ -66,6 +67,8 @@ ATTEST_KERNEL_EXPORT const attest_kernel_desc* attest_kernel_get(int32_t index) 
   d->capabilities_json = "{\"dtypes\":[\"bf17\"]}";
 #elif defined(FAULTY_NO_LSE)
   d->capabilities_json = "{\"dtypes\":[\"f32\"],\"lse\":false}";
+#elif defined(FAULTY_SINK)
+  d->capabilities_json = "{\"dtypes\":[\"f32\"],\"sink\":true}";
 #else
   d->capabilities_json = FAULTY_CAPS;
 #endif
