@@ -350,6 +350,36 @@ TEST(OracleSinkTest, BitwiseTheSameOnEveryThreadCountAndTiling) {
               a.dq.BitwiseEqual(b.dq) && a.dk.BitwiseEqual(b.dk));
 }
 
+TEST(OracleSinkTest, SampledRowsKeepTheWholeRunsBitsAndLeaveDsinkNaN) {
+  // OracleOptions::query_rows: the flagged rows' o and lse are the whole run's, bitwise, with
+  // the sink folded in; dsink needs every row, so a sampled backward leaves it NaN (a sink of
+  // -inf: 0, no row needed).
+  const SinkCase c = SinkCases()[1];
+  const auto in = RandomInputs(c.np.p, 21, c.np.q_sigma);
+  const Tensor sink = SinkTensor(c.sink);
+  OracleOptions whole;
+  whole.sink = &sink;
+  whole.tile_q = whole.tile_k = 4;
+  std::vector<uint8_t> rows(static_cast<size_t>(c.np.p.TotalQ()), 0);
+  rows[3] = rows[17] = 1;
+  OracleOptions sampled = whole;
+  sampled.query_rows = &rows;
+  const BackwardOut a = Backward<double>(c.np.p, in.q, in.k, in.v, in.dout, whole);
+  const BackwardOut b = Backward<double>(c.np.p, in.q, in.k, in.v, in.dout, sampled);
+  const int64_t sq = c.np.p.seqlen_q, hq = c.np.p.heads_q;
+  for (int64_t h = 0; h < hq; ++h) {
+    for (int64_t i : {3, 17}) {  // batch 0 rows of lse [B, Hq, Sq]
+      EXPECT_EQ(a.lse.data<double>()[h * sq + i], b.lse.data<double>()[h * sq + i]);
+    }
+    const double ds = b.dsink.data<double>()[h];
+    if (c.sink[static_cast<size_t>(h)] == kNegInf) {
+      EXPECT_EQ(ds, 0.0);
+    } else {
+      EXPECT_TRUE(std::isnan(ds)) << h;
+    }
+  }
+}
+
 TEST(OracleSinkTest, BadSinksAreRefusedNamingTheSink) {
   Problem p = Base(1, 2, 1, 4, 5, 8, 8);
   const auto in = RandomInputs(p, 3);
