@@ -52,7 +52,12 @@ const BackwardOut& CheckContext::OracleBackward() {
 }
 
 const KernelAnswer<ForwardResult>& CheckContext::KernelForward() {
-  if (!kfwd_) kfwd_ = kernel->Forward(case_.problem, inputs.q, inputs.k, inputs.v);
+  if (!kfwd_) {
+    // A learnable sink goes to the kernel through its sink entry point (kernels/kernel.h).
+    kfwd_ = case_.problem.sink
+                ? kernel->ForwardSink(case_.problem, inputs.q, inputs.k, inputs.v, inputs.sink)
+                : kernel->Forward(case_.problem, inputs.q, inputs.k, inputs.v);
+  }
   return *kfwd_;
 }
 
@@ -63,8 +68,11 @@ const KernelAnswer<BackwardResult>& CheckContext::KernelBackward() {
     if (out == nullptr) {
       kbwd_ = Error{"backward not run: the forward returned no outputs"};
     } else {
-      kbwd_ = kernel->Backward(case_.problem, inputs.q, inputs.k, inputs.v, out->o, out->lse,
-                               inputs.dout);
+      kbwd_ = case_.problem.sink
+                  ? kernel->BackwardSink(case_.problem, inputs.q, inputs.k, inputs.v, out->o,
+                                         out->lse, inputs.dout, inputs.sink)
+                  : kernel->Backward(case_.problem, inputs.q, inputs.k, inputs.v, out->o,
+                                     out->lse, inputs.dout);
     }
   }
   return *kbwd_;

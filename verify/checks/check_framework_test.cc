@@ -293,5 +293,43 @@ TEST(Checks, SoftcapTanhErrorRoundTripsAndIsValidated) {
   }
 }
 
+TEST(Checks, AContextPassesTheCaseSinkToTheOracleAndTheKernelsSinkEntryPoints) {
+  // check.h CheckContext: a case with a learnable sink gives the oracle the case's sink
+  // (OracleOptions::sink) and the kernel its ForwardSink / BackwardSink; a kernel whose
+  // plain calls would run it without the sink never gets the case.
+  Case c;
+  c.problem.batch = 2;
+  c.problem.heads_q = 4;
+  c.problem.heads_kv = 2;
+  c.problem.seqlen_q = 40;
+  c.problem.seqlen_k = 30;
+  c.problem.head_dim = c.problem.head_dim_v = 64;
+  c.problem.causal = true;  // Sq > Sk: empty rows, whose lse is the sink
+  c.problem.sink = true;
+  c.generator = GeneratorSpec{"gaussian", 5, {{"sink", {{"values", {1.5, "-inf", 30, -1}}}}}};
+  auto in = MakeCaseInputs(c);
+  ASSERT_TRUE(in.ok()) << in.error().message;
+  std::unique_ptr<Kernel> kernel = Flash2();
+  CheckContext ctx;
+  ctx.kernel = kernel.get();
+  ctx.case_ = c;
+  ctx.inputs = *in;
+  const BackwardOut& ref = ctx.OracleBackward();
+  ASSERT_TRUE(ref.dsink.defined());
+  EXPECT_EQ(ref.lse.data<double>()[0], 1.5);  // head 0, row 0: empty, lse = the sink
+  ASSERT_TRUE(ctx.WantsBackward());
+  const auto* f = std::get_if<ForwardResult>(&ctx.KernelForward());
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(ToF64(f->lse).data<double>()[0], 1.5);
+  const auto* b = std::get_if<BackwardResult>(&ctx.KernelBackward());
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->dsink.defined());
+  EXPECT_EQ(ToF64(b->dsink).data<double>()[1], 0.0);  // the -inf sink
+  EXPECT_LT(std::abs(ToF64(b->dsink).data<double>()[0] - ref.dsink.data<double>()[0]),
+            0.05 * std::abs(ref.dsink.data<double>()[0]));
+  EXPECT_TRUE(std::holds_alternative<Unsupported>(
+      kernel->Forward(c.problem, ctx.inputs.q, ctx.inputs.k, ctx.inputs.v)));
+}
+
 }  // namespace
 }  // namespace attest
