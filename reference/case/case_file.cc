@@ -24,7 +24,7 @@ constexpr std::string_view kProblemOrder[] = {
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
     "causal_align", "window",         "softcap",        "alibi_slopes", "cu_seqlens_q",
     "cu_seqlens_k", "document_ids_q", "document_ids_k", "prefix_lm",    "block_sparse",
-    "sink",
+    "mask_form",    "sink",
 };
 
 template <size_t N>
@@ -142,6 +142,16 @@ std::string CaseToText(const Case& c) {
     const std::string k(key);
     if (!p.contains(k)) continue;
     out += fmt::format("{}    \"{}\": {}", first ? "" : ",\n", k, p.at(k).dump());
+    first = false;
+  }
+  // A field the order above does not list yet still reaches the text (after the listed ones,
+  // sorted), so that a saved case never drops part of its problem.
+  for (const auto& item : p.items()) {
+    if (std::find(std::begin(kProblemOrder), std::end(kProblemOrder), item.key()) !=
+        std::end(kProblemOrder)) {
+      continue;
+    }
+    out += fmt::format("{}    \"{}\": {}", first ? "" : ",\n", item.key(), item.value().dump());
     first = false;
   }
   out += "\n  }";

@@ -250,6 +250,7 @@ TEST_F(CaseFileTest, SaveRoundTripsEveryFieldIncludingExtensions) {
   j["problem"]["prefix_lm"] = 2;
   j["problem"]["block_sparse"] = {{"block_q", 2}, {"block_k", 3}, {"blocks", {{0, 0}, {1, 1}}}};
   j["problem"]["sink"] = true;
+  j["problem"]["mask_form"] = "additive_f32";  // once dropped by the canonical text
   j["generator"] = {{"name", "uniform"},
                     {"seed", 7},
                     {"params",
