@@ -117,7 +117,8 @@ Status RoundTile(std::vector<float>& tile, int64_t rows, int64_t cols, const Ope
     case OperandKind::kNone:
       return Status::Ok();
     case OperandKind::kElement:
-      if (quant.scheme.pre_scale == 1.0 && quant.scheme.overflow == Overflow::kDefault) {
+      if (quant.scheme.pre_scale == 1.0 && quant.scheme.overflow == Overflow::kDefault &&
+          quant.scheme.rounding == Rounding::kNearestEven) {
         const Format f = quant.scheme.element;
         for (int64_t i = 0; i < rows * cols; ++i) tile[i] = RoundElement(tile[i], f);
       } else {
@@ -416,6 +417,11 @@ void EngineHooks::ForwardTileMask(int64_t visible, std::vector<uint8_t>& vis) co
 }
 
 int64_t EngineHooks::BackwardKeyTiles(int64_t key_tiles) const { return key_tiles; }
+
+void EngineHooks::StoreBackwardAccumulator(float* acc, int64_t n) const {
+  (void)acc;
+  (void)n;
+}
 
 int64_t EngineHooks::DqFirstKeyTile(int64_t key_tiles) const {
   (void)key_tiles;

@@ -119,6 +119,10 @@ class EngineHooks {
   // Backward: how many of a sequence's `key_tiles` key tiles the outer loop visits (correct:
   // all of them); the tiles left out keep dK = dV = 0 and add nothing to dQ.
   virtual int64_t BackwardKeyTiles(int64_t key_tiles) const;
+  // Backward: the fp32 dK and dV accumulators of a key tile (n values each call) after a query
+  // tile added into them, as the kernel stores them between tiles (correct: unchanged, the
+  // accumulator stays in fp32 registers).
+  virtual void StoreBackwardAccumulator(float* acc, int64_t n) const;
 };
 
 struct EngineOptions {

@@ -208,6 +208,8 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
               !st) {
             return st;
           }
+          hooks.StoreBackwardAccumulator(dk_acc.data(), static_cast<int64_t>(dk_acc.size()));
+          hooks.StoreBackwardAccumulator(dv_acc.data(), static_cast<int64_t>(dv_acc.size()));
           if (!plan.fused) {
             float* rows = dq_acc.data() + (r * seq.q_len + m0) * d;
             if (Status st = AccumulateDq(plan, seq, h, mlen, n0, nlen, w, tile, rows); !st) {
@@ -219,14 +221,16 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
       FinishKeyTile(plan, seq, g, n0, nlen, dk_acc, dv_acc, gqa, dk_sum, dv_sum);
     }
     if (gqa) {
-      // flash_api.cpp mha_bwd: at::sum_out over the group of the input-dtype dk_expanded.
+      // flash_api.cpp mha_bwd: at::sum_out over the group of the input-dtype dk_expanded. The
+      // sum is PyTorch's, rounded to nearest whatever direction the kernel's own stores of
+      // dk_expanded round in (Recipe::gradient_rounding).
+      OperandScheme sum_dk = plan.grad_round[1], sum_dv = plan.grad_round[2];
+      sum_dk.rounding = sum_dv.rounding = Rounding::kNearestEven;
       for (int64_t j = 0; j < nlen; ++j) {
         float* dkr = plan.dk.data() + ((seq.k_begin + n0 + j) * p.heads_kv + g) * d;
         float* dvr = plan.dv.data() + ((seq.k_begin + n0 + j) * p.heads_kv + g) * dv;
-        for (int64_t c = 0; c < d; ++c)
-          dkr[c] = RoundElement(dk_sum[j * d + c], plan.grad_round[1]);
-        for (int64_t c = 0; c < dv; ++c)
-          dvr[c] = RoundElement(dv_sum[j * dv + c], plan.grad_round[2]);
+        for (int64_t c = 0; c < d; ++c) dkr[c] = RoundElement(dk_sum[j * d + c], sum_dk);
+        for (int64_t c = 0; c < dv; ++c) dvr[c] = RoundElement(dv_sum[j * dv + c], sum_dv);
       }
     }
   }

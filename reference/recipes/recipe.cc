@@ -311,6 +311,17 @@ Status ValidateRecipe(const Recipe& r) {
   for (const auto& [name, g] : gemms) {
     if (Status s = ValidateOperand(r, name, "a", g->a); !s) return s;
     if (Status s = ValidateOperand(r, name, "b", g->b); !s) return s;
+    for (const auto& [side, q] : {std::pair{"a", &g->a}, std::pair{"b", &g->b}}) {
+      if (q->scheme.rounding == Rounding::kStochastic) {
+        return Error{fmt::format("recipe {}: {}.{}: stochastic rounding is not a recipe's "
+                                 "rounding (rne, rz, ru, rd, rna)", r.name, name, side)};
+      }
+    }
+  }
+  if (r.output_rounding == Rounding::kStochastic ||
+      r.gradient_rounding == Rounding::kStochastic) {
+    return Error{fmt::format("recipe {}: stochastic rounding is not a recipe's output rounding "
+                             "(rne, rz, ru, rd, rna)", r.name)};
   }
   if (r.accumulate != Format::kF32) {
     return Error{"recipe " + std::string(r.name) +
@@ -336,22 +347,34 @@ Status ValidateRecipe(const Recipe& r) {
   return Status::Ok();
 }
 
-OperandScheme OutputRounding(Format format, double scale) {
+OperandScheme OutputRounding(Format format, double scale, Rounding rounding) {
   OperandScheme s;
   s.kind = OperandKind::kElement;
   s.element = format;
   s.pre_scale = scale;
   s.overflow = scale == 1.0 ? Overflow::kDefault : Overflow::kSaturate;
+  s.rounding = rounding;
   return s;
 }
 
 OperandScheme OutputRoundingOf(const Recipe& r, Format input) {
-  return OutputRounding(r.output.value_or(input), r.output_scale);
+  return OutputRounding(r.output.value_or(input), r.output_scale, r.output_rounding);
 }
 
 OperandScheme GradientRoundingOf(const Recipe& r, Format input, int which) {
   return OutputRounding(r.gradients.value_or(input),
-                        r.gradient_scales[static_cast<size_t>(which)]);
+                        r.gradient_scales[static_cast<size_t>(which)], r.gradient_rounding);
+}
+
+bool HasDirectedRounding(const Recipe& r) {
+  if (r.output_rounding != Rounding::kNearestEven) return true;
+  if (r.gradient_rounding != Rounding::kNearestEven) return true;
+  for (const GemmQuant* g : {&r.qk, &r.pv, &r.dov, &r.pdo, &r.dsk, &r.dsq}) {
+    for (const OperandQuant* q : {&g->a, &g->b}) {
+      if (q->scheme.rounding != Rounding::kNearestEven) return true;
+    }
+  }
+  return false;
 }
 
 namespace {
@@ -426,11 +449,13 @@ float RoundElement(float x, Format f) {
 
 float RoundElement(float x, const OperandScheme& scheme) {
   if (scheme.kind != OperandKind::kElement) return x;
-  if (scheme.pre_scale == 1.0 && scheme.overflow == Overflow::kDefault) {
+  if (scheme.pre_scale == 1.0 && scheme.overflow == Overflow::kDefault &&
+      scheme.rounding == Rounding::kNearestEven) {
     return RoundElement(x, scheme.element);
   }
   EncodeOptions options;
   options.overflow = scheme.overflow;
+  options.rounding = scheme.rounding;
   const double s = scheme.pre_scale;
   return static_cast<float>(RoundTo(static_cast<double>(x) * s, scheme.element, options) / s);
 }

@@ -40,6 +40,11 @@ struct OperandScheme {
   Format element = Format::kF32;
   double pre_scale = 1.0;
   Overflow overflow = Overflow::kDefault;
+  // The rounding direction of kElement (and of output roundings): round-to-nearest-even,
+  // or a directed rounding a recipe declares where its kernel rounds so (a truncating
+  // conversion, __float2bfloat16_rz). Stochastic rounding is not a recipe's choice here
+  // (ValidateRecipe refuses it): its bits would have to be declared too.
+  Rounding rounding = Rounding::kNearestEven;
   // kBlock: a scheme name from AllSchemes() ("mxfp8-e4m3", "nvfp4", "fp8-tensor-e4m3",
   // "fp8-block-e4m3") and its options (scale mode etc.; `scheme` and `axis` are set by the
   // engine from `block` and the operand's QuantAxis).
@@ -108,6 +113,13 @@ struct Recipe {
   // plain rounding. OutputRounding() gives the scheme each output goes through.
   double output_scale = 1.0;
   std::array<double, 3> gradient_scales{1.0, 1.0, 1.0};  // dq, dk, dv
+  // The rounding direction of o's and of dq, dk, dv's final rounding (OutputRoundingOf,
+  // GradientRoundingOf): nearest-even, or the directed rounding a kernel performs by design
+  // and declares (the bias check, verify/checks/bias.h, then expects the bias it implies).
+  // With GQA the kernel's stores are its per-head dk, dv; their group sum is the framework's
+  // (flash_api.cpp mha_bwd: at::sum_out) and rounds to nearest.
+  Rounding output_rounding = Rounding::kNearestEven;
+  Rounding gradient_rounding = Rounding::kNearestEven;
   std::vector<DType> input_dtypes;  // problem dtypes the recipe is defined for
   // Backward: dP = dO·Vᵀ rounded to this format before dP − D (a GEMM with a low-precision
   // output, e.g. an fp16-output WMMA); nullopt: dP stays in `accumulate` (FlashAttention).
@@ -116,9 +128,13 @@ struct Recipe {
 };
 
 // How an output is rounded: an element scheme of `format` at power-of-two pre-scale `scale`
-// (kDefault overflow at scale 1, else kSaturate). RoundElement(x, OutputRounding(f, 1)) is
-// RoundElement(x, f).
-OperandScheme OutputRounding(Format format, double scale);
+// (kDefault overflow at scale 1, else kSaturate) in direction `rounding`. RoundElement(x,
+// OutputRounding(f, 1)) is RoundElement(x, f).
+OperandScheme OutputRounding(Format format, double scale,
+                             Rounding rounding = Rounding::kNearestEven);
+// Whether some rounding of the recipe is directed (not nearest-even): its outputs then carry a
+// bias the recipe implies (verify/checks/bias.h).
+bool HasDirectedRounding(const Recipe& recipe);
 // The roundings of o and of dq, dk, dv (index 0, 1, 2) under recipe r for inputs of `input`.
 OperandScheme OutputRoundingOf(const Recipe& r, Format input);
 OperandScheme GradientRoundingOf(const Recipe& r, Format input, int which);

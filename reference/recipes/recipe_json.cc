@@ -68,6 +68,7 @@ nlohmann::json OperandToJson(const OperandQuant& q) {
       j["format"] = std::string(Name(s.element));
       j["pre_scale"] = s.pre_scale;
       j["overflow"] = std::string(OverflowName(s.overflow));
+      if (s.rounding != Rounding::kNearestEven) j["rounding"] = std::string(Name(s.rounding));
       break;
     case OperandKind::kBlock: {
       const SchemeOptions& o = s.block_options;
@@ -142,6 +143,37 @@ struct Reader {
   }
 };
 
+// A rounding direction (format.h ParseRounding: rne, rz, ru, rd, rna); absent: rne.
+Expected<Rounding> ParseRoundingField(const Reader& r, const char* key, const std::string& where) {
+  auto text = r.String(key, false);
+  if (!text.ok()) return text.error();
+  if (text->empty()) return Rounding::kNearestEven;
+  const std::optional<Rounding> rounding = ParseRounding(*text);
+  if (!rounding || *rounding == Rounding::kStochastic) {
+    return Error{fmt::format("{}.{}: unknown rounding '{}' (rne, rz, ru, rd, rna)", where, key,
+                             *text)};
+  }
+  return *rounding;
+}
+
+// An element operand's "overflow" and "rounding" (both optional).
+Status ParseOverflowAndRounding(const Reader& r, const std::string& where, OperandScheme& s) {
+  auto ov = r.String("overflow", false);
+  if (!ov.ok()) return ov.error();
+  if (!ov->empty()) {
+    auto o = ParseOverflow(*ov);
+    if (!o) {
+      return Error{fmt::format("{}.overflow: unknown overflow '{}' (default, saturate, inf, "
+                               "nan)", where, *ov)};
+    }
+    s.overflow = *o;
+  }
+  auto rounding = ParseRoundingField(r, "rounding", where);
+  if (!rounding.ok()) return rounding.error();
+  s.rounding = *rounding;
+  return Status::Ok();
+}
+
 Expected<OperandQuant> OperandFromJson(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) return Error{where + ": not an object"};
   Reader r{j, where};
@@ -153,7 +185,7 @@ Expected<OperandQuant> OperandFromJson(const nlohmann::json& j, const std::strin
     return q;
   }
   if (*kind == "element") {
-    if (Status s = r.Allowed({"kind", "format", "pre_scale", "overflow"}); !s.ok()) {
+    if (Status s = r.Allowed({"kind", "format", "pre_scale", "overflow", "rounding"}); !s.ok()) {
       return s.error();
     }
     q.scheme.kind = OperandKind::kElement;
@@ -169,16 +201,7 @@ Expected<OperandQuant> OperandFromJson(const nlohmann::json& j, const std::strin
       return Error{fmt::format("{}.pre_scale: {} is not a positive power of two (the scaling "
                                "must be exact)", where, q.scheme.pre_scale)};
     }
-    auto ov = r.String("overflow", false);
-    if (!ov.ok()) return ov.error();
-    if (!ov->empty()) {
-      auto o = ParseOverflow(*ov);
-      if (!o) {
-        return Error{fmt::format("{}.overflow: unknown overflow '{}' (default, saturate, inf, "
-                                 "nan)", where, *ov)};
-      }
-      q.scheme.overflow = *o;
-    }
+    if (Status st = ParseOverflowAndRounding(r, where, q.scheme); !st.ok()) return st.error();
     return q;
   }
   if (*kind != "block") {
@@ -318,6 +341,12 @@ nlohmann::json RecipeToJson(const Recipe& r) {
   if (r.gradient_scales != std::array<double, 3>{1.0, 1.0, 1.0}) {
     j["gradient_scales"] = r.gradient_scales;
   }
+  if (r.output_rounding != Rounding::kNearestEven) {
+    j["output_rounding"] = std::string(Name(r.output_rounding));
+  }
+  if (r.gradient_rounding != Rounding::kNearestEven) {
+    j["gradient_rounding"] = std::string(Name(r.gradient_rounding));
+  }
   return j;
 }
 
@@ -327,7 +356,7 @@ Expected<Recipe> RecipeFromJson(const nlohmann::json& j, std::string_view where_
   Reader r{j, where};
   if (Status s = r.Allowed({"name", "description", "input_dtypes", "gemms", "delta", "delta_do",
                             "accumulate", "output", "lse", "gradients", "dp", "output_scale",
-                            "gradient_scales"});
+                            "gradient_scales", "output_rounding", "gradient_rounding"});
       !s.ok()) {
     return s.error();
   }
@@ -429,6 +458,12 @@ Expected<Recipe> RecipeFromJson(const nlohmann::json& j, std::string_view where_
       out.gradient_scales[i] = g[i].get<double>();
     }
   }
+  auto output_rounding = ParseRoundingField(r, "output_rounding", where);
+  if (!output_rounding.ok()) return output_rounding.error();
+  out.output_rounding = *output_rounding;
+  auto gradient_rounding = ParseRoundingField(r, "gradient_rounding", where);
+  if (!gradient_rounding.ok()) return gradient_rounding.error();
+  out.gradient_rounding = *gradient_rounding;
   if (Status s = ValidateRecipe(out); !s.ok()) return Error{where + ": " + s.error().message};
   return out;
 }

@@ -92,6 +92,37 @@ TEST(RecipeJson, OutputAndGradientScalesRoundTripAndMustBePowersOfTwo) {
   EXPECT_NE(neg.error().message.find("output_scale"), std::string::npos);
 }
 
+// A directed rounding a recipe declares (the bias check expects its bias): o, the gradients
+// and an element operand; written only when not nearest-even; stochastic is refused.
+TEST(RecipeJson, DeclaredRoundingDirectionsRoundTrip) {
+  nlohmann::json j = RecipeToJson(*FindRecipe("bf16"));
+  EXPECT_FALSE(j.contains("output_rounding"));
+  EXPECT_FALSE(j["gemms"]["pv"]["a"].contains("rounding"));
+  j["name"] = "test-json-directed";
+  j["output_rounding"] = "rz";
+  j["gradient_rounding"] = "ru";
+  j["gemms"]["pv"]["a"]["rounding"] = "rz";
+  auto r = RecipeFromJson(j, "recipe");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->output_rounding, Rounding::kTowardZero);
+  EXPECT_EQ(r->gradient_rounding, Rounding::kUp);
+  EXPECT_EQ(r->pv.a.scheme.rounding, Rounding::kTowardZero);
+  EXPECT_TRUE(HasDirectedRounding(*r));
+  EXPECT_FALSE(HasDirectedRounding(*FindRecipe("bf16")));
+  EXPECT_EQ(RecipeToJson(*r), j);
+  EXPECT_EQ(OutputRoundingOf(*r, Format::kBF16).rounding, Rounding::kTowardZero);
+  // 1 + 2^-7 + 2^-9 truncates to 1 + 2^-7 in bf16; nearest-even gives 1 + 2^-6.
+  const float x = 1.0f + 0x1p-7f + 0x1p-8f + 0x1p-9f;
+  EXPECT_EQ(RoundElement(x, OutputRoundingOf(*r, Format::kBF16)), 1.0f + 0x1p-7f);
+  EXPECT_EQ(RoundElement(x, OutputRoundingOf(*FindRecipe("bf16"), Format::kBF16)),
+            1.0f + 0x1p-6f);
+  j["output_rounding"] = "sr";
+  auto bad = RecipeFromJson(j, "recipe");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("recipe.output_rounding"), std::string::npos)
+      << bad.error().message;
+}
+
 TEST(RecipeJson, ErrorsNameTheField) {
   const nlohmann::json base = RecipeToJson(*FindRecipe("mxfp8-cudnn"));
   struct Bad {

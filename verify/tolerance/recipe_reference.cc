@@ -49,11 +49,16 @@ Status RoundMatrix(std::vector<double>& m, int64_t rows, int64_t cols, const Ope
 
 double RoundOut(double x, Format f) { return f == Format::kF64 ? x : RoundTo(x, f); }
 // An output rounding at a power-of-two pre-scale (recipe.h OutputRounding): exact scaling,
-// saturating at the format's largest finite value.
+// saturating at the format's largest finite value, in the scheme's rounding direction.
 double RoundOut(double x, const OperandScheme& s) {
-  if (s.pre_scale == 1.0 && s.overflow == Overflow::kDefault) return RoundOut(x, s.element);
+  if (s.pre_scale == 1.0 && s.overflow == Overflow::kDefault &&
+      s.rounding == Rounding::kNearestEven) {
+    return RoundOut(x, s.element);
+  }
+  if (s.element == Format::kF64) return x;
   EncodeOptions options;
   options.overflow = s.overflow;
+  options.rounding = s.rounding;  // a declared directed rounding (recipe.h)
   return RoundTo(x * s.pre_scale, s.element, options) / s.pre_scale;
 }
 
