@@ -58,6 +58,7 @@ TEST_P(GoldenBug, TheShrunkCaseStillFailsTheMutantAndPassesItsParent) {
   static const std::set<std::string> kNeedsLongKeys = {
       "nondeterministic-dq",    // dQ order over two 128-key backward tiles
       "p-scale-past-e4m3-max",  // enough keys for P's block scale to pass e4m3's max
+      "p-rounded-toward-zero",  // enough rows that a ~0.4 ulp mean of o clears the t-test
       "split-kv-combine",       // two 64-key splits
       "tile-acc-not-rescaled"};  // a second 64-key tile whose max grows (Sq = Sk: 128)
   if (!kNeedsLongKeys.count(GetParam())) {

@@ -57,7 +57,15 @@ grep -q "^     repro: attest repro --kernel mutant/lse-log2 --case " "$work/m.tx
   || fail "mutant: no repro line"
 tail -1 "$work/m.txt" | grep -Eq "^FAIL: [0-9]+ of 20 verdicts failed, in 1 of 1 checks[;( ].*diagnosis: accuracy lse" \
   || { tail -1 "$work/m.txt"; fail "mutant: the verdict line miscounts"; }
-validate "$work/a.json" "$work/m.json"
+# 1b'. A directed-rounding mutant: every error within its bound, the gate's bias rows fail it
+# (verify/checks/bias.h); the JSON carries the bias figures of passing verdicts too.
+"$attest" check --kernel mutant/o-rounded-toward-zero --suite gate --check bias \
+  --json "$work/b.json" > "$work/b.txt" 2> /dev/null; rc=$?
+[ $rc -eq 1 ] || fail "bias mutant: exit $rc, want 1"
+tail -1 "$work/b.txt" | grep -q "diagnosis: bias o" \
+  || { tail -1 "$work/b.txt"; fail "bias mutant: not diagnosed as bias of o"; }
+grep -q 'mean signed error' "$work/b.json" || fail "bias mutant: no bias figures in the JSON"
+validate "$work/a.json" "$work/m.json" "$work/b.json"
 
 # 1c. Exit 2 still writes the reports asked for, saying why.
 "$attest" check --kernel cpu/no-such-kernel --json "$work/e.json" --junit "$work/e.xml" \

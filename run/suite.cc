@@ -162,6 +162,7 @@ constexpr auto kPad = "padding";
 constexpr auto kLeak = "non-interference";  // verify/checks/noninterference.h (engineer "leak")
 constexpr auto kCons = "consistency";       // verify/checks/consistency.h (engineer "leak")
 constexpr auto kLay = "layouts";            // verify/checks/layouts.h
+constexpr auto kBias = "bias";              // verify/checks/bias.h
 
 void QuickRows(Builder& s) {
   s.Add({kAcc, kUnw, kSpec, kDet, kGqa, kPerm, kWin, kLeak, kCons}, "GQA causal Sq<Sk batch 2",
@@ -180,7 +181,8 @@ void GateRows(Builder& s) {
   // batch: every other sequence is protected, so a kernel that claims no mask at all (cuDNN's
   // FP8 forward on Hopper) still gets a leak verdict, and a scale shared across the batch (one
   // current amax per tensor) leaks there.
-  s.Add({kAcc, kUnw, kDet, kPerm, kCons, kLeak, kLay}, "dense batch 2", P(2, 4, 4, 128, 128));
+  s.Add({kAcc, kUnw, kDet, kPerm, kCons, kLeak, kLay, kBias}, "dense batch 2",
+        P(2, 4, 4, 128, 128));
   s.Add({kAcc, kUnw, kSpec, kWin, kLeak, kPad, kLay}, "causal Sq<Sk", Causal(P(1, 2, 2, 77, 130)));
   s.Add({kAcc, kUnw, kSpec, kWin, kLeak}, "causal Sq>Sk (empty rows)",
         Causal(P(1, 2, 2, 130, 77)));
@@ -188,7 +190,7 @@ void GateRows(Builder& s) {
   // clamped such bounds to seqlen_k, which drops keys once Sq > Sk.)
   s.Add({kAcc, kWin}, "dense Sq>>Sk", P(1, 2, 2, 200, 33));
   s.Add({kAcc}, "dense Sq<<Sk", P(1, 2, 2, 17, 300));
-  s.Add({kAcc, kPerm, kDet, kCons, kLay}, "causal batch 3", Causal(P(3, 2, 2, 96, 96)));
+  s.Add({kAcc, kPerm, kDet, kCons, kLay, kBias}, "causal batch 3", Causal(P(3, 2, 2, 96, 96)));
   // Tile boundaries +-1 of 64 and 128.
   for (auto [sq, sk] : {std::pair<int64_t, int64_t>{63, 63}, {65, 65}, {64, 129}, {127, 128},
                         {129, 127}, {1, 129}, {129, 1}}) {
@@ -196,15 +198,16 @@ void GateRows(Builder& s) {
     s.Add({kAcc}, fmt::format("tile boundary {}x{} causal", sq, sk), Causal(P(1, 2, 2, sq, sk)));
   }
   // GQA / MQA.
-  s.Add({kAcc, kGqa, kPerm, kLeak, kCons, kLay}, "GQA 8:2 causal batch 2", Causal(P(2, 8, 2, 96, 96)));
+  s.Add({kAcc, kGqa, kPerm, kLeak, kCons, kLay, kBias}, "GQA 8:2 causal batch 2",
+        Causal(P(2, 8, 2, 96, 96)));
   s.Add({kAcc, kGqa}, "MQA 4:1", P(1, 4, 1, 64, 100));
   // Dv != D.
-  s.Add({kAcc, kUnw, kPerm, kCons, kLay}, "Dv < D", P(2, 2, 2, 70, 90, 64, 32));
+  s.Add({kAcc, kUnw, kPerm, kCons, kLay, kBias}, "Dv < D", P(2, 2, 2, 70, 90, 64, 32));
   s.Add({kAcc}, "Dv > D causal", Causal(P(1, 2, 2, 70, 90, 32, 64)));
   // Packed variable length with zero-length documents (q-empty and k-empty).
   s.Add({kAcc, kSpec, kUnw, kPerm, kLeak, kPad}, "varlen zero-length documents",
         Varlen(P(1, 4, 2, 1, 1), {37, 0, 63}, {50, 30, 0}));
-  s.Add({kAcc, kSpec, kWin, kLeak, kCons, kPerm, kPad, kLay}, "varlen causal",
+  s.Add({kAcc, kSpec, kWin, kLeak, kCons, kPerm, kPad, kLay, kBias}, "varlen causal",
         Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20})));
   // Windows.
   s.Add({kAcc, kSpec, kLeak}, "window (32, 0)", Window(P(1, 2, 2, 150, 150), 32, 0));

@@ -4,6 +4,7 @@
 #include "kernels/mutants/deviations.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -318,6 +319,18 @@ class LastKeyTileSkipped : public EngineHooks {
   }
 };
 
+// An accumulator buffer of 9 significant bits (one more than bf16: a packed 16-bit word that
+// spends a bit of the exponent on precision) written by truncating the fp32 word between query
+// tiles: every store drops the magnitude by up to half a bf16 ulp, always toward zero.
+class TruncatedBackwardAccumulator : public EngineHooks {
+ public:
+  void StoreBackwardAccumulator(float* acc, int64_t n) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      acc[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(acc[i]) & 0xFFFF8000u);
+    }
+  }
+};
+
 // facebookexperimental/triton PR #3395 class: no guard for masked entries and empty rows,
 // exp2(−inf − (−inf)) = NaN in an empty row, then fed onwards.
 class MaskedDsNan : public EngineHooks {
@@ -414,6 +427,10 @@ const EngineHooks& MxScaleOffByOneHooks() {
 }
 const EngineHooks& ZeroAmaxBlockNanHooks() {
   static const ZeroAmaxBlockNan h;
+  return h;
+}
+const EngineHooks& TruncatedBackwardAccumulatorHooks() {
+  static const TruncatedBackwardAccumulator h;
   return h;
 }
 

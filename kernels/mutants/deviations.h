@@ -70,6 +70,9 @@ const EngineHooks& MaskedDsNanHooks();
 const EngineHooks& MxScaleOffByOneHooks();
 // Input operands: a block of amax 0 dequantised through 0/0 = NaN.
 const EngineHooks& ZeroAmaxBlockNanHooks();
+// Backward: the dK, dV accumulators stored with 9 significant bits between query tiles by
+// truncation (round toward zero), read back as fp32 for the next tile.
+const EngineHooks& TruncatedBackwardAccumulatorHooks();
 
 // Backward: dQ's walk over the key tiles starts at tile `rotation` mod the tile count.
 class DqRotationHooks : public EngineHooks {

@@ -451,6 +451,60 @@ void AddLayoutMutants(const MutantList& add) {
        .differs = {"o", "lse", "dq", "dk", "dv"}});
 }
 
+// -- Directed rounding (each error within an ulp, all of them in one direction) --
+// Elementwise bounds pass these: a truncation moves every value by less than one ulp of its
+// format. Their mean error is what the bias check (verify/checks/bias.h) judges.
+void AddDirectedRoundingMutants(const MutantList& add) {
+  add({.name = "o-rounded-toward-zero",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "o converted to bf16 by truncation (__float2bfloat16_rz, or keeping the high 16 "
+              "bits of the fp32 word) instead of round-to-nearest: every output shrinks by up "
+              "to one ulp (the class stochastic rounding and TransformerEngine's recipes "
+              "guard against: Gupta et al., arXiv 1502.02551)",
+       .change = "recipe: o rounded toward zero",
+       .bug_class = "bias",
+       .edit_recipe = [](Recipe& r) { r.output_rounding = Rounding::kTowardZero; },
+       .problem = Case(128, 128),
+       .generator = Gaussian(136),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "grads-rounded-toward-zero",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "dq, dk and dv converted to bf16 by truncation: every gradient shrinks by up to "
+              "one ulp, which biases the optimiser's steps (arXiv 1502.02551)",
+       .change = "recipe: dq, dk, dv rounded toward zero",
+       .bug_class = "bias",
+       .edit_recipe = [](Recipe& r) { r.gradient_rounding = Rounding::kTowardZero; },
+       .problem = Case(128, 128),
+       .generator = Gaussian(137),
+       .differs = {"dq", "dk", "dv"}});
+  add({.name = "p-rounded-toward-zero",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "P converted to bf16 by truncation before P·V while the row sum keeps the fp32 P: "
+              "every row loses up to 2^-8 of its mass (the rowsum/cast ordering of ROCm/FlyDSL "
+              "PR #1020, with a truncating conversion instead of an underflowing one)",
+       .change = "recipe: P before P·V rounded toward zero",
+       .bug_class = "bias",
+       .edit_recipe = [](Recipe& r) { r.pv.a.scheme.rounding = Rounding::kTowardZero; },
+       .problem = Case(128, 128),
+       .generator = Gaussian(138),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "bwd-accumulator-truncated",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "the backward's dK, dV accumulators kept in a narrow buffer between query tiles "
+              "(9 significant bits) and written by truncation: each tile's store drops up to "
+              "half a bf16 ulp toward zero, and the drops add up over the tiles",
+       .change = "hook StoreBackwardAccumulator: dK, dV accumulators truncated to 9 bits",
+       .bug_class = "bias",
+       .hooks = &TruncatedBackwardAccumulatorHooks(),
+       .problem = Case(128, 128),
+       .generator = Gaussian(139),
+       .differs = {"dk", "dv"}});
+}
+
 // -- A tiled kernel with shape limits (cpu/tile64-bf16: Sq = Sk, multiples of 64, MHA) --
 // The bugs a one-loop tiled kernel of the Triton tutorial's shape has in its loop bounds,
 // its mask stages, its online softmax and its arguments; each case is inside the parent's
@@ -521,6 +575,7 @@ std::vector<MutantSpec> BuildCatalogue() {
   AddDeterminismAndStoreMutants(add);
   AddLayoutMutants(add);
   AddTiledKernelMutants(add);
+  AddDirectedRoundingMutants(add);
   return rows;
 }
 

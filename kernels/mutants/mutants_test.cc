@@ -121,7 +121,7 @@ TEST(MutantCatalogue, HasUniqueRegisteredRowsClaimingTheirParentsCapabilities) {
     static constexpr std::string_view kClasses[] = {
         "accuracy",    "non-interference", "consistency", "determinism",
         "unwritten-outputs", "special-values", "gqa-mha", "permutation",
-        "window-causal", "padding", "layouts", "honesty"};
+        "window-causal", "padding", "layouts", "honesty", "bias"};
     EXPECT_TRUE(std::find(std::begin(kClasses), std::end(kClasses), s.bug_class) !=
                 std::end(kClasses))
         << "bug_class '" << s.bug_class << "'";

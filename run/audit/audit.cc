@@ -383,6 +383,9 @@ Expected<AuditResult> Auditor::Run() {
   for (const ConsistencyCase& c : r.consistency) {
     for (const Verdict& v : c.verdicts) r.verdicts.push_back({"consistency", c.label, v});
   }
+  for (const ConsistencyCase& c : r.consistency) {
+    for (const Verdict& v : c.bias) r.verdicts.push_back({"bias", c.label, v});
+  }
   r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (opt_.progress) opt_.progress({total_, total_, "done"});
   return r;

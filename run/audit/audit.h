@@ -179,6 +179,10 @@ struct ConsistencyCase {
   Case c;
   std::vector<Verdict> verdicts;
   std::string note;
+  // The bias check (verify/checks/bias.h) on the same case: its verdicts (their messages
+  // carry each tensor's mean signed error in ulps, passing or not) or why it abstained.
+  std::vector<Verdict> bias;
+  std::string bias_note;
 };
 
 // Bias of one tensor over seeds: each seed gives one value (TensorError::bias or

@@ -9,6 +9,7 @@
 
 #include "reference/case/inputs.h"
 #include "run/audit/audit_internal.h"
+#include "verify/checks/bias.h"
 #include "verify/checks/check.h"
 #include "verify/checks/consistency.h"
 #include "verify/checks/noninterference.h"
@@ -156,6 +157,22 @@ Status Auditor::MeasureConsistency(AuditResult& r) {
     c.verdicts = CheckConsistency(kernel_, c.c.problem, *in, o, nullptr, &profile_);
     if (c.verdicts.empty()) c.note = "not applicable to this case";
     for (Verdict& v : c.verdicts) {
+      if (Status st = SaveRepro(v, c.c); !st.ok()) return st;
+    }
+    // The bias check on the same case: the mean signed error of every output, in ulps.
+    CheckContext ctx;
+    ctx.kernel = &kernel_;
+    ctx.kernel_spec = opt_.kernel_spec;
+    ctx.case_ = c.c;
+    ctx.inputs = std::move(in).value();
+    ctx.profile = &profile_;
+    ctx.oracle_options = oracle_;
+    ctx.cuda_oracle = opt_.cuda_oracle;
+    ctx.label = c.label;
+    ctx.repro = o.repro;
+    c.bias = CheckBias(ctx, BiasOptions{});
+    c.bias_note = ctx.not_applicable;
+    for (Verdict& v : c.bias) {
       if (Status st = SaveRepro(v, c.c); !st.ok()) return st;
     }
   }

@@ -251,6 +251,18 @@ std::string AuditToMarkdown(std::span<const AuditResult> results) {
         md += fmt::format("| {} | {} | {} | {} |\n", c.label, v.tensor, Cell(v.policy), MarginText(v));
       }
     }
+    md += "\n### Bias check (mean signed error in ulps against the recipe's, "
+          "verify/checks/bias.h)\n\n| case | tensor | result | figures |\n|---|---|---|---|\n";
+    for (const ConsistencyCase& c : r.consistency) {
+      if (c.bias.empty()) {
+        md += fmt::format("| {} | | | {} |\n", c.label,
+                          Cell(c.bias_note.empty() ? c.note : c.bias_note));
+      }
+      for (const Verdict& v : c.bias) {
+        md += fmt::format("| {} | {} | {} | {} |\n", c.label, v.tensor, MarginText(v),
+                          Cell(v.message));
+      }
+    }
     md += fmt::format(
         "\n### Gradient bias ({} seeds; mean ± standard error over seeds)\n\n| tensor | signed "
         "(kernel) | signed (baseline) | magnitude (kernel) | magnitude (baseline) | |\n"

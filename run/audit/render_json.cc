@@ -119,10 +119,14 @@ nlohmann::json AuditToJson(std::span<const AuditResult> results) {
     for (const ConsistencyCase& c : r.consistency) {
       Report rep;
       rep.verdicts = c.verdicts;
+      Report brep;
+      brep.verdicts = c.bias;
       cons.push_back({{"label", c.label},
                       {"note", c.note},
                       {"case", CaseToJson(c.c)},
-                      {"verdicts", ToJson(rep)["verdicts"]}});
+                      {"verdicts", ToJson(rep)["verdicts"]},
+                      {"bias_check", {{"note", c.bias_note},
+                                      {"verdicts", ToJson(brep)["verdicts"]}}}});
     }
     nlohmann::json bias = nlohmann::json::array();
     for (const BiasStat& b : r.bias) {

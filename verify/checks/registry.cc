@@ -5,6 +5,7 @@
 
 #include "verify/checks/accuracy.h"
 #include "verify/checks/basic.h"
+#include "verify/checks/bias.h"
 #include "verify/checks/check.h"
 #include "verify/checks/consistency.h"
 #include "verify/checks/layouts.h"
@@ -44,6 +45,10 @@ namespace {
 //     rules of the backward.
 //  8. consistency: the forward is right but the backward does not differentiate it.
 //  9. accuracy of dq, dk, dv: gradients wrong in a way the identities do not isolate.
+//  9b. bias: every error within its bound, but their mean is not the recipe's (a directed
+//     rounding). After accuracy, because any value wrong beyond its bound is biased too (a
+//     scale ignored, a column swapped) and accuracy names that more precisely; before the
+//     re-layouts, which a directed rounding leaves bitwise intact.
 // 10. permutation, padding: re-layouts of the batch (permuted or padded packed sequences,
 //     padded sequences). They compare the kernel with itself, bitwise where it claims
 //     determinism, so they are the most sensitive checks and the least specific: any defect
@@ -93,6 +98,12 @@ std::vector<CheckInfo> BuildChecks() {
        "the backward differentiates the forward that ran: delta, sum-of-gradient identities, "
        "the constant-V probe, and the gradient at the recipe's quantised operands",
        RunConsistency},
+      {"bias",
+       "the mean signed error of o, lse, dq, dk and dv (in ulps of the output format, signed and "
+       "toward zero) is the mean the kernel's recipe implies within 0.2 ulp (fp32 outputs: 1 "
+       "ulp; a t-test on row means, false alarm <= 1e-6 per verdict); below the minimum "
+       "sample it abstains",
+       RunBias},
       {"permutation",
        "permuting batch entries (padded or packed) and heads permutes the outputs (within 2 "
        "ulps of the row: group sums and split points may change order)",
@@ -129,6 +140,7 @@ std::vector<DiagnosisStep> BuildDiagnosisOrder() {
       {"special-values", {}},
       {"consistency", {}},
       {"accuracy", {}},
+      {"bias", {}},
       {"permutation", {}},
       {"padding", {}},
       {"layouts", {}},
