@@ -8,7 +8,9 @@
 // (reference/recipes/recipe.h Recipe::output_rounding, OperandScheme::rounding) imply
 // otherwise. The recipe is the kernel's declared one, else its dtype's FlashAttention-2 recipe
 // (as the consistency check takes it); a kernel that declares only a low-precision family
-// profile, a sampled case and a tensor below the minimum sample abstain, with the reason.
+// profile, a sampled case, inputs of a generator other than `gaussian` (rows that share
+// structure are not independent samples) and a tensor below the minimum sample abstain, with
+// the reason.
 #pragma once
 
 #include <vector>
