@@ -509,6 +509,16 @@ InstantiatedCase Instantiate(const SuiteRow& row, const Capabilities& caps, uint
       p.head_dim_v = Nearest(caps.head_dims_v, p.head_dim_v);
     }
   }
+  // 2b. A kernel whose diagonal rules are top-left only (kernel.h causal_top_left_only: SDPA's
+  // is_causal on nested jagged tensors) gets the row's diagonal top-left: the same row on the
+  // one alignment that kernel can state, as run/case_gen.cc aligns drawn cases. Equal lengths
+  // mean the same mask either way; honesty rows keep theirs (a refusal is what they judge).
+  const bool diagonal = p.causal || p.window_left >= 0 || p.window_right >= 0 ||
+                        p.alibi_slopes.has_value();  // kernel.cc Capabilities::Covers
+  if (t.adapt && caps.causal_top_left_only && diagonal &&
+      p.causal_align == CausalAlign::kBottomRight) {
+    p.causal_align = CausalAlign::kTopLeft;
+  }
   // 3. Shape limits: the nearest legal shape that keeps what the row is for.
   std::string moved;
   if (caps.shapes.any()) {
