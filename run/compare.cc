@@ -174,6 +174,11 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     return Error{"problem.sink: attest compare does not judge learnable-sink cases yet (no "
                  "tolerance profile covers the sink); attest oracle computes their references"};
   }
+  if (p.rel_bias) {
+    return Error{"problem.rel_bias: attest compare does not judge learnable relative-bias cases "
+                 "yet (no tolerance profile covers the bias); attest oracle computes their "
+                 "references"};
+  }
   const Profile* profile = options.profile ? options.profile : ProfileForDType(p.dtype);
   if (profile == nullptr) {
     return Error{fmt::format("problem.dtype: no tolerance profile for dtype {}; pass --profile",

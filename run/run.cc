@@ -126,6 +126,12 @@ Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile*
     return Error{"problem.sink: the checks do not judge learnable-sink cases yet (no tolerance "
                  "profile or relation covers the sink); attest oracle computes their references"};
   }
+  // Likewise the learnable relative bias: no profile, baseline or relation knows it.
+  if (c.problem.rel_bias) {
+    return Error{"problem.rel_bias: the checks do not judge learnable relative-bias cases yet (no "
+                 "tolerance profile or relation covers the bias); attest oracle computes their "
+                 "references"};
+  }
   CheckContext ctx;
   ctx.kernel = &kernel;
   ctx.kernel_spec = options.kernel_spec;

@@ -135,6 +135,16 @@ TEST(CaseJson, ErrorsNameTheField) {
   EXPECT_EQ(ErrorOf(j), "generator.params.sink: give either values or mean/std, not both");
   j["problem"]["sink"] = 1;
   EXPECT_EQ(ErrorOf(j), "problem.sink: expected true or false, got 1");
+  // The relative bias's: the same parameters, numbers only.
+  j["problem"].erase("sink");
+  j["generator"]["params"] = {{"rel_bias", {{"std", 0.5}}}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.rel_bias: the problem has no rel_bias (set "
+                        "problem.rel_bias = true)");
+  j["problem"]["rel_bias"] = true;
+  EXPECT_EQ(ErrorOf(j), "(accepted)");
+  j["generator"]["params"]["rel_bias"] = {{"values", {1, "-inf"}}};
+  EXPECT_EQ(ErrorOf(j), "generator.params.rel_bias.values[1]: expected a number finite in "
+                        "float32, got \"-inf\"");
 }
 
 TEST_F(CaseFileTest, LoadResolvesRelativeInputsAgainstTheCaseFileDirectory) {

@@ -77,6 +77,43 @@ Status ReadSink(const Case& c, const NamedTensors& file, CaseInputs& in) {
   return {};
 }
 
+// The file's "rel_bias" tensor: F32, [Hq, seqlen_q + seqlen_k - 1], finite; present iff
+// problem.rel_bias.
+Status ReadRelBias(const Case& c, const NamedTensors& file, CaseInputs& in) {
+  const std::string& path = *c.inputs;
+  const Tensor* t = file.Find("rel_bias");
+  const Shape want = c.problem.RelBiasShape();
+  if (t == nullptr) {
+    if (!c.problem.rel_bias) return {};
+    return Error{fmt::format(
+        "{}: no tensor named 'rel_bias' (problem.rel_bias is true: rel_bias [{}] F32)", path,
+        fmt::join(want, ", "))};
+  }
+  if (!c.problem.rel_bias) {
+    return Error{fmt::format("{}: tensor 'rel_bias' is present but problem.rel_bias is false "
+                             "(set it, or drop the tensor)",
+                             path)};
+  }
+  if (t->dtype() != DType::kF32) {
+    return Error{fmt::format("{}: tensor 'rel_bias' has dtype {}, expected f32 (float32)", path,
+                             Name(t->dtype()))};
+  }
+  if (t->shape() != want) {
+    return Error{fmt::format("{}: tensor 'rel_bias': shape [{}] does not match the problem's "
+                             "[{}] (heads_q, seqlen_q + seqlen_k - 1)",
+                             path, fmt::join(t->shape(), ", "), fmt::join(want, ", "))};
+  }
+  in.rel_bias = ToF64(*t);
+  const auto x = in.rel_bias.span<const double>();
+  for (size_t e = 0; e < x.size(); ++e) {
+    if (!std::isfinite(x[e])) {
+      return Error{fmt::format("{}: tensor 'rel_bias': element {} is {} (the bias is finite)",
+                               path, e, x[e])};
+    }
+  }
+  return {};
+}
+
 Expected<CaseInputs> FromFile(const Case& c) {
   const std::string& path = *c.inputs;
   auto file = ReadSafetensors(path);
@@ -110,6 +147,7 @@ Expected<CaseInputs> FromFile(const Case& c) {
     return Error{path + ": " + st.error().message};
   }
   if (Status st = ReadSink(c, *file, in); !st.ok()) return st.error();
+  if (Status st = ReadRelBias(c, *file, in); !st.ok()) return st.error();
   return in;
 }
 
@@ -128,8 +166,9 @@ Expected<CaseInputs> MakeCaseInputs(const Case& c) {
   for (Tensor* t : {&gen->q, &gen->k, &gen->v, &gen->dout}) RoundTensorInPlace(*t, dtype);
   // The sink is float32 whatever the dtype (Problem::sink).
   if (gen->sink.defined()) RoundTensorInPlace(gen->sink, DType::kF32);
-  return CaseInputs{std::move(gen->q), std::move(gen->k), std::move(gen->v),
-                    std::move(gen->dout), std::move(gen->sink)};
+  if (gen->rel_bias.defined()) RoundTensorInPlace(gen->rel_bias, DType::kF32);  // likewise
+  return CaseInputs{std::move(gen->q),    std::move(gen->k),    std::move(gen->v),
+                    std::move(gen->dout), std::move(gen->sink), std::move(gen->rel_bias)};
 }
 
 uint64_t CaseSeed(const Case& c) {

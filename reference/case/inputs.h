@@ -16,6 +16,9 @@ struct CaseInputs {
   // head), whatever the problem's dtype; undefined without a sink. A file stores it as an
   // F32 tensor named "sink".
   Tensor sink;
+  // Problem::rel_bias: [Hq, seqlen_q + seqlen_k - 1] f64 holding finite float32 values,
+  // whatever the dtype; undefined without it. A file stores it as an F32 tensor "rel_bias".
+  Tensor rel_bias;
 };
 
 Expected<CaseInputs> MakeCaseInputs(const Case& c);

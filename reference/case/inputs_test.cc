@@ -2,7 +2,7 @@
 // (reference/problem/budget.h) is refused before its inputs are allocated, with the fields that
 // make it large; the learnable sink, generated (float32, deterministic, values cycling over
 // heads, -inf and huge) and read from a file (F32 [Hq], present iff problem.sink, errors naming
-// the tensor). Built into case_file_test.
+// the tensor); likewise the learnable relative bias. Built into case_file_test.
 #include "reference/case/inputs.h"
 
 #include <gtest/gtest.h>
@@ -129,6 +129,72 @@ TEST(CaseInputs, SinkFromAFileIsF32OfHqAndErrorsNameIt) {
   const Tensor minus_inf =
       f32(Tensor::FromF64({4}, {1, 2, 3, -std::numeric_limits<double>::infinity()}));
   EXPECT_EQ(error_of(minus_inf, true), "(accepted)");
+  std::filesystem::remove_all(dir);
+}
+
+Case RelBiasCase(nlohmann::json params_bias) {
+  Case c = SinkCase(nullptr);
+  c.problem.sink = false;
+  c.problem.rel_bias = true;
+  if (!params_bias.is_null()) c.generator->params["rel_bias"] = std::move(params_bias);
+  return c;
+}
+
+TEST(CaseInputs, RelativeBiasIsGeneratedFloat32AndReadFromAFileNamingIt) {
+  // Generated: [Hq, Sq + Sk - 1] float32, deterministic, its own stream (q, k, v, do as
+  // without it); values cycle over the row-major table.
+  const auto a = MakeCaseInputs(RelBiasCase(nullptr));
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_EQ(a->rel_bias.shape(), (Shape{4, 7}));
+  EXPECT_FALSE(a->sink.defined());
+  for (double x : a->rel_bias.span<const double>()) {
+    EXPECT_EQ(x, static_cast<double>(static_cast<float>(x)));
+  }
+  Case none = RelBiasCase(nullptr);
+  none.problem.rel_bias = false;
+  const auto n = MakeCaseInputs(none);
+  ASSERT_TRUE(n.ok());
+  EXPECT_TRUE(n->q.BitwiseEqual(a->q) && n->dout.BitwiseEqual(a->dout));
+  const auto v = MakeCaseInputs(RelBiasCase({{"values", {0.1, -2}}}));
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  EXPECT_EQ(v->rel_bias.data<double>()[27], -2.0);
+  EXPECT_EQ(v->rel_bias.data<double>()[26], static_cast<double>(0.1f));
+  // From a file: F32 [Hq, Sq + Sk - 1], present iff problem.rel_bias; errors name it.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("attest_inputs_rel_bias_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto f32 = [](const Tensor& t) { return Convert(t, Format::kF32).value(); };
+  const auto error_of = [&](const std::optional<Tensor>& bias, bool problem_bias) {
+    NamedTensors file;
+    file.Add("q", f32(a->q));
+    file.Add("k", f32(a->k));
+    file.Add("v", f32(a->v));
+    if (bias) file.Add("rel_bias", *bias);
+    const std::string path = (dir / "in.safetensors").string();
+    EXPECT_TRUE(WriteSafetensors(path, file).ok());
+    Case fc = RelBiasCase(nullptr);
+    fc.generator.reset();
+    fc.inputs = path;
+    fc.problem.rel_bias = problem_bias;
+    const auto r = MakeCaseInputs(fc);
+    if (r.ok() && bias) EXPECT_TRUE(r->rel_bias.BitwiseEqual(a->rel_bias));
+    return r.ok() ? std::string("(accepted)") : r.error().message;
+  };
+  EXPECT_EQ(error_of(f32(a->rel_bias), true), "(accepted)");
+  EXPECT_NE(error_of(std::nullopt, true).find("no tensor named 'rel_bias' (problem.rel_bias is "
+                                              "true: rel_bias [4, 7] F32)"),
+            std::string::npos);
+  EXPECT_NE(error_of(f32(a->rel_bias), false).find("problem.rel_bias is false"),
+            std::string::npos);
+  EXPECT_NE(error_of(a->rel_bias, true).find("tensor 'rel_bias' has dtype f64, expected f32"),
+            std::string::npos);
+  EXPECT_NE(error_of(f32(Tensor::Zeros(DType::kF64, {4, 6})), true)
+                .find("tensor 'rel_bias': shape [4, 6] does not match the problem's [4, 7]"),
+            std::string::npos);
+  std::vector<double> inf(28, 0.0);
+  inf[9] = std::numeric_limits<double>::infinity();
+  EXPECT_NE(error_of(f32(Tensor::FromF64({4, 7}, inf)), true).find("element 9 is inf"),
+            std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -555,7 +555,7 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
     // libFuzzer build uses, cannot capture structured bindings).
     const std::string& key = item.key();
     const nlohmann::json& value = item.value();
-    if (allow_tensors && (IsTensorName(key) || key == "sink")) continue;
+    if (allow_tensors && (IsTensorName(key) || key == "sink" || key == "rel_bias")) continue;
     const bool known = std::any_of(row.params.begin(), row.params.end(),
                                    [&](const GeneratorParam& p) { return p.name == key; });
     if (!known) {
@@ -580,59 +580,63 @@ Status CheckParamObject(const GeneratorRow& row, const nlohmann::json& obj,
   return {};
 }
 
-// The "sink" object of the params (generate.h GeneratedInputs::sink).
-Status CheckSinkParams(const Problem& p, const nlohmann::json& params) {
-  if (!params.contains("sink")) return {};
-  const nlohmann::json& s = params.at("sink");
-  if (!p.sink) {
-    return Error{"generator.params.sink: the problem has no sink (set problem.sink = true)"};
+// The "sink" or "rel_bias" object of the params (generate.h GeneratedInputs::sink,
+// rel_bias): `wanted` says whether the problem has that input; "-inf" is a sink's only.
+Status CheckLogitParams(bool wanted, const nlohmann::json& params, const std::string& name) {
+  if (!params.contains(name)) return {};
+  const nlohmann::json& s = params.at(name);
+  const std::string where = "generator.params." + name;
+  if (!wanted) {
+    return Error{fmt::format("{}: the problem has no {} (set problem.{} = true)", where, name,
+                             name)};
   }
   if (!s.is_object()) {
-    return Error{fmt::format("generator.params.sink: expected an object, got {}", JsonExcerpt(s))};
+    return Error{fmt::format("{}: expected an object, got {}", where, JsonExcerpt(s))};
   }
   for (const auto& item : s.items()) {
     const std::string& key = item.key();
     if (key != "mean" && key != "std" && key != "values") {
-      return Error{fmt::format(
-          "generator.params.sink: unknown parameter {} (parameters: mean, std, or values)",
-          QuotedExcerpt(key))};
+      return Error{fmt::format("{}: unknown parameter {} (parameters: mean, std, or values)",
+                               where, QuotedExcerpt(key))};
     }
     if (key == "values") continue;
     const nlohmann::json& x = item.value();
     if (!x.is_number() || !std::isfinite(x.get<double>()) || (key == "std" && x < 0)) {
-      return Error{fmt::format("generator.params.sink.{}: expected a finite number{}, got {}",
-                               key, key == "std" ? " >= 0" : "", JsonExcerpt(x))};
+      return Error{fmt::format("{}.{}: expected a finite number{}, got {}", where, key,
+                               key == "std" ? " >= 0" : "", JsonExcerpt(x))};
     }
   }
   if (!s.contains("values")) return {};
   if (s.contains("mean") || s.contains("std")) {
-    return Error{"generator.params.sink: give either values or mean/std, not both"};
+    return Error{where + ": give either values or mean/std, not both"};
   }
   const nlohmann::json& values = s.at("values");
   if (!values.is_array() || values.empty()) {
-    return Error{fmt::format("generator.params.sink.values: expected a non-empty array, got {}",
+    return Error{fmt::format("{}.values: expected a non-empty array, got {}", where,
                              JsonExcerpt(values))};
   }
+  const bool sink = name == "sink";
   for (size_t n = 0; n < values.size(); ++n) {
     const nlohmann::json& x = values[n];
-    const bool neg_inf = x.is_string() && x.get<std::string>() == "-inf";
+    const bool neg_inf = sink && x.is_string() && x.get<std::string>() == "-inf";
     const bool finite_f32 =
         x.is_number() && std::isfinite(static_cast<float>(x.get<double>()));
     if (!neg_inf && !finite_f32) {
-      return Error{fmt::format(
-          "generator.params.sink.values[{}]: expected a number finite in float32 or \"-inf\", "
-          "got {}",
-          n, JsonExcerpt(x))};
+      return Error{fmt::format("{}.values[{}]: expected a number finite in float32{}, got {}",
+                               where, n, sink ? " or \"-inf\"" : "", JsonExcerpt(x))};
     }
   }
   return {};
 }
 
-Tensor GenerateSink(const Problem& p, const GeneratorSpec& spec) {
-  Tensor t = Tensor::Zeros(DType::kF64, p.SinkShape());
+// The sink [Hq] or the relative bias [Hq, W] (stream kStreamSink / kStreamRelBias): element
+// e takes values[e mod n], else mean + std * the first normal of ElementStream(seed, stream, e).
+Tensor GenerateLogits(const GeneratorSpec& spec, const std::string& name, const Shape& shape,
+                      uint32_t stream) {
+  Tensor t = Tensor::Zeros(DType::kF64, shape);
   const std::span<double> out = t.span<double>();
   const nlohmann::json s =
-      spec.params.contains("sink") ? spec.params.at("sink") : nlohmann::json::object();
+      spec.params.contains(name) ? spec.params.at(name) : nlohmann::json::object();
   if (s.contains("values")) {
     const nlohmann::json& values = s.at("values");
     for (size_t h = 0; h < out.size(); ++h) {
@@ -643,7 +647,7 @@ Tensor GenerateSink(const Problem& p, const GeneratorSpec& spec) {
   }
   const double mean = s.value("mean", 0.0), std = s.value("std", 1.0);
   for (size_t h = 0; h < out.size(); ++h) {
-    out[h] = mean + std * ElementStream(spec.seed, kStreamSink, h).NextNormal();
+    out[h] = mean + std * ElementStream(spec.seed, stream, h).NextNormal();
   }
   return t;
 }
@@ -690,7 +694,8 @@ Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec) {
                     known)};
   }
   if (Status s = CheckParamObject(*row, spec.params, "generator.params", true); !s) return s;
-  if (Status s = CheckSinkParams(p, spec.params); !s) return s;
+  if (Status s = CheckLogitParams(p.sink, spec.params, "sink"); !s) return s;
+  if (Status s = CheckLogitParams(p.rel_bias, spec.params, "rel_bias"); !s) return s;
   for (const auto& t : kTensors) {
     const std::string where = fmt::format("generator.params.{}", t.name);
     if (spec.params.contains(std::string(t.name))) {
@@ -728,7 +733,10 @@ Expected<GeneratedInputs> GenerateInputs(const Problem& p, const GeneratorSpec& 
     row.fill(ctx, targets[t]->span<double>());
     earlier.push_back(targets[t]);
   }
-  if (p.sink) out.sink = GenerateSink(p, spec);
+  if (p.sink) out.sink = GenerateLogits(spec, "sink", p.SinkShape(), kStreamSink);
+  if (p.rel_bias) {
+    out.rel_bias = GenerateLogits(spec, "rel_bias", p.RelBiasShape(), kStreamRelBias);
+  }
   return out;
 }
 

@@ -37,7 +37,8 @@ enum TensorStream : uint32_t {
   kStreamK = 1,
   kStreamV = 2,
   kStreamDO = 3,
-  kStreamSink = 4  // the learnable sink [Hq] (Problem::sink)
+  kStreamSink = 4,    // the learnable sink [Hq] (Problem::sink)
+  kStreamRelBias = 5  // the relative bias [Hq, Sq + Sk - 1] (Problem::rel_bias)
 };
 inline constexpr uint32_t kFirstAuxStream = 16;
 
@@ -115,6 +116,7 @@ std::vector<std::string> GeneratorNames();
 struct GeneratedInputs {
   Tensor q, k, v, dout;  // f64, the problem's shapes, NOT rounded to the problem's dtype
   Tensor sink;           // [Hq] f64 when Problem::sink (NOT rounded to float32), else undefined
+  Tensor rel_bias;       // [Hq, Sq + Sk - 1] f64 when Problem::rel_bias (likewise)
 };
 
 // The sink logits of a problem with Problem::sink, whatever the generator row: the params'
@@ -122,10 +124,13 @@ struct GeneratedInputs {
 // normal of ElementStream(seed, kStreamSink, h)) or {"values": [x, ...]} (head h takes
 // values[h mod n]; a number whose float32 rounding is finite, or the string "-inf", which
 // removes the sink: docs/semantics.md). Huge sinks are values such as 1e30.
+// The relative bias of a problem with Problem::rel_bias likewise from the "rel_bias" object,
+// element e of the row-major [Hq, Sq + Sk - 1] table from ElementStream(seed, kStreamRelBias,
+// e) or values[e mod n] (numbers only: the bias is finite).
 
 // Checks the spec against the table: known name, known parameter names (top level and in
 // per-tensor overrides {"q": {...}, "k": ..., "v": ..., "do": ...}), numeric and valid values,
-// and the "sink" object (only for a problem with a sink).
+// and the "sink" / "rel_bias" objects (only for a problem with that input).
 Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec);
 Expected<GeneratedInputs> GenerateInputs(const Problem& p, const GeneratorSpec& spec);
 

@@ -66,6 +66,11 @@ struct OracleOptions {
   // lse = sink_h, no gradient), and the backward returns BackwardOut::dsink. A sampled
   // backward leaves dsink NaN (it needs every row).
   const Tensor* sink = nullptr;
+  // The learnable relative bias (Problem::rel_bias; docs/semantics.md "Learnable relative
+  // bias"): [Hq, seqlen_q + seqlen_k - 1] f64, finite. Required exactly when the problem has
+  // one. Score (i, j) of head h gains rel_bias[h, i - j + seqlen_k - 1] after softcap and
+  // ALiBi; the backward returns BackwardOut::drel_bias (NaN in a sampled backward).
+  const Tensor* rel_bias = nullptr;
 };
 
 // The float64 path's tiles for `p` when OracleOptions leaves them 0: 128 x 128 for every
@@ -113,6 +118,11 @@ struct OracleStats {
   double sink_abs_max = 0;
   double sink_mass_max = 0;  // S: max_h sum over (b, i) of exp(sink_h - lse_i) (backward)
   int64_t sink_rows = 0;     // Ls: rows summed into one dsink (backward)
+  // Learnable relative bias (0 without one): b_abs, the largest |rel_bias|, adds to a in the
+  // bound (|s + b| <= a + b_abs) and its addition is one more rounding of each score.
+  double rel_bias_abs_max = 0;
+  double rel_bias_mass_max = 0;  // R: max over (h, diagonal) of sum_(b, i) p_ij (backward)
+  int64_t rel_bias_terms = 0;    // Lr: most nonzero dS summed into one drel_bias (backward)
 };
 
 struct ForwardOut {
@@ -125,6 +135,9 @@ struct BackwardOut {
   // dsink [Hq] = -sum over batch and rows i of head h of exp(sink_h - lse_i) delta_i (0 for a
   // sink of -inf); undefined without a sink.
   Tensor dsink;
+  // drel_bias [Hq, seqlen_q + seqlen_k - 1]: element (h, i - j + seqlen_k - 1) is the sum of
+  // dS_ij of head h over batch and rows (per query head with GQA); undefined without it.
+  Tensor drel_bias;
   Tensor delta;       // D_i = rowsum(dO_i * O_i), lse's shape (0 on empty rows)
   Tensor o, lse;      // the forward this backward differentiated
   OracleStats stats;
@@ -160,8 +173,9 @@ BackwardOut Backward(Precision precision, const Problem& p, const Tensor& q, con
                      const Tensor& v, const Tensor& dout, const OracleOptions& options = {});
 
 // The outputs a certification bound exists for.
-enum class OracleTensor { kO, kLse, kDq, kDk, kDv, kDelta, kDsink };
-std::string_view Name(OracleTensor t);  // "o", "lse", "dq", "dk", "dv", "delta", "dsink"
+enum class OracleTensor { kO, kLse, kDq, kDk, kDv, kDelta, kDsink, kDrelBias };
+// "o", "lse", "dq", "dk", "dv", "delta", "dsink", "drel_bias"
+std::string_view Name(OracleTensor t);
 
 // A bound on max over elements of |computed - exact| (absolute, in the tensor's units) for
 // the run that produced `stats`, including the final rounding of each output. Compare the

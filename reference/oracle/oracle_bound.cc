@@ -45,6 +45,14 @@
 //    w_i, delta_i by G V (eta + (Lk + 4) u), and the sum of Ls terms by (Ls + 1) u of
 //    sum |w_i delta_i| <= S G V (S = sink_mass_max):
 //      dsink:                      S G V (theta + eta + (Lk + 4) u + (Ls + 2) u).
+// 8. Learnable relative bias (OracleStats::rel_bias_*): s_ij gains b_ij, an exact input with
+//    |b| <= b_abs, added last: a becomes a + b_abs and the addition is one more rounding of
+//    a score, eps_s = (D + 5) u (a + 1) (the softcap derivative's argument is unchanged).
+//    drel_bias_(h,d) = sum of dS_ij over the pairs of diagonal d of head h, over batch and
+//    rows: each errs by p G V kappa (step 5), and sum |dS| <= 2 G V sum p <= 2 R G V
+//    (R = rel_bias_mass_max); the sum of at most Lr terms (rel_bias_terms, the per-sequence
+//    sums and their sum over the batch counted) adds (Lr + 1) u of it:
+//      drel_bias:                  R G V (kappa + 2 (Lr + 1) u).
 // Every bound is doubled to cover second-order terms (products of the first-order ones,
 // gamma_n's 1/(1 - n u)), which are below 1% of the first-order terms for n u < 1e-3.
 #include <algorithm>
@@ -57,12 +65,12 @@ namespace attest {
 double ErrorBound(const OracleStats& s, OracleTensor t) {
   constexpr double kSafety = 2.0;
   const double u = s.unit_roundoff;
-  const double a = std::max(s.score_abs_max, s.sink_abs_max);
+  const double a = std::max(s.score_abs_max + s.rel_bias_abs_max, s.sink_abs_max);
   const double lk = static_cast<double>(s.sum_len_k);
   const double lq = static_cast<double>(s.sum_len_q);
   const double d = static_cast<double>(s.head_dim);
   const double dv = static_cast<double>(s.head_dim_v);
-  const double eps_s = (d + 4) * u * (a + 1);
+  const double eps_s = (d + 4 + (s.rel_bias_abs_max > 0 ? 1 : 0)) * u * (a + 1);
   const double eta = 2 * eps_s + (8 * a + 4 * lk + 10) * u;
   const double lse = eps_s + (4 * a + 2 * lk + 6) * u + 50 * u + 2 * u * (s.lse_abs_max + a);
   const double theta = eps_s + lse + (a + s.lse_abs_max + 2) * u;
@@ -94,6 +102,10 @@ double ErrorBound(const OracleStats& s, OracleTensor t) {
     case OracleTensor::kDsink:
       bound = s.sink_mass_max * gv *
               (theta + delta + (static_cast<double>(s.sink_rows) + 2) * u);
+      break;
+    case OracleTensor::kDrelBias:
+      bound = s.rel_bias_mass_max * gv *
+              (kappa + 2 * (static_cast<double>(s.rel_bias_terms) + 1) * u);
       break;
   }
   return kSafety * bound;

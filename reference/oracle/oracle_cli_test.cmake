@@ -133,3 +133,29 @@ expect_match("${out}" "problem.sink: attest compare does not judge learnable-sin
 # Nor do the checks judge one yet: attest repro says so (exit 2).
 run_attest(2 out repro --kernel cpu/flash2-bf16 --case "${sink_case}")
 expect_match("${out}" "problem.sink: the checks do not judge learnable-sink cases yet" "repro sink")
+
+# A learnable relative bias (docs/semantics.md "Learnable relative bias") with a sink, on the
+# same packed causal GQA softcap problem: both oracles write drel_bias [4, 15] (with its bound
+# and statistics); --device cuda declines it and runs the CPU oracle.
+set(bias_case "${SRC}/reference/oracle/testdata/rel_bias_varlen_gqa_causal.case.json")
+foreach(precision double mp256)
+  run_attest(0 out oracle --case "${bias_case}" --out "${WORK}/bias-${precision}.safetensors"
+             --precision ${precision})
+  run_attest(0 out inspect --json "${WORK}/bias-${precision}.safetensors")
+  expect_match("${out}" "\"drel_bias\"" "inspect rel_bias ${precision}: drel_bias")
+  expect_match("${out}" "rel_bias_mass_max" "inspect rel_bias ${precision}: stats")
+endforeach()
+if(EMULATED)
+  set(ENV{ATTEST_ORACLE_CUDA} "${EMULATED}")
+  run_attest(0 out oracle --case "${bias_case}" --out "${WORK}/bias-cuda.safetensors"
+             --device cuda)
+  unset(ENV{ATTEST_ORACLE_CUDA})
+  expect_match("${out}" "declines learnable sinks; running the CPU" "rel_bias --device cuda")
+endif()
+# attest compare and the checks refuse relative-bias cases (no tolerance covers the bias).
+file(WRITE "${WORK}/bias_only.case.json" "{\"problem\": {\"heads_q\": 2, \"seqlen_q\": 3, \"seqlen_k\": 4, \"head_dim\": 8, \"head_dim_v\": 8, \"rel_bias\": true}, \"generator\": {\"name\": \"gaussian\", \"seed\": 1}}")
+run_attest(0 out oracle --case "${WORK}/bias_only.case.json" --out "${WORK}/bias_only.safetensors")
+run_attest(2 out compare --case "${WORK}/bias_only.case.json" --outputs "${WORK}/bias_only.safetensors")
+expect_match("${out}" "problem.rel_bias: attest compare does not judge learnable relative-bias" "compare rel_bias")
+run_attest(2 out repro --kernel cpu/flash2-bf16 --case "${WORK}/bias_only.case.json")
+expect_match("${out}" "problem.rel_bias: the checks do not judge learnable relative-bias" "repro rel_bias")

@@ -46,7 +46,42 @@ std::vector<double> CheckSink(const Problem& p, const Tensor* sink) {
   return {x.begin(), x.end()};
 }
 
+// OracleOptions::rel_bias against the problem: present iff Problem::rel_bias, f64
+// [Hq, seqlen_q + seqlen_k - 1], finite.
+std::vector<double> CheckRelBias(const Problem& p, const Tensor* bias) {
+  if (bias == nullptr) {
+    if (!p.rel_bias) return {};
+    throw std::invalid_argument(
+        "oracle: rel_bias: problem.rel_bias is true but no rel_bias tensor was given "
+        "(OracleOptions::rel_bias)");
+  }
+  if (!p.rel_bias) {
+    throw std::invalid_argument(
+        "oracle: rel_bias: a rel_bias tensor was given but problem.rel_bias is false");
+  }
+  if (bias->dtype() != DType::kF64 || bias->shape() != p.RelBiasShape()) {
+    throw std::invalid_argument(fmt::format(
+        "oracle: rel_bias: expected f64 [{}, {}] (heads_q, seqlen_q + seqlen_k - 1), got {}",
+        p.heads_q, p.RelBiasWidth(), bias->Describe()));
+  }
+  const Tensor c = bias->contiguous() ? *bias : bias->Clone();
+  const auto x = c.span<const double>();
+  for (size_t e = 0; e < x.size(); ++e) {
+    if (!std::isfinite(x[e])) {
+      throw std::invalid_argument(
+          fmt::format("oracle: rel_bias element {} is {}: the bias is finite", e, x[e]));
+    }
+  }
+  return {x.begin(), x.end()};
+}
+
 }  // namespace
+
+double RelBiasAbsMax(const Inputs& in) {
+  double m = 0;
+  for (double b : in.rel_bias) m = std::max(m, std::abs(b));
+  return m;
+}
 
 double SinkAbsMax(const Inputs& in) {
   double m = 0;
@@ -61,7 +96,7 @@ bool AnyFiniteSink(const Inputs& in) {
 }
 
 Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor* dout, const Tensor* sink) {
+                   const Tensor* dout, const Tensor* sink, const Tensor* rel_bias) {
   if (Status s = Validate(p); !s) throw std::invalid_argument("oracle: " + s.error().message);
   if (Status s = ValidateInputShapes(p, q, k, v, dout); !s) {
     throw std::invalid_argument("oracle: " + s.error().message);
@@ -105,6 +140,8 @@ Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Ten
   finite(in.v, "v");
   if (dout != nullptr) finite(in.dout, "do");
   in.sink = CheckSink(p, sink);
+  in.rel_bias = CheckRelBias(p, rel_bias);
+  in.rel_bias_on = p.rel_bias;
   return in;
 }
 
@@ -203,6 +240,9 @@ void MergeStats(OracleStats& into, const OracleStats& from) {
   into.sink_abs_max = std::max(into.sink_abs_max, from.sink_abs_max);
   into.sink_mass_max = std::max(into.sink_mass_max, from.sink_mass_max);
   into.sink_rows = std::max(into.sink_rows, from.sink_rows);
+  into.rel_bias_abs_max = std::max(into.rel_bias_abs_max, from.rel_bias_abs_max);
+  into.rel_bias_mass_max = std::max(into.rel_bias_mass_max, from.rel_bias_mass_max);
+  into.rel_bias_terms = std::max(into.rel_bias_terms, from.rel_bias_terms);
   into.empty_rows += from.empty_rows;
   into.unseen_keys += from.unseen_keys;
 }
@@ -244,6 +284,8 @@ std::string_view Name(OracleTensor t) {
       return "delta";
     case OracleTensor::kDsink:
       return "dsink";
+    case OracleTensor::kDrelBias:
+      return "drel_bias";
   }
   return "?";
 }

@@ -91,7 +91,7 @@ class DoubleOracle {
   DoubleOracle(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                const Tensor* dout, const OracleOptions& options)
       : p_(p),
-        in_(CheckInputs(p, q, k, v, dout, options.sink)),
+        in_(CheckInputs(p, q, k, v, dout, options.sink, options.rel_bias)),
         norms_(ComputeNorms(p, in_)),
         masks_(MaskViews(p)),
         tile_q_(options.tile_q > 0 ? options.tile_q : AutoTiles(p).q),
@@ -110,6 +110,7 @@ class DoubleOracle {
     stats_.v_norm_max = norms_.v_norm;
     stats_.k_abs_max = norms_.k_abs;
     stats_.sink_abs_max = SinkAbsMax(in_);
+    stats_.rel_bias_abs_max = RelBiasAbsMax(in_);
   }
 
   ForwardOut RunForward();
@@ -295,6 +296,11 @@ class DoubleOracle {
     const int64_t lo = span.begin, hi = span.end;
     *count = 0;
     if (lo >= hi) return kNegInf;
+    if (in_.HasRelBias()) {
+      // s_ij += rel_bias[h, i - j + Sk - 1], last (masked entries stay -inf).
+      const double* bias = RelBiasDiagonal(t.h, i - t.j0);
+      for (int64_t c = lo; c < hi; ++c) s[c] += bias[-c];
+    }
     double mx = kNegInf, nk = 0;
     const int64_t n = RowStats(s + lo, sc.knorm.data() + lo, hi - lo, &mx, &nk);
     *count = n;
@@ -336,6 +342,16 @@ class DoubleOracle {
                  double* lse) const;
   // dsink from lse_rows_ and delta_rows_ (oracle_double_backward.cc), and its statistics.
   Tensor Dsink();
+  // &rel_bias[h, d + Sk - 1]: the bias of the pair (i, j) with i - j = d (index [-c] for the
+  // pair (i, j + c)).
+  const double* RelBiasDiagonal(int64_t h, int64_t d) const {
+    return in_.rel_bias.data() + h * p_.RelBiasWidth() + d + p_.seqlen_k - 1;
+  }
+  // dS of row r of a tile (tk entries; P in prow says which count) into the (b, h) item's
+  // drel_bias sums, rel_sums_ (oracle_double_backward.cc).
+  void AccumulateRelBias(const Tile& t, int64_t r, const double* prow, const double* dsrow);
+  // drel_bias from rel_sums_ (oracle_double_backward.cc), and its statistics.
+  Tensor DrelBias();
   // lse_rows_ (or delta_rows_) into a tensor of the problem's lse shape.
   Tensor RowsToLse(const std::vector<double>& rows) const;
 
@@ -348,6 +364,12 @@ class DoubleOracle {
   OracleOptions options_;
   OracleStats stats_;
   std::vector<double> lse_rows_, delta_rows_;  // [rows, Hq]
+  // drel_bias per (b, h) item, [B, Hq, W]: compensated sums of dS, sums of P, term counts
+  // (each item writes its own slice, so the result does not depend on the threads).
+  struct RelSums {
+    std::vector<double> sum, comp, mass;
+    std::vector<int64_t> terms;
+  } rel_sums_;
   // A sampled backward with flagged keys: every query tile's forward runs (for lse, delta).
   bool all_query_tiles_ = false;
   bool in_backward_ = false;  // RunForward called by RunBackward

@@ -123,6 +123,8 @@ void DoubleOracle::BackwardItem(int64_t b, int64_t h, bool forward_done, Scratch
         BackwardRow(sblock + r * tk, prow, dprow, tk, lse_rows_[RowIndex(row0 + r, h)],
                     delta_rows_[RowIndex(row0 + r, h)], mass + (seq.k_begin + t.j0),
                     seen + (seq.k_begin + t.j0));
+        // The bias is added after the softcap: its gradient is dS before 1 - tanh^2.
+        if (in_.HasRelBias()) AccumulateRelBias(t, r, sc.s.data(), sc.dp.data());
         if (cap > 0) {
           // d/dx [cap tanh(x / cap)] = 1 - tanh^2(x / cap); ALiBi is a constant bias.
           const double* throw_ = thblock + r * tk;
@@ -203,6 +205,11 @@ BackwardOut DoubleOracle::RunBackward() {
     part_v.AssignZeros(static_cast<size_t>(p_.heads_q * total_k * dv));
   }
   std::vector<double> mass(static_cast<size_t>(p_.heads_q * total_k), 0.0);
+  if (in_.HasRelBias()) {
+    const size_t n = static_cast<size_t>(items * p_.RelBiasWidth());
+    rel_sums_ = {std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
+                 std::vector<double>(n, 0.0), std::vector<int64_t>(n, 0)};
+  }
   std::vector<int64_t> seen(static_cast<size_t>(p_.heads_q * total_k), 0);
   const int threads = ThreadCount(options_, items);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
@@ -261,6 +268,7 @@ BackwardOut DoubleOracle::RunBackward() {
                    out.dv.data<double>());
   }
   if (in_.HasSink()) out.dsink = Dsink();
+  if (in_.HasRelBias()) out.drel_bias = DrelBias();
   out.lse = RowsToLse(lse_rows_);
   out.delta = RowsToLse(delta_rows_);
   out.stats = stats_;
@@ -291,6 +299,51 @@ Tensor DoubleOracle::Dsink() {
     out[h] = sum + comp;
     stats_.sink_mass_max = std::max(stats_.sink_mass_max, mass);
   }
+  return t;
+}
+
+void DoubleOracle::AccumulateRelBias(const Tile& t, int64_t r, const double* prow,
+                                     const double* dsrow) {
+  // Entry c of row i is the pair (i, j0 + c), diagonal i - j0 - c + Sk - 1 of the item's
+  // [W] slice. Entries with P = 0 (masked, or underflowed) have dS = 0 exactly and are left
+  // out; the others are summed in ascending (tile, row, column) order, compensated.
+  const int64_t width = p_.RelBiasWidth();
+  const size_t base = static_cast<size_t>((t.b * p_.heads_q + t.h) * width +
+                                          (t.Row(r) - t.j0) + p_.seqlen_k - 1);
+  const double* pr = prow + r * t.tk;
+  const double* ds = dsrow + r * t.tk;
+  for (int64_t c = 0; c < t.tk; ++c) {
+    if (pr[c] == 0.0) continue;
+    const size_t e = base - static_cast<size_t>(c);
+    TwoSumAdd(rel_sums_.sum[e], rel_sums_.comp[e], ds[c]);
+    rel_sums_.mass[e] += pr[c];
+    ++rel_sums_.terms[e];
+  }
+}
+
+Tensor DoubleOracle::DrelBias() {
+  // drel_bias[h, d] = sum over b (ascending) of the items' compensated sums, compensated
+  // again; NaN in a sampled run (it lacks rows or keys).
+  const int64_t width = p_.RelBiasWidth();
+  Tensor t = Tensor::Zeros(DType::kF64, p_.RelBiasShape());
+  double* out = t.data<double>();
+  for (int64_t h = 0; h < p_.heads_q; ++h) {
+    for (int64_t d = 0; d < width; ++d) {
+      double sum = 0, comp = 0, mass = 0;
+      int64_t terms = 0;
+      for (int64_t b = 0; b < p_.batch; ++b) {
+        const size_t e = static_cast<size_t>((b * p_.heads_q + h) * width + d);
+        TwoSumAdd(sum, comp, rel_sums_.sum[e]);
+        TwoSumAdd(sum, comp, rel_sums_.comp[e]);
+        mass += rel_sums_.mass[e];
+        terms += rel_sums_.terms[e];
+      }
+      out[h * width + d] = Sampled() ? std::numeric_limits<double>::quiet_NaN() : sum + comp;
+      stats_.rel_bias_mass_max = std::max(stats_.rel_bias_mass_max, mass);
+      stats_.rel_bias_terms = std::max(stats_.rel_bias_terms, terms + p_.batch);
+    }
+  }
+  rel_sums_ = {};
   return t;
 }
 

@@ -43,6 +43,7 @@ struct GenericRun {
   int threads;
   std::vector<T> q, k, v, dout;  // inputs in T
   std::vector<T> sink;           // [Hq] in T when Problem::sink
+  std::vector<T> rel_bias;       // [Hq, W] in T when Problem::rel_bias
   std::vector<T> o, lse;         // forward: [total_q, Hq, Dv] and [total_q, Hq]
   std::vector<char> empty;       // [total_q, Hq]: the row sees no key
   OracleStats stats;
@@ -51,7 +52,7 @@ struct GenericRun {
   GenericRun(const Problem& prob, const Tensor& tq, const Tensor& tk, const Tensor& tv,
              const Tensor* tdo, const OracleOptions& options, std::function<void()> exit_hook = {})
       : p(prob),
-        in(CheckInputs(prob, tq, tk, tv, tdo, options.sink)),
+        in(CheckInputs(prob, tq, tk, tv, tdo, options.sink, options.rel_bias)),
         norms(ComputeNorms(prob, in)),
         masks(MaskViews(prob)),
         threads(ThreadCount(options, prob.batch * prob.heads_kv)),
@@ -62,6 +63,10 @@ struct GenericRun {
     if (tdo != nullptr) dout = ToScalar<T>(in.DO(), in.dout.numel());
     if (in.HasSink()) sink = ToScalar<T>(in.sink.data(), static_cast<int64_t>(in.sink.size()));
     stats.sink_abs_max = SinkAbsMax(in);
+    if (in.HasRelBias()) {
+      rel_bias = ToScalar<T>(in.rel_bias.data(), static_cast<int64_t>(in.rel_bias.size()));
+    }
+    stats.rel_bias_abs_max = RelBiasAbsMax(in);
     stats.unit_roundoff = std::ldexp(1.0, -std::numeric_limits<T>::digits);
     stats.scale = p.EffectiveScale();
     stats.softcap = p.softcap;
@@ -99,7 +104,12 @@ struct GenericRun {
                          norms.k[static_cast<size_t>((seq.k_begin + j) * p.heads_kv + g)] +
                      std::abs(slope * static_cast<double>(dist));
     st.score_abs_max = std::max(st.score_abs_max, a);
-    return TransformScore<T>(*pre, p.softcap, slope, dist);
+    const T s = TransformScore<T>(*pre, p.softcap, slope, dist);
+    return in.HasRelBias() ? T(s + rel_bias[RelBiasIndex(h, i, j)]) : s;
+  }
+  // rel_bias[h, i - j + Sk - 1] (Problem::rel_bias), row-major [Hq, W].
+  size_t RelBiasIndex(int64_t h, int64_t i, int64_t j) const {
+    return static_cast<size_t>(h * p.RelBiasWidth() + i - j + p.seqlen_k - 1);
   }
 
   void RunForward() {
@@ -184,9 +194,10 @@ struct GenericRun {
     return out;
   }
 
-  // dq, dk, dv, delta in T; requires RunForward first.
+  // dq, dk, dv, delta in T (and with Problem::rel_bias drel_bias [Hq, W]: the items' sums
+  // per (b, h), then over b ascending); requires RunForward first.
   void RunBackward(std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv,
-                   std::vector<T>& delta) {
+                   std::vector<T>& delta, std::vector<T>* drel_bias = nullptr) {
     using std::exp;
     using std::tanh;
     const int64_t ratio = p.gqa_ratio();
@@ -194,6 +205,17 @@ struct GenericRun {
     dk.assign(static_cast<size_t>(p.TotalK() * p.heads_kv * p.head_dim), T(0));
     dv.assign(static_cast<size_t>(p.TotalK() * p.heads_kv * p.head_dim_v), T(0));
     delta.assign(static_cast<size_t>(p.TotalQ() * p.heads_q), T(0));
+    const int64_t width = p.RelBiasWidth();
+    const bool bias = in.HasRelBias() && drel_bias != nullptr;
+    // Per (b, h): dS sums, P sums and term counts of each diagonal.
+    std::vector<T> rb_sum, rb_mass;
+    std::vector<int64_t> rb_terms;
+    if (bias) {
+      const size_t n = static_cast<size_t>(p.batch * p.heads_q * width);
+      rb_sum.assign(n, T(0));
+      rb_mass.assign(n, T(0));
+      rb_terms.assign(n, 0);
+    }
     std::vector<OracleStats> partial(static_cast<size_t>(threads));
     // Items (b, kv head): the query heads of one group and the keys of one kv head, so that
     // dq rows and dk/dv rows of different items are disjoint.
@@ -223,6 +245,13 @@ struct GenericRun {
                 const T pij = exp(s - lse[r]);
                 const T dp = Dot(dorow, VRow(krow, g), p.head_dim_v);
                 T ds = pij * (dp - delta[r]);
+                if (bias) {  // added after the softcap: dS before 1 - tanh^2
+                  const size_t e =
+                      static_cast<size_t>(b * p.heads_q * width) + RelBiasIndex(h, i, j);
+                  rb_sum[e] += ds;
+                  rb_mass[e] += pij;
+                  ++rb_terms[e];
+                }
                 if (p.softcap > 0) {
                   // d/dx [cap tanh(x / cap)] = 1 - tanh^2(x / cap); ALiBi is a constant bias.
                   const T t = tanh(pre / T(p.softcap));
@@ -265,6 +294,21 @@ struct GenericRun {
     stats.q_abs_max = norms.q_abs;
     stats.do_abs_max = norms.do_abs;
     stats.do_norm_max = norms.do_norm;
+    if (bias) {
+      drel_bias->assign(static_cast<size_t>(p.heads_q * width), T(0));
+      for (int64_t e = 0; e < p.heads_q * width; ++e) {
+        T mass = 0;
+        int64_t terms = 0;
+        for (int64_t b = 0; b < p.batch; ++b) {
+          const size_t f = static_cast<size_t>(b * p.heads_q * width + e);
+          (*drel_bias)[static_cast<size_t>(e)] += rb_sum[f];
+          mass += rb_mass[f];
+          terms += rb_terms[f];
+        }
+        stats.rel_bias_mass_max = std::max(stats.rel_bias_mass_max, static_cast<double>(mass));
+        stats.rel_bias_terms = std::max(stats.rel_bias_terms, terms + p.batch);
+      }
+    }
   }
 };
 
@@ -309,14 +353,15 @@ BackwardOut GenericBackward(const Problem& p, const Tensor& q, const Tensor& k, 
                             const std::function<void()>& worker_exit = {}) {
   GenericRun<T> run(p, q, k, v, &dout, options, worker_exit);
   run.RunForward();
-  std::vector<T> dq, dk, dv, delta;
-  run.RunBackward(dq, dk, dv, delta);
+  std::vector<T> dq, dk, dv, delta, drel_bias;
+  run.RunBackward(dq, dk, dv, delta, &drel_bias);
   BackwardOut out;
   out.dq = ToTensor(p.QShape(), dq);
   out.dk = ToTensor(p.KShape(), dk);
   out.dv = ToTensor(p.VShape(), dv);
   out.delta = LseToTensor(p, delta);
   if (run.in.HasSink()) out.dsink = ToTensor(p.SinkShape(), run.Dsink(delta));
+  if (run.in.HasRelBias()) out.drel_bias = ToTensor(p.RelBiasShape(), drel_bias);
   out.o = ToTensor(p.OShape(), run.o);
   out.lse = LseToTensor(p, run.lse);
   out.stats = run.stats;

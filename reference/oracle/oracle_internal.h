@@ -18,15 +18,22 @@ struct Inputs {
   Tensor q, k, v, dout;  // dout undefined for a forward
   std::vector<double> sink;  // [Hq] when Problem::sink (finite or -inf), else empty
   bool HasSink() const { return !sink.empty(); }
+  // [Hq, W] row-major (W = Problem::RelBiasWidth) when Problem::rel_bias, else empty.
+  std::vector<double> rel_bias;
+  bool rel_bias_on = false;
+  bool HasRelBias() const { return rel_bias_on; }
   const double* Q() const { return q.data<double>(); }
   const double* K() const { return k.data<double>(); }
   const double* V() const { return v.data<double>(); }
   const double* DO() const { return dout.data<double>(); }
 };
 // Throws std::invalid_argument (naming the problem field or tensor) on a bad problem, wrong
-// shapes or a non-f64 tensor; `sink` is OracleOptions::sink.
+// shapes or a non-f64 tensor; `sink` and `rel_bias` are OracleOptions::sink, rel_bias.
 Inputs CheckInputs(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor* dout, const Tensor* sink = nullptr);
+                   const Tensor* dout, const Tensor* sink = nullptr,
+                   const Tensor* rel_bias = nullptr);
+// The largest |rel_bias| (0 without one): OracleStats::rel_bias_abs_max.
+double RelBiasAbsMax(const Inputs& in);
 // The largest finite |sink_h| (0 without a sink), and whether any sink is finite
 // (OracleStats::sink_abs_max; a finite sink lengthens the denominator's sum by one term).
 double SinkAbsMax(const Inputs& in);

@@ -90,7 +90,7 @@ constexpr std::string_view kFields[] = {
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
     "causal_align", "window",         "softcap",        "alibi_slopes", "cu_seqlens_q",
     "cu_seqlens_k", "document_ids_q", "document_ids_k", "prefix_lm",    "block_sparse",
-    "mask_form",    "sink",
+    "mask_form",    "sink",           "rel_bias",
 };
 constexpr std::string_view kBlockSparseFields[] = {"block_q", "block_k", "blocks"};
 
@@ -302,6 +302,7 @@ Expected<Problem> ProblemFromJson(const json& j) {
   if (has("prefix_lm")) p.prefix_lm = r.Int(j.at("prefix_lm"), F("prefix_lm"));
   if (has("mask_form")) p.mask_form = r.String(j.at("mask_form"), F("mask_form"));
   if (has("sink")) p.sink = r.Bool(j.at("sink"), F("sink"));
+  if (has("rel_bias")) p.rel_bias = r.Bool(j.at("rel_bias"), F("rel_bias"));
   if (has_value("block_sparse")) {
     const json& bs = j.at("block_sparse");
     if (!bs.is_object()) {
@@ -365,6 +366,7 @@ json ProblemToJson(const Problem& p) {
   if (p.prefix_lm != 0) j["prefix_lm"] = p.prefix_lm;
   if (!p.mask_form.empty()) j["mask_form"] = p.mask_form;
   if (p.sink) j["sink"] = true;
+  if (p.rel_bias) j["rel_bias"] = true;
   if (p.block_sparse) {
     json blocks = json::array();
     for (const auto& [qb, kb] : p.block_sparse->blocks) blocks.push_back(json::array({qb, kb}));

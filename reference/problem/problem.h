@@ -72,6 +72,13 @@ struct Problem {
   // row's softmax denominator as exp(sink_h) with no value; lse includes it, and the backward
   // returns dsink [Hq] (docs/semantics.md section 2, "Learnable sink").
   bool sink = false;
+  // Learnable relative position bias (T5 / ALiBi-style learned table): the input tensor
+  // `rel_bias` [Hq, seqlen_q + seqlen_k - 1] float32 (CaseInputs::rel_bias); score (i, j) of
+  // head h gains rel_bias[h, i - j + seqlen_k - 1] after scale, softcap and ALiBi, with i, j
+  // local to the sequence (seqlen_q / seqlen_k: packed, the max lengths); the backward
+  // returns drel_bias, dS summed over each diagonal (docs/semantics.md "Learnable relative
+  // bias").
+  bool rel_bias = false;
 
   double EffectiveScale() const;
   bool varlen() const { return cu_seqlens_q.has_value(); }
@@ -88,6 +95,9 @@ struct Problem {
   Shape OShape() const;
   Shape LseShape() const;
   Shape SinkShape() const { return {heads_q}; }  // sink and dsink: [Hq]
+  // rel_bias and drel_bias: [Hq, seqlen_q + seqlen_k - 1]; diagonal i - j + seqlen_k - 1.
+  int64_t RelBiasWidth() const { return seqlen_q + seqlen_k > 0 ? seqlen_q + seqlen_k - 1 : 0; }
+  Shape RelBiasShape() const { return {heads_q, RelBiasWidth()}; }
 
   bool operator==(const Problem&) const = default;
 };

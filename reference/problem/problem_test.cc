@@ -71,6 +71,7 @@ TEST(ProblemJson, CanonicalJsonRoundTripsExactly) {
   j["prefix_lm"] = 2;
   j["block_sparse"] = {{"block_q", 2}, {"block_k", 3}, {"blocks", {{0, 0}, {1, 1}}}};
   j["sink"] = true;
+  j["rel_bias"] = true;
   const auto q = ProblemFromJson(j);
   ASSERT_TRUE(q.ok()) << q.error().message;
   EXPECT_EQ(ProblemToJson(*q), j);
@@ -155,6 +156,7 @@ TEST(ProblemJson, RejectsWrongTypesNamingTheField) {
   ExpectRejected({{"causal", 1}}, "problem.causal: expected true or false");
   ExpectRejected({{"sink", 1}}, "problem.sink: expected true or false");
   ExpectRejected({{"sink", "true"}}, "problem.sink: expected true or false");
+  ExpectRejected({{"rel_bias", 1}}, "problem.rel_bias: expected true or false");
   ExpectRejected({{"dtype", 3}}, "problem.dtype: expected a string");
   ExpectRejected({{"scale", "x"}}, "problem.scale: expected a number");
   ExpectRejected({{"window", {1}}}, "problem.window: expected [left, right]");

@@ -2,13 +2,13 @@
 // [--threads N] [--device cpu|cuda]` (docs/design.md "CLI contract"): runs the oracle
 // (reference/oracle/oracle.h; with --device cuda the float64 oracle on a GPU,
 // reference/oracle/cuda/oracle_cuda_host.h, which exits 2 with a message where there is no
-// library or GPU) on a
-// case's inputs (reference/case/inputs.h: loaded or generated, rounded to the dtype) and
-// writes o, lse, dq, dk, dv and delta (and dsink when the problem has a learnable sink) as
-// F64 (forward outputs only when the case has no "do"); the CUDA oracle declines sinks, so a
-// sink case runs on the CPU oracle with --device cuda too. The file's metadata records the precision, the OracleStats and each tensor's
-// certification bound (ErrorBound). A missing or invalid case file, inputs that do not
-// match the problem, or an unwritable output exit 2.
+// library or GPU) on a case's inputs (reference/case/inputs.h: loaded or generated, rounded
+// to the dtype) and writes o, lse, dq, dk, dv and delta (and dsink / drel_bias when the
+// problem has a learnable sink / relative bias) as F64 (forward outputs only when the case
+// has no "do"); the CUDA oracle declines sinks and relative biases, so such a case runs on
+// the CPU oracle with --device cuda too. The file's metadata records the precision, the
+// OracleStats and each tensor's certification bound (ErrorBound). A missing or invalid case
+// file, inputs that do not match the problem, or an unwritable output exit 2.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -67,6 +67,13 @@ void AddSinkStats(nlohmann::json& j, const OracleStats& s) {
   j["sink_rows"] = s.sink_rows;
 }
 
+// Likewise the relative bias's, only for a problem with one.
+void AddRelBiasStats(nlohmann::json& j, const OracleStats& s) {
+  j["rel_bias_abs_max"] = s.rel_bias_abs_max;
+  j["rel_bias_mass_max"] = s.rel_bias_mass_max;
+  j["rel_bias_terms"] = s.rel_bias_terms;
+}
+
 int RunOracle(const OracleCmdOptions& opt) {
   const auto precision = ParsePrecision(opt.precision);
   if (!precision) {
@@ -87,13 +94,17 @@ int RunOracle(const OracleCmdOptions& opt) {
   OracleOptions options;
   options.threads = opt.threads;
   if (in->sink.defined()) options.sink = &in->sink;
-  // The CUDA oracle declines learnable sinks (reference/oracle/cuda/oracle_cuda_host.h): the
-  // CPU float64 oracle runs such a case, and says so.
-  const bool on_gpu = cuda && !c->problem.sink;
+  if (in->rel_bias.defined()) options.rel_bias = &in->rel_bias;
+  // The CUDA oracle declines learnable sinks and relative biases
+  // (reference/oracle/cuda/oracle_cuda_host.h): the CPU float64 oracle runs such a case, and
+  // says so.
+  const bool on_gpu = cuda && !c->problem.sink && !c->problem.rel_bias;
   if (cuda && !on_gpu && !opt.quiet) {
     std::cerr << opt.case_path
-              << ": problem.sink: the CUDA oracle declines learnable sinks; running the CPU "
-                 "float64 oracle\n";
+              << (c->problem.sink ? ": problem.sink: the CUDA oracle declines learnable sinks"
+                                  : ": problem.rel_bias: the CUDA oracle declines learnable "
+                                    "relative biases")
+              << "; running the CPU float64 oracle\n";
   }
   NamedTensors out;
   nlohmann::json bounds = nlohmann::json::object();
@@ -117,6 +128,10 @@ int RunOracle(const OracleCmdOptions& opt) {
         out.Add("dsink", b.dsink);
         tensors.push_back(OracleTensor::kDsink);
       }
+      if (b.drel_bias.defined()) {
+        out.Add("drel_bias", b.drel_bias);
+        tensors.push_back(OracleTensor::kDrelBias);
+      }
     } else {
       ForwardOut f = on_gpu ? CudaForward(c->problem, in->q, in->k, in->v)
                           : Forward(*precision, c->problem, in->q, in->k, in->v, options);
@@ -139,6 +154,7 @@ int RunOracle(const OracleCmdOptions& opt) {
   if (on_gpu) out.metadata["attest.oracle.device"] = "cuda";  // CPU files stay byte-identical
   nlohmann::json stats_json = StatsJson(stats);
   if (c->problem.sink) AddSinkStats(stats_json, stats);
+  if (c->problem.rel_bias) AddRelBiasStats(stats_json, stats);
   out.metadata["attest.oracle.stats"] = stats_json.dump();
   out.metadata["attest.oracle.error_bound"] = bounds.dump();
   if (Status s = WriteSafetensors(opt.out, out); !s.ok()) throw UsageError(s.error().message);
@@ -159,7 +175,8 @@ Runner SetupOracle(CLI::App& sub) {
   auto opt = std::make_shared<OracleCmdOptions>();
   sub.add_option("--case", opt->case_path, "Case file (*.case.json)")->required();
   sub.add_option("--out", opt->out,
-                 "Output safetensors file (o, lse, dq, dk, dv, delta [, dsink] as F64)")
+                 "Output safetensors file (o, lse, dq, dk, dv, delta [, dsink, drel_bias] "
+                 "as F64)")
       ->required();
   sub.add_option("--precision", opt->precision, "double (tiled float64), mp128 or mp256 (MPFR)");
   AddIntegerOption(sub, "--threads", opt->threads, 0, 4096, "Worker threads (0: all cores)");

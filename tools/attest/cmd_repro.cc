@@ -97,10 +97,16 @@ void Dump(Kernel& kernel, const Case& c, const CaseInputs& in, const std::filesy
     if (!sink.ok()) throw UsageError("sink: " + sink.error().message);
     inputs.Add("sink", *sink);
   }
+  if (in.rel_bias.defined()) {  // F32 likewise
+    auto bias = Convert(in.rel_bias, Format::kF32);
+    if (!bias.ok()) throw UsageError("rel_bias: " + bias.error().message);
+    inputs.Add("rel_bias", *bias);
+  }
   write(inputs, "inputs.safetensors");
   OracleOptions oo;
   oo.threads = threads;
   if (in.sink.defined()) oo.sink = &in.sink;
+  if (in.rel_bias.defined()) oo.rel_bias = &in.rel_bias;
   NamedTensors oracle;
   if (in.dout.defined()) {
     BackwardOut b = OracleBackwardOn(cuda, c.problem, in.q, in.k, in.v, in.dout, oo);

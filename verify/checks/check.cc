@@ -19,6 +19,7 @@ OracleOptions CheckContext::SampledOptions() const {
     o.key_rows = &sample->key_rows;
   }
   if (inputs.sink.defined()) o.sink = &inputs.sink;  // the case's learnable sink
+  if (inputs.rel_bias.defined()) o.rel_bias = &inputs.rel_bias;  // and relative bias
   return o;
 }
 

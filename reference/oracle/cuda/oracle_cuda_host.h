@@ -28,7 +28,8 @@ struct CudaOracleOptions {
 
 // Learnable sinks (Problem::sink) are declined: CudaForward / CudaBackward throw
 // std::invalid_argument naming problem.sink, and OracleForwardOn / OracleBackwardOn run a
-// problem with a sink on the CPU oracle (with cpu.sink) even when `cuda` is set.
+// problem with a sink on the CPU oracle (with cpu.sink) even when `cuda` is set. Learnable
+// relative biases (Problem::rel_bias) likewise, naming problem.rel_bias.
 //
 // Throw std::invalid_argument (naming the field or tensor) on a bad problem or inputs, and
 // std::runtime_error when the library cannot be loaded, there is no GPU, or CUDA fails.

@@ -7,7 +7,7 @@
 // (host memory there) give the bits host pointers give, and a bad problem is an error code
 // with a message naming the field, and a GPU older than compute capability 8.0 (the emulated
 // library standing for one) counts as no usable device, with the reason. Learnable sinks are
-// declined, and the CPU oracle runs them.
+// declined, and the CPU oracle runs them; likewise learnable relative biases.
 #include "reference/oracle/cuda/oracle_cuda_host.h"
 
 #include <dlfcn.h>
@@ -84,6 +84,27 @@ TEST(OracleCudaHostTest, LearnableSinksAreDeclinedAndRunOnTheCpuOracle) {
   EXPECT_TRUE(on.dsink.BitwiseEqual(want.dsink) && on.dq.BitwiseEqual(want.dq));
   const ForwardOut f = OracleForwardOn(&options, p, in.q, in.k, in.v, cpu);
   EXPECT_TRUE(f.lse.BitwiseEqual(want.lse));
+}
+
+TEST(OracleCudaHostTest, LearnableRelativeBiasesAreDeclinedAndRunOnTheCpuOracle) {
+  Problem p = Base(1, 2, 1, 5, 4, 8, 8);
+  p.rel_bias = true;
+  const auto in = RandomInputs(p, 5);
+  std::vector<double> table(16);
+  for (size_t e = 0; e < table.size(); ++e) table[e] = 0.25 * static_cast<double>(e) - 1.0;
+  const Tensor bias = Tensor::FromF64(p.RelBiasShape(), table);
+  CudaOracleOptions options;
+  options.library = "/nonexistent/libattest_oracle_cuda.so";
+  const std::string what = ErrorOf([&] { CudaForward(p, in.q, in.k, in.v, options); });
+  EXPECT_NE(what.find("problem.rel_bias: the CUDA oracle declines learnable relative biases"),
+            std::string::npos)
+      << what;
+  OracleOptions cpu;
+  cpu.rel_bias = &bias;
+  const BackwardOut on = OracleBackwardOn(&options, p, in.q, in.k, in.v, in.dout, cpu);
+  const BackwardOut want = Backward<double>(p, in.q, in.k, in.v, in.dout, cpu);
+  EXPECT_TRUE(on.drel_bias.BitwiseEqual(want.drel_bias) && on.dq.BitwiseEqual(want.dq));
+  EXPECT_TRUE(OracleForwardOn(&options, p, in.q, in.k, in.v, cpu).o.BitwiseEqual(want.o));
 }
 
 TEST(OracleCudaHostTest, BuiltLibraryRunsOrSaysThereIsNoGpu) {
