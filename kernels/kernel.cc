@@ -48,6 +48,7 @@ bool AnySequenceNonSquare(const Problem& p) {
 // The restriction flags (kernel.h): written only when set, absent means false.
 constexpr Flag kRestrictions[] = {
     {"sink", &Capabilities::sink},  // an extension flag, written only when claimed
+    {"rel_bias", &Capabilities::rel_bias},  // likewise
     {"same_head_dim_v", &Capabilities::same_head_dim_v},
     {"causal_bottom_right_only", &Capabilities::causal_bottom_right_only},
     {"causal_top_left_only", &Capabilities::causal_top_left_only},
@@ -75,6 +76,7 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   if (p.prefix_lm > 0 && !prefix_lm) return fail("prefix_lm");
   if (p.block_sparse && !block_sparse) return fail("block_sparse");
   if (p.sink && !sink) return fail("sink");
+  if (p.rel_bias && !rel_bias) return fail("rel_bias");
   if (same_head_dim_v && p.head_dim_v != p.head_dim) return fail("head_dim_v != head_dim");
   const bool diagonal = p.causal || p.window_left >= 0 || p.window_right >= 0 ||
                         p.alibi_slopes.has_value();
@@ -104,6 +106,18 @@ KernelAnswer<BackwardResult> Kernel::BackwardSink(const Problem&, const Tensor&,
                                                   const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, const Tensor&) {
   return Unsupported{name() + ": no learnable sink"};
+}
+
+KernelAnswer<ForwardResult> Kernel::ForwardRelBias(const Problem&, const Tensor&, const Tensor&,
+                                                   const Tensor&, const Tensor&, const Tensor&) {
+  return Unsupported{name() + ": no learnable relative bias"};
+}
+
+KernelAnswer<BackwardResult> Kernel::BackwardRelBias(const Problem&, const Tensor&,
+                                                     const Tensor&, const Tensor&, const Tensor&,
+                                                     const Tensor&, const Tensor&, const Tensor&,
+                                                     const Tensor&) {
+  return Unsupported{name() + ": no learnable relative bias"};
 }
 
 double EmptyRowLse(const Capabilities& caps) {

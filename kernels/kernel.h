@@ -46,6 +46,10 @@ struct Capabilities {
   // that does not claim it never sees a problem with a sink (Covers). JSON key "sink", written
   // only when true.
   bool sink = false;
+  // Learnable relative bias (Problem::rel_bias; docs/semantics.md "Learnable relative bias"):
+  // the kernel takes rel_bias [Hq, Sq + Sk - 1] through Kernel::ForwardRelBias and returns
+  // drel_bias from Kernel::BackwardRelBias. JSON key "rel_bias", written only when true.
+  bool rel_bias = false;
   // The forward returns lse. A kernel whose public API returns the output alone (PyTorch's
   // F.scaled_dot_product_attention) declares false: ForwardResult::lse is then left undefined,
   // its Backward receives an undefined lse, and checks judge o and the gradients only. An
@@ -145,6 +149,8 @@ struct ForwardResult {
 struct BackwardResult {
   Tensor dq, dk, dv;
   Tensor dsink;  // [Hq], any float dtype: from Kernel::BackwardSink only (Problem::sink)
+  // [Hq, Sq + Sk - 1], any float dtype: from Kernel::BackwardRelBias only (Problem::rel_bias)
+  Tensor drel_bias;
 };
 
 // A kernel call's answer: outputs, an honest refusal, or an error (a finding: crash,
@@ -177,6 +183,18 @@ class Kernel {
                                                     const Tensor& k, const Tensor& v,
                                                     const Tensor& o, const Tensor& lse,
                                                     const Tensor& dout, const Tensor& sink);
+  // The same calls for a problem with a learnable relative bias (Problem::rel_bias,
+  // Capabilities::rel_bias): `rel_bias` [Hq, Sq + Sk - 1] f64 holding float32 values, `sink`
+  // the sink when the problem also has one (else an undefined tensor); dsink (with a sink)
+  // and drel_bias must be set. Defaults: Unsupported.
+  virtual KernelAnswer<ForwardResult> ForwardRelBias(const Problem& p, const Tensor& q,
+                                                     const Tensor& k, const Tensor& v,
+                                                     const Tensor& rel_bias, const Tensor& sink);
+  virtual KernelAnswer<BackwardResult> BackwardRelBias(const Problem& p, const Tensor& q,
+                                                       const Tensor& k, const Tensor& v,
+                                                       const Tensor& o, const Tensor& lse,
+                                                       const Tensor& dout, const Tensor& rel_bias,
+                                                       const Tensor& sink);
   // Free-form notes about the last call (e.g. which code path a hybrid kernel took).
   virtual std::string last_route() const { return {}; }
   // The format Backward rounds dP = dO·Vᵀ to on `p` before forming dS (a rounding point

@@ -289,6 +289,10 @@ class ProtocolKernel final : public Kernel {
       return fail("describe: capabilities.sink: true is not supported by the exec protocol "
                   "yet (no sink input, no dsink output)");
     }
+    if (reply->capabilities.rel_bias) {
+      return fail("describe: capabilities.rel_bias: true is not supported by the exec protocol "
+                  "yet (no rel_bias input, no drel_bias output)");
+    }
     if (starts_ == 1) {
       caps_ = reply->capabilities;
       caps_json_ = reply->capabilities_json;

@@ -223,12 +223,12 @@ TEST(ForkedKernel, GivesTheSameBitsAsTheKernelInProcess) {
   auto forked = MakeForkedKernel([] { return Kernels().Create("cpu/flash2-bf16"); });
   ASSERT_TRUE(forked.ok()) << forked.error().message;
   EXPECT_EQ((*forked)->name(), (*inproc)->name());
-  // The same claim, less the learnable sink, which the protocol does not carry
-  // (serve_protocol.cc describes a forked kernel without it).
+  // The same claim, less the learnable sink and relative bias, which the protocol does not
+  // carry (serve_protocol.cc describes a forked kernel without them).
   Capabilities inproc_caps = (*inproc)->capabilities();
-  EXPECT_TRUE(inproc_caps.sink);
-  EXPECT_FALSE((*forked)->capabilities().sink);
-  inproc_caps.sink = false;
+  EXPECT_TRUE(inproc_caps.sink && inproc_caps.rel_bias);
+  EXPECT_FALSE((*forked)->capabilities().sink || (*forked)->capabilities().rel_bias);
+  inproc_caps.sink = inproc_caps.rel_bias = false;
   EXPECT_EQ(CapabilitiesToJson((*forked)->capabilities()), CapabilitiesToJson(inproc_caps));
   Problem p = SmallProblem(37, 70);
   p.heads_q = 4;
@@ -507,6 +507,12 @@ TEST(ExecKernel, StartFailuresAreErrorsNamingTheCause) {
                                         "protocol"),
               std::string::npos)
         << sink.error().message;
+    auto bias = MakeExecKernel(Worker("numpy_worker.py --claim-rel-bias"));
+    ASSERT_FALSE(bias.ok());
+    EXPECT_NE(bias.error().message.find("capabilities.rel_bias: true is not supported by the "
+                                        "exec protocol"),
+              std::string::npos)
+        << bias.error().message;
   }
 }
 

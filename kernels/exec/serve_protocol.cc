@@ -128,6 +128,7 @@ json Handle(Kernel& kernel, const json& request) {
     // kernel is described without one, so it is never sent a sink problem.
     Capabilities caps = kernel.capabilities();
     caps.sink = false;
+    caps.rel_bias = false;  // nor a relative bias
     return {{"status", "ok"}, {"name", kernel.name()}, {"capabilities", CapabilitiesToJson(caps)}};
   }
   if (op != "forward" && op != "backward") {

@@ -156,7 +156,7 @@ void GatherRowsTransposed(const Operand& op, int64_t token0, int64_t head, int64
 
 // ---- Softmax parameters (flash_api.cpp set_params_fprop) --------------------------------------
 
-ScoreParams MakeScoreParams(const Problem& p) {
+ScoreParams MakeScoreParams(const Problem& p, const Tensor* rel_bias) {
   ScoreParams s;
   const float softmax_scale = static_cast<float>(p.EffectiveScale());
   s.grad_scale = softmax_scale;
@@ -173,6 +173,12 @@ ScoreParams MakeScoreParams(const Problem& p) {
     for (double slope : *p.alibi_slopes) {
       s.alibi.push_back(static_cast<float>(slope) / s.scale_softmax);
     }
+  }
+  if (rel_bias != nullptr) {
+    s.rel_bias = InputFloats(*rel_bias, DType::kF32);
+    for (float& x : s.rel_bias) x /= s.scale_softmax;
+    s.rel_width = p.RelBiasWidth();
+    s.rel_center = p.seqlen_k - 1;
   }
   return s;
 }
@@ -191,6 +197,9 @@ void TransformScores(const ScoreParams& sp, const EngineHooks& hooks, const Mask
                   tanh_out ? tanh_out->data() : nullptr, mlen * nlen);
   }
   const float slope = sp.alibi.empty() ? 0.0f : sp.alibi[static_cast<size_t>(head)];
+  // The relative bias of pair (m0 + i, n0 + j): element base + i - j of the table.
+  const bool bias = !sp.rel_bias.empty();
+  const int64_t base = head * sp.rel_width + sp.rel_center + m0 - n0;
   for (int64_t i = 0; i < mlen; ++i) {
     for (int64_t j = 0; j < nlen; ++j) {
       const size_t e = static_cast<size_t>(i * nlen + j);
@@ -199,6 +208,7 @@ void TransformScores(const ScoreParams& sp, const EngineHooks& hooks, const Mask
         // alibi.h: s -= slope · |i + Sk − Sq − j| (one FFMA on the GPU).
         x = FmaF32(-slope, static_cast<float>(mask.AlibiDistance(m0 + i, n0 + j)), x);
       }
+      if (bias && vis[e]) x += sp.rel_bias[static_cast<size_t>(base + i - j)];  // last
       s[e] = vis[e] ? x : -kInf;
     }
   }
@@ -310,6 +320,20 @@ std::string EngineUnsupportedReason(const Problem& p, const Recipe& recipe,
   if (!p.sink && options.sink != nullptr) return "a sink tensor for a problem without a sink";
   if (options.sink != nullptr && options.sink->shape() != p.SinkShape()) {
     return "sink: shape " + options.sink->Describe() + " is not [heads_q]";
+  }
+  if (p.rel_bias && options.rel_bias == nullptr) {
+    return "learnable relative bias: the engine needs its tensor (Kernel::ForwardRelBias / "
+           "BackwardRelBias)";
+  }
+  if (!p.rel_bias && options.rel_bias != nullptr) {
+    return "a rel_bias tensor for a problem without a relative bias";
+  }
+  if (options.rel_bias != nullptr && options.rel_bias->shape() != p.RelBiasShape()) {
+    return "rel_bias: shape " + options.rel_bias->Describe() + " is not [heads_q, " +
+           std::to_string(p.RelBiasWidth()) + "]";
+  }
+  if (p.rel_bias && engine_detail::HooksOf(options).KvSplits() > 1) {
+    return "learnable relative bias with a split-KV combine is not modelled";
   }
   if (p.sink && engine_detail::HooksOf(options).KvSplits() > 1) {
     return "learnable sink with a split-KV combine is not modelled";

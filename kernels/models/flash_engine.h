@@ -140,6 +140,14 @@ struct EngineOptions {
   // in fp32 (after the online softmax, as FlashAttention-4's learnable_sink enters at the
   // row's end), the backward returns BackwardResult::dsink in fp32.
   const Tensor* sink = nullptr;
+  // The learnable relative bias [Hq, Sq + Sk - 1] (f64 holding float32 values) of a problem
+  // with Problem::rel_bias (not owned); required exactly then. The forward adds
+  // bias / scale_softmax in fp32 to each visible score after softcap and ALiBi (the ALiBi
+  // slope's units, flash_fwd_kernel.h); the backward returns BackwardResult::drel_bias, the
+  // diagonal sums of dS accumulated in fp32 (what a fused kernel's fp32 accumulators or
+  // atomics hold) per (sequence, head) in the tile walk's order, then over the batch, stored
+  // as F32.
+  const Tensor* rel_bias = nullptr;
 };
 
 // The format the backward rounds dP = dO·Vᵀ to before dP − D, or nullopt (kept in fp32):

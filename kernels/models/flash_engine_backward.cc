@@ -30,6 +30,7 @@ struct BackwardPlan {
   std::vector<float> lse;    // lse layout
   std::vector<float> delta;  // [total_q, Hq]
   std::vector<float> dq, dk, dv;
+  std::vector<float> drel;  // [B, Hq, W] fp32 diagonal sums per (sequence, head) (rel_bias)
 };
 
 // P, dP and dS of one (query tile, key tile) pair of one head. Returns false when the tile
@@ -88,6 +89,24 @@ Status ComputeTile(BackwardPlan& plan, const MaskView& mask, int64_t b, int64_t 
   }
   if (plan.sp.softcap_in != 0) hooks.SoftcapDerivative(w.ds.data(), w.t.data(), mlen * nlen);
   return Status::Ok();
+}
+
+// drel_bias's diagonal sums of (sequence b, head h) += dS before the softcap derivative,
+// P (dP - D) recomputed in fp32 exactly as ComputeTile forms it, visible entries in row-major
+// order (called once per tile, in the FA2 walk's pass).
+void AccumulateRelBias(BackwardPlan& plan, int64_t b, int64_t h, int64_t m0, int64_t mlen,
+                       int64_t n0, int64_t nlen, const TileScratch& w) {
+  const Problem& p = *plan.p;
+  const Sequence seq = SequenceOf(p, b);
+  const int64_t width = plan.sp.rel_width;
+  const int64_t base = (b * p.heads_q + h) * width + plan.sp.rel_center + m0 - n0;
+  for (int64_t i = 0; i < mlen; ++i) {
+    const float di = plan.delta[static_cast<size_t>((seq.q_begin + m0 + i) * p.heads_q + h)];
+    for (int64_t j = 0; j < nlen; ++j) {
+      const size_t e = static_cast<size_t>(i * nlen + j);
+      if (w.vis[e]) plan.drel[static_cast<size_t>(base + i - j)] += w.s[e] * (w.dp[e] - di);
+    }
+  }
 }
 
 // dQ(rows of the query tile) += round(dS) · K, fp32, continuing the row's chain.
@@ -208,6 +227,7 @@ Status BackwardGroup(BackwardPlan& plan, int64_t b, int64_t g) {
               !st) {
             return st;
           }
+          if (!plan.drel.empty()) AccumulateRelBias(plan, b, h, m0, mlen, n0, nlen, w);
           hooks.StoreBackwardAccumulator(dk_acc.data(), static_cast<int64_t>(dk_acc.size()));
           hooks.StoreBackwardAccumulator(dv_acc.data(), static_cast<int64_t>(dv_acc.size()));
           if (!plan.fused) {
@@ -313,7 +333,7 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
   plan.p = &p;
   plan.recipe = &recipe;
   plan.opt = &options;
-  plan.sp = MakeScoreParams(p);
+  plan.sp = MakeScoreParams(p, options.rel_bias);
   for (int i = 0; i < 3; ++i) {
     plan.grad_round[static_cast<size_t>(i)] = GradientRoundingOf(recipe, InputFormat(p), i);
   }
@@ -359,6 +379,9 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
     }
   }
   plan.dq.assign(raw_q.values.size(), 0.0f);
+  if (options.rel_bias != nullptr) {
+    plan.drel.assign(static_cast<size_t>(p.batch * p.heads_q * plan.sp.rel_width), 0.0f);
+  }
   plan.dk.assign(raw_k.values.size(), 0.0f);
   plan.dv.assign(raw_v.values.size(), 0.0f);
   if (Status s =
@@ -372,6 +395,15 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
   out.dk = MakeOutput(p.KShape(), plan.dk, plan.grad_format);
   out.dv = MakeOutput(p.VShape(), plan.dv, plan.grad_format);
   if (options.sink != nullptr) out.dsink = Dsink(plan, *options.sink);
+  if (options.rel_bias != nullptr) {
+    // Over the batch, ascending, in fp32.
+    const int64_t n = p.heads_q * plan.sp.rel_width;
+    std::vector<float> drel(static_cast<size_t>(n), 0.0f);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t e = 0; e < n; ++e) drel[e] += plan.drel[static_cast<size_t>(b * n + e)];
+    }
+    out.drel_bias = MakeOutput(p.RelBiasShape(), drel, Format::kF32);
+  }
   return out;
 }
 

@@ -172,7 +172,7 @@ KernelAnswer<ForwardResult> FlashForward(const Problem& p, const Recipe& recipe,
   plan.p = &p;
   plan.recipe = &recipe;
   plan.opt = &options;
-  plan.sp = MakeScoreParams(p);
+  plan.sp = MakeScoreParams(p, options.rel_bias);
   plan.out_round = OutputRoundingOf(recipe, InputFormat(p));
   // A scaled rounding's values are not the format's (E4M3 / 2^k): kept as fp32.
   plan.out_format = recipe.output_scale == 1.0 ? plan.out_round.element : Format::kF32;

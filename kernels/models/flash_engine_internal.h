@@ -90,8 +90,12 @@ struct ScoreParams {
   float softcap_in = 0;      // softcap: softmax_scale / cap (the tanh argument's factor)
   float grad_scale = 1;      // the softmax scale, applied to dQ and dK at the end
   std::vector<float> alibi;  // per query head: slope / scale_softmax (flash_fwd_kernel.h)
+  // EngineOptions::rel_bias as float32 / scale_softmax, [Hq, width]; empty without it.
+  std::vector<float> rel_bias;
+  int64_t rel_width = 0, rel_center = 0;  // width, and the column of i - j = 0 (Sk - 1)
 };
-ScoreParams MakeScoreParams(const Problem& p);
+// `rel_bias`: EngineOptions::rel_bias (null without one).
+ScoreParams MakeScoreParams(const Problem& p, const Tensor* rel_bias = nullptr);
 
 // Scores of a tile in place: raw q·k → softcap (hooks.Softcap) → ALiBi → mask (-inf), the
 // visibility `vis` from reference/problem/tile_walk.h TileVisibility; the arithmetic is the

@@ -17,6 +17,7 @@ Capabilities Flash2Model::capabilities() const {
   caps.causal = caps.window = caps.softcap = caps.alibi = caps.varlen = caps.gqa = true;
   caps.documents = caps.prefix_lm = caps.block_sparse = true;
   caps.sink = true;  // the learnable sink joins each finished row (flash_engine.h)
+  caps.rel_bias = true;  // and the relative bias each score (EngineOptions::rel_bias)
   caps.backward = true;
   caps.deterministic = true;  // fixed tile order, thread-count independent
   caps.strides = "any";      // the engine reads every input through its strides
@@ -63,6 +64,34 @@ KernelAnswer<BackwardResult> Flash2Model::BackwardSink(const Problem& p, const T
   if (!capabilities().Covers(p, &why)) return Unsupported{name_ + ": " + why};
   EngineOptions options = options_;
   options.sink = &sink;
+  return FlashBackward(p, *recipe_, q, k, v, o, lse, dout, options);
+}
+
+KernelAnswer<ForwardResult> Flash2Model::ForwardRelBias(const Problem& p, const Tensor& q,
+                                                        const Tensor& k, const Tensor& v,
+                                                        const Tensor& rel_bias,
+                                                        const Tensor& sink) {
+  route_ = "flash2 forward, relative bias";
+  std::string why;
+  if (!capabilities().Covers(p, &why)) return Unsupported{name_ + ": " + why};
+  EngineOptions options = options_;
+  options.rel_bias = &rel_bias;
+  if (p.sink) options.sink = &sink;
+  return FlashForward(p, *recipe_, q, k, v, options);
+}
+
+KernelAnswer<BackwardResult> Flash2Model::BackwardRelBias(const Problem& p, const Tensor& q,
+                                                          const Tensor& k, const Tensor& v,
+                                                          const Tensor& o, const Tensor& lse,
+                                                          const Tensor& dout,
+                                                          const Tensor& rel_bias,
+                                                          const Tensor& sink) {
+  route_ = "flash2 backward, relative bias";
+  std::string why;
+  if (!capabilities().Covers(p, &why)) return Unsupported{name_ + ": " + why};
+  EngineOptions options = options_;
+  options.rel_bias = &rel_bias;
+  if (p.sink) options.sink = &sink;
   return FlashBackward(p, *recipe_, q, k, v, o, lse, dout, options);
 }
 

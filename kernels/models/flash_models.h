@@ -31,6 +31,16 @@ class Flash2Model : public Kernel {
   KernelAnswer<BackwardResult> BackwardSink(const Problem& p, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const Tensor& o, const Tensor& lse,
                                             const Tensor& dout, const Tensor& sink) override;
+  // The learnable relative bias (with or without a sink) through the engine
+  // (EngineOptions::rel_bias; docs/semantics.md).
+  KernelAnswer<ForwardResult> ForwardRelBias(const Problem& p, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, const Tensor& rel_bias,
+                                             const Tensor& sink) override;
+  KernelAnswer<BackwardResult> BackwardRelBias(const Problem& p, const Tensor& q,
+                                               const Tensor& k, const Tensor& v, const Tensor& o,
+                                               const Tensor& lse, const Tensor& dout,
+                                               const Tensor& rel_bias,
+                                               const Tensor& sink) override;
   std::string last_route() const override { return route_; }
   std::optional<Format> BackwardDpFormat(const Problem& p) const override;
   const EngineOptions& options() const { return options_; }

@@ -330,6 +330,10 @@ Expected<std::shared_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
       return LibError(path, kwhere + ": capabilities.sink: true is not supported by the C ABI "
                                      "(no sink input, no dsink output)");
     }
+    if (e.capabilities.rel_bias) {
+      return LibError(path, kwhere + ": capabilities.rel_bias: true is not supported by the C "
+                                     "ABI (no rel_bias input, no drel_bias output)");
+    }
     // The C ABI passes packed buffers (attest_kernel.h: no strides), so no plugin can be
     // handed a view: a claim otherwise would make the layouts check pass unexercised.
     if (e.capabilities.strides != "contiguous") {

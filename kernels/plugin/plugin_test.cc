@@ -110,6 +110,8 @@ TEST(PluginLoader, ErrorsNameTheLibraryAndTheSymbolOrField) {
     EXPECT_HAS(e, "capabilities.lse: false is not supported by the C ABI");
     e = LoadError(Lib("attest_test_sink") + ":segfault", o);  // no sink through the C ABI
     EXPECT_HAS(e, "capabilities.sink: true is not supported by the C ABI");
+    e = LoadError(Lib("attest_test_rel_bias") + ":segfault", o);  // nor a relative bias
+    EXPECT_HAS(e, "capabilities.rel_bias: true is not supported by the C ABI");
     e = LoadError("/no/such/dir/libnothing.so", o);
     EXPECT_HAS(e, "plugin /no/such/dir/libnothing.so: cannot load");
     e = LoadError(Lib("attest_example_host"), o);  // three kernels: say which

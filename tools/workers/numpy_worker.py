@@ -180,10 +180,14 @@ def main():
     parser.add_argument("--claim-sink", action="store_true",
                         help='declare "sink": true, which the exec protocol cannot carry yet '
                              "(attest refuses the worker; for tests)")
+    parser.add_argument("--claim-rel-bias", action="store_true",
+                        help='declare "rel_bias": true, likewise (for tests)')
     args = parser.parse_args()
     caps = dict(CAPABILITIES, lse=False) if args.no_lse else CAPABILITIES
     if args.claim_sink:
         caps = dict(caps, sink=True)
+    if args.claim_rel_bias:
+        caps = dict(caps, rel_bias=True)
     if args.declare_device != "host":
         caps = dict(caps, device=args.declare_device)
     if args.no_masks:

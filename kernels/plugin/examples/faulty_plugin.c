@@ -8,6 +8,7 @@
  *   -DFAULTY_BAD_CAPS      a descriptor whose capabilities name an unknown dtype
  *   -DFAULTY_NO_LSE        capabilities with "lse": false, which the C ABI cannot carry
  *   -DFAULTY_SINK          capabilities with "sink": true, which the C ABI cannot carry
+ *   -DFAULTY_REL_BIAS      capabilities with "rel_bias": true, likewise
  */
 #include <signal.h>
 #include <stdint.h>
@@ -69,6 +70,8 @@ ATTEST_KERNEL_EXPORT const attest_kernel_desc* attest_kernel_get(int32_t index) 
   d->capabilities_json = "{\"dtypes\":[\"f32\"],\"lse\":false}";
 #elif defined(FAULTY_SINK)
   d->capabilities_json = "{\"dtypes\":[\"f32\"],\"sink\":true}";
+#elif defined(FAULTY_REL_BIAS)
+  d->capabilities_json = "{\"dtypes\":[\"f32\"],\"rel_bias\":true}";
 #else
   d->capabilities_json = FAULTY_CAPS;
 #endif
