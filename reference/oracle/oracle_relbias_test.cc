@@ -403,6 +403,19 @@ TEST(OracleRelBiasTest, BitwiseTheSameOnEveryThreadCountAndSampledLeavesNaN) {
     }
   }
   EXPECT_TRUE(std::isnan(s.drel_bias.data<double>()[0]));
+  // The sampled forward gathers the flagged rows into tiles of their own (each row keeps its
+  // sequence-local index for the bias): their o and lse are the whole run's, bitwise.
+  const ForwardOut g = Forward<double>(c.np.p, in.q, in.k, in.v, sampled);
+  const int64_t dv = c.np.p.head_dim_v, hq = c.np.p.heads_q;
+  for (int64_t h = 0; h < hq; ++h) {
+    for (int64_t i : {3, 12}) {
+      EXPECT_EQ(a.lse.data<double>()[h * tq + i], g.lse.data<double>()[h * tq + i]);
+      for (int64_t e = 0; e < dv; ++e) {
+        const int64_t x = (i * hq + h) * dv + e;
+        EXPECT_EQ(a.o.data<double>()[x], g.o.data<double>()[x]);
+      }
+    }
+  }
 }
 
 TEST(OracleRelBiasTest, BadBiasesAreRefusedNamingTheBias) {
