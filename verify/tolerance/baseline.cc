@@ -68,6 +68,9 @@ struct SeqBuffers {
     if (cap > 0) th.assign(static_cast<size_t>(area), 0.0f);
     // dS of a block of rows (backward).
     dsb.resize(backward ? static_cast<size_t>(std::min(nq, kRowBlock) * nk) : 0);
+    // A sink's probability per row and each row's dsink term (backward).
+    psink.assign(static_cast<size_t>(nq), 0.0f);
+    dsink_rows.assign(backward ? static_cast<size_t>(nq) : 0, 0.0f);
     kh.resize(static_cast<size_t>(nk * D));
     kt.resize(static_cast<size_t>(D * nk));
     vh.resize(static_cast<size_t>(nk * Dv));
@@ -83,6 +86,7 @@ struct SeqBuffers {
   std::vector<uint8_t> vis;
   std::vector<float> dk_acc, dv_acc, dk_group, dv_group;
   std::vector<float> dsb;
+  std::vector<float> psink, dsink_rows;
   std::vector<float> kh, kt, vh, vt;
   std::vector<float> qs32;
   int64_t loaded_kv = -1;
@@ -95,7 +99,7 @@ class SdpaRun {
  public:
   SdpaRun(const Problem& p, Format f, const Tensor& q, const Tensor& k, const Tensor& v,
           const Tensor* dout, BaselineMode mode, const std::vector<uint8_t>* query_rows,
-          int threads)
+          int threads, const Tensor* sink)
       : p_(p),
         f_(f),
         every_op_(mode == BaselineMode::kEveryOp),
@@ -118,13 +122,15 @@ class SdpaRun {
         scale_f_(static_cast<float>(p.EffectiveScale())),
         sqrt_d_(std::sqrt(static_cast<float>(D_))),
         cap_(static_cast<float>(p.softcap)),
-        alibi_(p.alibi_slopes.has_value()) {
+        alibi_(p.alibi_slopes.has_value()),
+        sink_(sink != nullptr ? ToFloats(*sink) : std::vector<float>{}) {
     o_.assign(static_cast<size_t>(TQ_ * H_ * Dv_), 0.0f);
     lse_.assign(static_cast<size_t>(TQ_ * H_), kNegInf);
     if (backward_) {
       dq_.assign(static_cast<size_t>(TQ_ * H_ * D_), 0.0f);
       dk_.assign(static_cast<size_t>(TK_ * Hk_ * D_), 0.0f);
       dv_.assign(static_cast<size_t>(TK_ * Hk_ * Dv_), 0.0f);
+      if (!sink_.empty()) dsink_.assign(static_cast<size_t>(H_), 0.0f);
     }
     scratch_.resize(static_cast<size_t>(workers_));  // sized on first use
   }
@@ -197,10 +203,11 @@ class SdpaRun {
   const float sqrt_d_;
   const float cap_;
   const bool alibi_;
+  const std::vector<float> sink_;  // [Hq] fp32, empty without a sink
 
   std::vector<float> o_;
   std::vector<float> lse_;
-  std::vector<float> dq_, dk_, dv_;
+  std::vector<float> dq_, dk_, dv_, dsink_;
   std::vector<Scratch> scratch_;
 };
 
@@ -249,6 +256,7 @@ BaselineOut SdpaRun::Compute() {
     out.dq = FromFloats(p_.QShape(), dq_);
     out.dk = FromFloats(p_.KShape(), dk_);
     out.dv = FromFloats(p_.VShape(), dv_);
+    if (!sink_.empty()) out.dsink = FromFloats(Shape{H_}, dsink_);
   }
   return out;
 }
@@ -316,6 +324,7 @@ void SdpaRun::ForwardRow(SeqBuffers& sb, int64_t h, float slope, int64_t i, int 
   const int64_t nk = sb.nk;
   const int64_t t = sb.seq.q_begin + i;
   if (rowwise_ && !(*query_rows_)[static_cast<size_t>(t)]) return;
+  if (!sink_.empty()) sb.psink[static_cast<size_t>(i)] = 0;
   // Row i's visibility, probabilities, fp32 probabilities and tanh values; and the keys
   // whose scores are read.
   uint8_t* vis_i = rowwise_ ? w.vis.data() : sb.vis.data() + i * nk;
@@ -349,6 +358,10 @@ void SdpaRun::ForwardRow(SeqBuffers& sb, int64_t h, float slope, int64_t i, int 
     m = std::max(m, sj);
     m32 = std::max(m32, sj32);
   }
+  // The sink: the last column of the row (see baseline.h); -inf adds nothing.
+  const float sink = sink_.empty() ? kNegInf : sink_[static_cast<size_t>(h)];
+  m = std::max(m, sink);
+  m32 = std::max(m32, sink);
   if (m == kNegInf) return;  // empty row: p = 0, o = 0, lse = -inf
   float sum = 0, sum32 = 0;
   for (int64_t j = 0; j < nk; ++j) {
@@ -357,6 +370,12 @@ void SdpaRun::ForwardRow(SeqBuffers& sb, int64_t h, float slope, int64_t i, int 
     s[static_cast<size_t>(j)] = e;
     sum += e;
     sum32 += std::exp(s32[static_cast<size_t>(j)] - m32);
+  }
+  if (sink != kNegInf) {
+    const float e = std::exp(sink - m);
+    sum += e;
+    sum32 += std::exp(sink - m32);
+    sb.psink[static_cast<size_t>(i)] = e / sum;
   }
   for (int64_t j = 0; j < nk; ++j) {
     if (!vis_i[j]) continue;
@@ -391,6 +410,10 @@ void SdpaRun::Backward(SeqBuffers& sb, int64_t h, int64_t hk) {
     Chunked(nk, [&](int64_t j0, int64_t j1) { AccumulateKeyGrads(sb, h, i0, i1, j0, j1); });
   }
   Chunked(nk, [&](int64_t j0, int64_t j1) { ReduceGroup(sb, h, hk, j0, j1); });
+  if (!sink_.empty()) {
+    float& dsink = dsink_[static_cast<size_t>(h)];
+    for (int64_t i = 0; i < nq; ++i) dsink += sb.dsink_rows[static_cast<size_t>(i)];
+  }
 }
 
 // Row i0 + r of the block: dP, dS (into the block's dsb) and dq.
@@ -418,6 +441,10 @@ void SdpaRun::BackwardRow(SeqBuffers& sb, int64_t h, int64_t i0, int64_t r, int 
     }
     ds[j] = Ri(ds[j]);  // dP
     rowdot += ds[j] * pout[static_cast<size_t>(i * nk + j)];
+  }
+  // The sink column's dS: its dP is 0.
+  if (!sink_.empty()) {
+    sb.dsink_rows[static_cast<size_t>(i)] = -(sb.psink[static_cast<size_t>(i)] * rowdot);
   }
   for (int64_t j = 0; j < nk; ++j) {
     if (!vis[static_cast<size_t>(i * nk + j)]) continue;
@@ -495,9 +522,11 @@ void SdpaRun::ReduceGroup(SeqBuffers& sb, int64_t h, int64_t hk, int64_t j0, int
 
 Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor* dout, BaselineMode mode,
-                          const std::vector<uint8_t>* query_rows = nullptr, int threads = 1) {
+                          const std::vector<uint8_t>* query_rows, int threads,
+                          const Tensor* sink) {
   if (Status s = Validate(p); !s.ok()) return s.error();
   if (Status s = ValidateInputShapes(p, q, k, v, dout); !s.ok()) return s.error();
+  if (Status s = ValidateBaselineSink(p, sink); !s.ok()) return s.error();
   const auto format = FormatOf(p.dtype);
   if (!format || (*format != Format::kF32 && *format != Format::kBF16 && *format != Format::kF16)) {
     return Error{
@@ -510,45 +539,61 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
       (backward || static_cast<int64_t>(query_rows->size()) != p.TotalQ())) {
     return Error{"baseline: sampled rows need a forward and one flag per query row"};
   }
-  return SdpaRun(p, *format, q, k, v, dout, mode, query_rows, threads).Compute();
+  return SdpaRun(p, *format, q, k, v, dout, mode, query_rows, threads, sink).Compute();
 }
 
 }  // namespace
 
+Status ValidateBaselineSink(const Problem& p, const Tensor* sink) {
+  if (p.sink != (sink != nullptr && sink->defined())) {
+    return Error{p.sink ? "problem.sink: the baseline needs the case's sink tensor"
+                        : "sink: given for a problem without problem.sink"};
+  }
+  if (sink != nullptr && sink->defined() &&
+      (sink->rank() != 1 || sink->shape()[0] != p.heads_q)) {
+    return Error{fmt::format("sink: shape {}, the baseline needs [{}] (heads_q)",
+                             sink->rank() == 1 ? std::to_string(sink->shape()[0]) : "rank != 1",
+                             p.heads_q)};
+  }
+  return Status::Ok();
+}
+
 Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const Tensor& k,
-                                      const Tensor& v, BaselineMode mode, int threads) {
-  return Run(p, q, k, v, nullptr, mode, nullptr, threads);
+                                      const Tensor& v, BaselineMode mode, int threads,
+                                      const Tensor* sink) {
+  return Run(p, q, k, v, nullptr, mode, nullptr, threads, sink);
 }
 
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& dout, BaselineMode mode,
-                                       int threads) {
-  return Run(p, q, k, v, &dout, mode, nullptr, threads);
+                                       int threads, const Tensor* sink) {
+  return Run(p, q, k, v, &dout, mode, nullptr, threads, sink);
 }
 
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor* dout,
-                                      const std::vector<uint8_t>* query_rows, int threads) {
+                                      const std::vector<uint8_t>* query_rows, int threads,
+                                      const Tensor* sink) {
   if (query_rows != nullptr) {
     if (!profile.baseline_recipe.empty() || dout != nullptr) {
       // (JudgeAgainstOracle names the profile.)
       return Error{"sampled rows have a baseline only for the forward of the same-precision "
                    "path (verify/tolerance/baseline.h); this profile's baseline needs every row"};
     }
-    return Run(p, q, k, v, nullptr, BaselineMode::kSdpaMath, query_rows, threads);
+    return Run(p, q, k, v, nullptr, BaselineMode::kSdpaMath, query_rows, threads, sink);
   }
   if (profile.baseline_recipe.empty()) {
     return dout != nullptr
-               ? BaselineBackward(p, q, k, v, *dout, BaselineMode::kSdpaMath, threads)
-               : BaselineForward(p, q, k, v, BaselineMode::kSdpaMath, threads);
+               ? BaselineBackward(p, q, k, v, *dout, BaselineMode::kSdpaMath, threads, sink)
+               : BaselineForward(p, q, k, v, BaselineMode::kSdpaMath, threads, sink);
   }
   const Recipe* r = FindRecipe(profile.baseline_recipe);
   if (r == nullptr) {
     return Error{fmt::format("profile {}: baseline_recipe '{}' is not a recipe", profile.name,
                              profile.baseline_recipe)};
   }
-  return dout != nullptr ? RecipeReferenceBackward(p, *r, q, k, v, *dout)
-                         : RecipeReferenceForward(p, *r, q, k, v);
+  return dout != nullptr ? RecipeReferenceBackward(p, *r, q, k, v, *dout, sink)
+                         : RecipeReferenceForward(p, *r, q, k, v, sink);
 }
 
 }  // namespace attest

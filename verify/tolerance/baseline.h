@@ -25,7 +25,15 @@
 //   the other.
 //
 // Both: masked scores are -inf, empty rows give p = 0 (o = 0, dq = 0, lse = -inf) as
-// attention_ref's masked_fill does; SDPA has no softcap, so kSdpaMath applies it in fp32.
+// attention_ref's masked_fill does. A learnable sink (Problem::sink; docs/semantics.md) is one
+// more fp32 logit per row with no value, built as gpt-oss's reference builds it (openai/gpt-oss
+// gpt_oss/torch/model.py `sdpa`: the sink concatenated as the last column of the scores,
+// softmax, the column dropped): it joins the row's max and, last, its sum of exp
+// (lse too); an empty row then has o = 0, lse = sink; autograd gives the sink column
+// dS = p_sink (0 - sum_j dP_j p_j), so dsink_h = -sum over (batch, row) of p_sink rowdot,
+// summed sequentially in fp32 (batch, then row) and left in fp32 (the sink is an fp32 tensor).
+// A sink of -inf adds nothing (bitwise the no-sink answer, dsink 0). SDPA has no softcap, so
+// kSdpaMath applies it in fp32.
 // lse has no counterpart in PyTorch's math path; every kernel returns it in fp32, so its
 // reference is the naive fp32 logsumexp of fp32 scores sum_d fp32(q_d / sqrt(D)) k_d (then
 // softcap and ALiBi in fp32): the kSdpaMath scores, in both modes. Sums
@@ -49,19 +57,25 @@ enum class BaselineMode : uint8_t { kSdpaMath, kEveryOp };
 struct BaselineOut {
   Tensor o, lse;      // f64 tensors holding dtype values (o) and fp32 values (lse)
   Tensor dq, dk, dv;  // undefined after BaselineForward
+  Tensor dsink;       // [Hq] f64 holding fp32 values: backward of a problem with a sink only
 };
 
 // Inputs are f64 tensors of the problem's shapes holding values of its dtype (any strides).
 // Dtypes with a PyTorch math path: f32, bf16, f16; others are an Error naming the dtype.
 // threads (0: all cores): the result is bitwise the same for every count (each element's
 // operations keep the order above; the work is split by query rows and by keys).
+// Whether `sink` fits p: given (defined, [Hq]) exactly when p.sink; the Error names the field.
+Status ValidateBaselineSink(const Problem& p, const Tensor* sink);
+
+// sink: the case's [Hq] sink (reference/case/inputs.h CaseInputs::sink), required exactly
+// when p.sink (an Error names problem.sink otherwise).
 Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v, BaselineMode mode = BaselineMode::kSdpaMath,
-                                      int threads = 1);
+                                      int threads = 1, const Tensor* sink = nullptr);
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& dout,
                                        BaselineMode mode = BaselineMode::kSdpaMath,
-                                       int threads = 1);
+                                       int threads = 1, const Tensor* sink = nullptr);
 
 // ---- The recipe reference: the "pt" of a low-precision recipe ----
 //
@@ -86,6 +100,10 @@ Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const 
 //              (block schemes of dS run over the [Sq, Sk] matrix of one (batch, head), along
 //              keys or queries as the operand's axis says); GQA gradients summed over the
 //              group in float64; dq, dk, dv rounded once to the recipe's gradient format.
+// A learnable sink is a logit with no value: it joins the row's max m and sum of exp (never
+// rounded: it is not an operand of P·V), so lse includes it and an empty row has o = 0,
+// lse = sink; dsink_h = -Σ_i exp(sink_h - lse_i) D_i with this reference's D, in float64,
+// rounded once to fp32.
 // What separates a correct kernel from this reference is its fp32 accumulation, its tile
 // order and where its running max puts P's rounding grid: the baseline-ratio policy bounds
 // that by k times the reference's own error (verify/tolerance/tolerance.cc; docs/tolerances.md).
@@ -96,10 +114,11 @@ Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const 
 Expected<Tensor> QuantizeForRecipe(const Tensor& t, const OperandQuant& quant);
 
 Expected<BaselineOut> RecipeReferenceForward(const Problem& p, const Recipe& recipe,
-                                             const Tensor& q, const Tensor& k, const Tensor& v);
+                                             const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor* sink = nullptr);
 Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& recipe,
                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const Tensor& dout);
+                                              const Tensor& dout, const Tensor* sink = nullptr);
 
 // The baseline of `profile`'s baseline-ratio policies on (q, k, v[, dout]): the recipe
 // reference of profile.baseline_recipe when it names one, else the kSdpaMath "pt". dout
@@ -111,6 +130,6 @@ Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& re
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor* dout,
                                       const std::vector<uint8_t>* query_rows = nullptr,
-                                      int threads = 1);
+                                      int threads = 1, const Tensor* sink = nullptr);
 
 }  // namespace attest

@@ -139,7 +139,8 @@ struct RecipeSeq {
 // walks (batch, query head).
 class RecipeRun {
  public:
-  RecipeRun(const Problem& p, const Recipe& r, RecipeOperands ops, bool backward)
+  RecipeRun(const Problem& p, const Recipe& r, RecipeOperands ops, bool backward,
+            const Tensor* sink)
       : p_(p),
         r_(r),
         ops_(std::move(ops)),
@@ -163,6 +164,12 @@ class RecipeRun {
       dk_.assign(static_cast<size_t>(p.TotalK() * Hk_ * D_), 0.0);
       dv_.assign(static_cast<size_t>(p.TotalK() * Hk_ * Dv_), 0.0);
     }
+    if (sink != nullptr) {
+      const Tensor w = ToF64(*sink);
+      const auto span = w.span<const double>();
+      sink_.assign(span.begin(), span.end());
+      if (backward_) dsink_.assign(static_cast<size_t>(H_), 0.0);
+    }
   }
 
   Expected<BaselineOut> Compute();
@@ -174,6 +181,8 @@ class RecipeRun {
   int64_t KI(int64_t t, int64_t h) const { return (t * Hk_ + h) * D_; }
   int64_t VI(int64_t t, int64_t h) const { return (t * Hk_ + h) * Dv_; }
   int64_t OI(int64_t t, int64_t h) const { return (t * H_ + h) * Dv_; }
+  // Head h's sink (-inf without one: it adds nothing).
+  double Sink(int64_t h) const { return sink_.empty() ? kNegInf : sink_[static_cast<size_t>(h)]; }
   int64_t LI(const RecipeSeq& S, int64_t h, int64_t i) const {
     return p_.varlen() ? h * p_.TotalQ() + S.seq.q_begin + i : (S.b * H_ + h) * p_.seqlen_q + i;
   }
@@ -201,6 +210,7 @@ class RecipeRun {
   std::vector<double> o_;
   std::vector<double> lse_;
   std::vector<double> dq_, dk_, dv_;
+  std::vector<double> sink_, dsink_;  // [Hq], empty without a sink
 };
 
 Expected<BaselineOut> RecipeRun::Compute() {
@@ -253,6 +263,7 @@ Status RecipeRun::Forward(RecipeSeq& S, int64_t h, int64_t hk) {
         m = std::max(m, S.s[static_cast<size_t>(i * nk + j)]);
       }
     }
+    m = std::max(m, Sink(h));
     if (m == kNegInf) continue;
     double l = 0;
     for (int64_t j = 0; j < nk; ++j) {
@@ -261,6 +272,7 @@ Status RecipeRun::Forward(RecipeSeq& S, int64_t h, int64_t hk) {
       S.pmat[ij] = std::exp(S.s[ij] - m);
       l += S.pmat[ij];
     }
+    if (Sink(h) != kNegInf) l += std::exp(Sink(h) - m);  // a logit with no value
     S.rowsum[static_cast<size_t>(i)] = l;
     lse_[static_cast<size_t>(LI(S, h, i))] = RoundOut(m + std::log(l), r_.lse);
   }
@@ -315,6 +327,7 @@ void RecipeRun::BackwardProbabilities(RecipeSeq& S, int64_t h, int64_t hk) {
         m = std::max(m, S.s[static_cast<size_t>(i * nk + j)]);
       }
     }
+    m = std::max(m, Sink(h));
     const double lse_i = m + std::log(l);
     const int64_t t = S.seq.q_begin + i;
     // D = rowsum(dO∘O) with the O and the dO the recipe names.
@@ -325,6 +338,7 @@ void RecipeRun::BackwardProbabilities(RecipeSeq& S, int64_t h, int64_t hk) {
                             : S.o_raw[static_cast<size_t>(i * Dv_ + e)];
       delta += dor[OI(t, h) + e] * oe;
     }
+    if (Sink(h) != kNegInf) dsink_[static_cast<size_t>(h)] -= std::exp(Sink(h) - lse_i) * delta;
     for (int64_t j = 0; j < nk; ++j) {
       const size_t ij = static_cast<size_t>(i * nk + j);
       if (!S.vis[ij]) continue;
@@ -377,31 +391,38 @@ BaselineOut RecipeRun::Finish() {
     out.dq = Tensor::FromF64(p_.QShape(), std::move(dq_));
     out.dk = Tensor::FromF64(p_.KShape(), std::move(dk_));
     out.dv = Tensor::FromF64(p_.VShape(), std::move(dv_));
+    if (!sink_.empty()) {
+      for (double& x : dsink_) x = RoundOut(x, Format::kF32);
+      out.dsink = Tensor::FromF64(Shape{H_}, std::move(dsink_));
+    }
   }
   return out;
 }
 
 Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor& q_in,
-                                const Tensor& k_in, const Tensor& v_in, const Tensor* dout_in) {
+                                const Tensor& k_in, const Tensor& v_in, const Tensor* dout_in,
+                                const Tensor* sink) {
   if (Status s = Validate(p); !s.ok()) return s.error();
   if (Status s = ValidateInputShapes(p, q_in, k_in, v_in, dout_in); !s.ok()) return s.error();
+  if (Status s = ValidateBaselineSink(p, sink); !s.ok()) return s.error();
   if (Status s = ValidateRecipe(r); !s.ok()) return s.error();
   auto ops = QuantizeOperands(r, q_in, k_in, v_in, dout_in);
   if (!ops.ok()) return ops.error();
-  return RecipeRun(p, r, std::move(*ops), dout_in != nullptr).Compute();
+  return RecipeRun(p, r, std::move(*ops), dout_in != nullptr, sink).Compute();
 }
 
 }  // namespace
 
 Expected<BaselineOut> RecipeReferenceForward(const Problem& p, const Recipe& recipe,
-                                             const Tensor& q, const Tensor& k, const Tensor& v) {
-  return RunRecipe(p, recipe, q, k, v, nullptr);
+                                             const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor* sink) {
+  return RunRecipe(p, recipe, q, k, v, nullptr, sink);
 }
 
 Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& recipe,
                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const Tensor& dout) {
-  return RunRecipe(p, recipe, q, k, v, &dout);
+                                              const Tensor& dout, const Tensor* sink) {
+  return RunRecipe(p, recipe, q, k, v, &dout, sink);
 }
 
 }  // namespace attest
