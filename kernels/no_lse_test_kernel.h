@@ -27,6 +27,7 @@ class NoLseTestKernel final : public Kernel {
   std::string name() const override { return "no-lse(" + inner_->name() + ")"; }
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     c.lse = !declare_;
     return c;
   }

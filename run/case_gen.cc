@@ -260,11 +260,12 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
   if (caps.softcap && pick.Chance(1, 4)) p.softcap = DrawBitPattern(pick, 0, 6, 2, false);
   if (caps.alibi && pick.Chance(1, 4)) p.alibi_slopes = DrawAlibiSlopes(pick, p.heads_q);
   if (pick.Chance(1, 6)) p.scale = DrawBitPattern(pick, -6, 0, 4, false);
+  // 6. A learnable sink, only for kernels that claim one (so no other kernel's draws move).
+  if (caps.sink && pick.Chance(1, 4)) p.sink = true;
   return p;
 }
 
 GeneratorSpec DrawGenerator(const Problem& p, Picker& pick, const DrawLimits& limits) {
-  (void)p;
   const std::vector<std::string> names =
       limits.generators.empty() ? DomainGenerators() : limits.generators;
   GeneratorSpec g;
@@ -292,6 +293,8 @@ GeneratorSpec DrawGenerator(const Problem& p, Picker& pick, const DrawLimits& li
   } else if (g.name == "ties") {
     params["group"] = choose({1.0, 2.0, 4.0});
   }
+  // A sink's logits (docs/semantics.md section 7): below, near and well above a row's keys.
+  if (p.sink) params["sink"] = {{"mean", choose({0.0, 2.5, 6.0})}, {"std", 1.0}};
   g.params = params;
   return g;
 }

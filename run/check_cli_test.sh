@@ -24,13 +24,13 @@ validate() {
   --junit "$work/a.xml" --markdown "$work/a.md" --out "$work/fail" > "$work/out.txt" \
   2> "$work/err.txt"
 rc=$?; [ $rc -eq 0 ] || { cat "$work/out.txt"; fail "quick suite exit $rc, want 0"; }
-tail -1 "$work/out.txt" | grep -q "^PASS: 101 verdicts, none failed, from 11 checks on 6 cases" \
+tail -1 "$work/out.txt" | grep -q "^PASS: 115 verdicts, none failed, from 11 checks on 7 cases" \
   || { tail -1 "$work/out.txt"; fail "the verdict line is not last or miscounts"; }
 grep -q "^check  *verdicts  *failed  *o  *lse  *dq  *dk  *dv" "$work/out.txt" \
   || fail "no summary table"
-grep -q "^accuracy  *20  *0 " "$work/out.txt" || fail "the table does not count accuracy's verdicts"
+grep -q "^accuracy  *26  *0 " "$work/out.txt" || fail "the table does not count accuracy's verdicts"
 grep -q "^PASS accuracy" "$work/out.txt" && fail "a passing verdict printed without -v"
-grep -Eq "^\[[0-9]+/18\] check cpu/flash2-bf16 quick: " "$work/err.txt" \
+grep -Eq "^\[[0-9]+/20\] check cpu/flash2-bf16 quick: " "$work/err.txt" \
   || fail "no progress lines on a non-terminal stderr"
 [ "$(grep -c "check cpu/flash2-bf16" "$work/err.txt")" -le 13 ] || fail "progress floods the log"
 for f in a.json a.xml a.md; do [ -s "$work/$f" ] || fail "$f not written"; done

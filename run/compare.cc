@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "reference/case/inputs.h"
+#include "verify/checks/accuracy.h"
 #include "verify/tolerance/baseline.h"
 #include "verify/tolerance/term_scale.h"
 
@@ -65,7 +66,15 @@ struct OracleSide {
   std::optional<GradientTermScales> terms;
   std::optional<RoundingFloors> floors;
   std::optional<FormatBounds> format_bounds;  // the family rows (tolerance.h kFormatBound)
+  Tensor dsink;  // a problem with a sink, backward
 };
+
+// The oracle's options with the case's learnable sink (Problem::sink).
+OracleOptions WithSink(const CompareOutputsOptions& options, const CaseInputs& in) {
+  OracleOptions o = options.oracle;
+  if (in.sink.defined()) o.sink = &in.sink;
+  return o;
+}
 
 // The backward oracle, with the term magnitudes, format bounds and rounding floors the
 // profile needs.
@@ -73,7 +82,8 @@ Status OracleBackward(const Problem& p, const Profile& profile, const CaseInputs
                       const std::optional<RoundingPoints>& points,
                       const CompareOutputsOptions& options, OracleSide& o) {
   const int threads = options.oracle.threads;
-  BackwardOut b = Backward<double>(p, in.q, in.k, in.v, in.dout, options.oracle);
+  BackwardOut b = Backward<double>(p, in.q, in.k, in.v, in.dout, WithSink(options, in));
+  o.dsink = b.dsink;
   o.ref[0] = b.o;
   o.ref[1] = b.lse;
   o.ref[2] = b.dq;
@@ -105,7 +115,7 @@ Status OracleForward(const Problem& p, const Profile& profile, const CaseInputs&
                      const std::optional<RoundingPoints>& points,
                      const CompareOutputsOptions& options, OracleSide& o) {
   const int threads = options.oracle.threads;
-  ForwardOut f = Forward<double>(p, in.q, in.k, in.v, options.oracle);
+  ForwardOut f = Forward<double>(p, in.q, in.k, in.v, WithSink(options, in));
   o.ref[0] = f.o;
   o.ref[1] = f.lse;
   if (profile.needs_format_bound()) {
@@ -162,18 +172,56 @@ Status JudgeOutputs(const Problem& p, const Profile& profile, const std::vector<
   return Status::Ok();
 }
 
+// A learnable sink's gradient (Problem::sink, gradients given): the outputs' "dsink" [Hq] by
+// the accuracy check's rule (verify/checks/accuracy.h JudgeDsink: dv's baseline-ratio
+// policies per element, the rounding floor of D from the rounded o).
+Status JudgeDsinkOutput(const Problem& p, const Profile& profile, const NamedTensors& outputs,
+                        const CaseInputs& in, const OracleSide& o, const Tensor& base,
+                        const CompareOutputsOptions& options, CompareOutputsResult& result) {
+  const Tensor* dsink = outputs.Find("dsink");
+  if (dsink == nullptr) {
+    return Error{"outputs: no tensor named 'dsink' (problem.sink with gradients given)"};
+  }
+  if (dsink->shape() != Shape{p.heads_q}) {
+    return Error{fmt::format("outputs: tensor 'dsink' has shape {}, the problem needs [{}]",
+                             ShapeText(dsink->shape()), p.heads_q)};
+  }
+  const std::vector<Policy> policies = DsinkPolicies(profile);
+  if (policies.empty() || !base.defined()) {
+    return Error{fmt::format("profile {}: no baseline-ratio policy for dv to derive dsink's "
+                             "tolerance from",
+                             profile.name)};
+  }
+  auto m = Compare("dsink", *dsink, o.dsink, Format::kF32, Layout::Flat(1));
+  auto bm = Compare("dsink", base, o.dsink, Format::kF32, Layout::Flat(1));
+  if (!m.ok()) return m.error();
+  if (!bm.ok()) return bm.error();
+  const Tensor* out_o = outputs.Find("o");
+  const Format o_format = options.output_format
+                              ? *options.output_format
+                              : FormatOf(out_o->dtype()).value_or(Format::kF32);
+  if (Status st =
+          SetRoundingFloor(*m, DsinkRoundingFloor(p, o.ref[0], o.ref[1], in.dout, in.sink,
+                                                  o_format));
+      !st.ok()) {
+    return st.error();
+  }
+  for (const Policy& policy : policies) {
+    Verdict v = Evaluate(policy, *m, &*bm);
+    if (!v.pass) v.repro = options.repro;
+    result.report.verdicts.push_back(std::move(v));
+  }
+  result.metrics.push_back(std::move(m).value());
+  result.baseline_metrics.push_back(std::move(bm).value());
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors& outputs,
                                               const CompareOutputsOptions& options) {
   using Clock = std::chrono::steady_clock;
   const Problem& p = c.problem;
-  // The tolerance profiles and their same-precision baselines have no learnable sink yet:
-  // judging a sink case's outputs by them would judge other math.
-  if (p.sink) {
-    return Error{"problem.sink: attest compare does not judge learnable-sink cases yet (no "
-                 "tolerance profile covers the sink); attest oracle computes their references"};
-  }
   if (p.rel_bias) {
     return Error{"problem.rel_bias: attest compare does not judge learnable relative-bias cases "
                  "yet (no tolerance profile covers the bias); attest oracle computes their "
@@ -229,12 +277,13 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   }
   report.timings.push_back({"oracle", Since(start)});
 
-  Tensor base[5];
+  Tensor base[5], base_dsink;
   const bool with_baseline = profile->needs_baseline();
   if (with_baseline) {
     start = Clock::now();
     auto b = ProfileBaseline(*profile, p, inputs->q, inputs->k, inputs->v,
-                             any_grad ? &inputs->dout : nullptr, nullptr, threads);
+                             any_grad ? &inputs->dout : nullptr, nullptr, threads,
+                             p.sink ? &inputs->sink : nullptr);
     if (!b.ok()) {
       return Error{fmt::format("profile {}: {}", profile->name, b.error().message)};
     }
@@ -243,6 +292,7 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     base[2] = b->dq;
     base[3] = b->dk;
     base[4] = b->dv;
+    base_dsink = b->dsink;
     report.timings.push_back({"baseline", Since(start)});
   }
 
@@ -251,6 +301,13 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   if (Status st = JudgeOutputs(p, *profile, slots, oracle, base, with_baseline, options, result);
       !st.ok()) {
     return st.error();
+  }
+  if (p.sink && any_grad) {
+    if (Status st = JudgeDsinkOutput(p, *profile, outputs, *inputs, oracle, base_dsink, options,
+                                     result);
+        !st.ok()) {
+      return st.error();
+    }
   }
   report.timings.push_back({"compare", Since(start)});
   return result;

@@ -107,7 +107,11 @@ class SlowZeroKernel final : public Kernel {
  public:
   explicit SlowZeroKernel(std::unique_ptr<Kernel> parent) : parent_(std::move(parent)) {}
   std::string name() const override { return "slow-zero"; }
-  Capabilities capabilities() const override { return parent_->capabilities(); }
+  Capabilities capabilities() const override {
+    Capabilities c = parent_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
+    return c;
+  }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(40));

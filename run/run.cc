@@ -32,6 +32,12 @@ std::string NotApplicable(const CheckContext& ctx) {
 std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   std::vector<Verdict> out;
   ctx.not_applicable.clear();
+  // A learnable sink: only the checks whose rule includes it (CheckInfo::sink); the others
+  // would re-call the kernel without it, or relate outputs by rules the sink breaks.
+  if (ctx.case_.problem.sink && !check.sink) {
+    ctx.not_applicable = "problem.sink: this check's rule does not model the learnable sink";
+    return out;
+  }
   try {
     out = check.run(ctx);
   } catch (const InfrastructureError&) {
@@ -120,13 +126,8 @@ void Attribute(std::vector<Verdict>& verdicts, const std::string& label, const C
 
 Expected<CheckContext> MakeContext(Kernel& kernel, const Case& c, const Profile* profile,
                                    const RunOptions& options) {
-  // The checks call the sink entry points through CheckContext, but their tolerance profiles,
-  // baselines and re-laid calls have no learnable sink yet: they would judge other math.
-  if (c.problem.sink) {
-    return Error{"problem.sink: the checks do not judge learnable-sink cases yet (no tolerance "
-                 "profile or relation covers the sink); attest oracle computes their references"};
-  }
-  // Likewise the learnable relative bias: no profile, baseline or relation knows it.
+  // The checks' tolerance profiles, baselines and relations do not know the learnable
+  // relative bias yet: judging a bias case by them would judge other math.
   if (c.problem.rel_bias) {
     return Error{"problem.rel_bias: the checks do not judge learnable relative-bias cases yet (no "
                  "tolerance profile or relation covers the bias); attest oracle computes their "

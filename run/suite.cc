@@ -97,6 +97,12 @@ GeneratorSpec Gaussian(nlohmann::json params = nlohmann::json::object()) {
   return {"gaussian", 0, std::move(params)};
 }
 
+// A learnable sink (Problem::sink; docs/semantics.md "Learnable sink").
+Problem Sink(Problem p) {
+  p.sink = true;
+  return p;
+}
+
 // Scores of order 1e4: q, k ~ N(0, 100^2) give scale * q.k ~ N(0, (100^2)^2 D / D) = 1e4^2.
 GeneratorSpec HugeLogits() {
   return Gaussian({{"q", {{"std", 100.0}}}, {"k", {{"std", 100.0}}}});
@@ -164,6 +170,24 @@ constexpr auto kCons = "consistency";       // verify/checks/consistency.h (engi
 constexpr auto kLay = "layouts";            // verify/checks/layouts.h
 constexpr auto kBias = "bias";              // verify/checks/bias.h
 
+// A learnable sink (docs/semantics.md "Learnable sink"): GQA heads with their own sinks, empty
+// rows (lse = sink, o = 0), a packed batch, and the special values a sink takes (1e30: o = 0,
+// lse = sink in every row; -inf: no sink in that head). Sinks drawn around 2.5 weigh about as
+// much as a tenth of a row's keys, so a kernel that leaves the sink out of o, lse or dsink is
+// far outside the tolerance. Kernels that do not claim sinks skip the rows. Appended after
+// the other rows so that their seeds stay what they were.
+void SinkRows(Builder& s) {
+  const GeneratorSpec drawn = Gaussian({{"sink", {{"mean", 2.5}, {"std", 1.0}}}});
+  s.Add({kAcc, kSpec}, "sink GQA 8:2 causal batch 2", Sink(Causal(P(2, 8, 2, 96, 96))), drawn);
+  s.Add({kAcc, kSpec, kUnw}, "sink causal Sq>Sk (empty rows)", Sink(Causal(P(1, 2, 2, 130, 77))),
+        drawn);
+  s.Add({kAcc, kSpec}, "sink varlen causal",
+        Sink(Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20}))), drawn);
+  s.Add({kAcc, kSpec}, "sink 1e30, -inf, 0.5, -2 causal Sq>Sk",
+        Sink(Causal(P(1, 4, 2, 100, 60))),
+        Gaussian({{"sink", {{"values", {1e30, "-inf", 0.5, -2.0}}}}}));
+}
+
 void QuickRows(Builder& s) {
   s.Add({kAcc, kUnw, kSpec, kDet, kGqa, kPerm, kWin, kLeak, kCons}, "GQA causal Sq<Sk batch 2",
         Causal(P(2, 4, 2, 77, 130)));
@@ -174,6 +198,9 @@ void QuickRows(Builder& s) {
   s.Honesty("softcap", Softcap(P(1, 2, 2, 64, 64), 30));
   // A scale of its own (ScaleRows below says why).
   s.Add({kAcc}, "scale 1/sqrt(192) (MLA)", Scaled(P(1, 2, 2, 64, 64), 1.0 / std::sqrt(192.0)));
+  // A learnable sink with empty rows (SinkRows below says why the sinks are drawn near 2.5).
+  s.Add({kAcc, kSpec}, "sink causal Sq>Sk (empty rows)", Sink(Causal(P(1, 2, 2, 100, 64))),
+        Gaussian({{"sink", {{"mean", 2.5}, {"std", 1.0}}}}));
 }
 
 void GateRows(Builder& s) {
@@ -323,6 +350,7 @@ void FullRows(Builder& s) {
   ScaleRows(s);
   MaskFormRows(s);
   AlignmentRows(s);
+  SinkRows(s);
 }
 
 // Packed documents summing to `total` tokens, causal: each of the given long documents after a
@@ -395,6 +423,7 @@ std::vector<Suite> BuildSuites() {
   ScaleRows(gate);
   MaskFormRows(gate);
   AlignmentRows(gate);
+  SinkRows(gate);
   FullRows(full);
   t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
                std::move(quick.rows)});
@@ -491,6 +520,7 @@ std::string DescribeProblem(const Problem& p) {
   if (p.prefix_lm > 0) s += fmt::format(" prefix {}", p.prefix_lm);
   if (p.block_sparse) s += " block-sparse";
   if (!p.mask_form.empty()) s += " mask " + p.mask_form;
+  if (p.sink) s += " sink";
   return s;
 }
 

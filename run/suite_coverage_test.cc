@@ -128,7 +128,11 @@ class Defect : public Kernel {
     inner_ = std::move(k).value();
   }
   std::string name() const override { return "test/defect"; }
-  Capabilities capabilities() const override { return inner_->capabilities(); }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
+    return c;
+  }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v) override {
     auto a = inner_->Forward(Read(p), q, k, v);

@@ -102,7 +102,7 @@ expect_match("${out}" "only --precision double runs on the GPU" "oracle --device
 # sequence without keys, softcap, and sinks of 0.5, -inf, 1e30 and -2; both oracles write
 # dsink (with its bound). The CUDA oracle declines sinks: --device cuda says so and runs the
 # CPU oracle, byte for byte the CPU file. A sink object for a problem without a sink exits 2;
-# attest compare and attest repro refuse a sink case (exit 2).
+# attest compare and attest repro judge a sink case.
 set(sink_case "${SRC}/reference/oracle/testdata/sink_varlen_gqa_causal.case.json")
 foreach(precision double mp256)
   run_attest(0 out oracle --case "${sink_case}" --out "${WORK}/sink-${precision}.safetensors"
@@ -127,12 +127,13 @@ endif()
 file(WRITE "${WORK}/nosink.case.json" "{\"problem\": {\"heads_q\": 2}, \"generator\": {\"name\": \"gaussian\", \"seed\": 1, \"params\": {\"sink\": {\"values\": [1]}}}}")
 run_attest(2 out oracle --case "${WORK}/nosink.case.json" --out "${WORK}/nosink.safetensors")
 expect_match("${out}" "generator.params.sink: the problem has no sink" "sink params without a sink")
-# attest compare has no tolerance for sink cases yet: it says so (exit 2) instead of judging.
-run_attest(2 out compare --case "${sink_case}" --outputs "${WORK}/sink-double.safetensors")
-expect_match("${out}" "problem.sink: attest compare does not judge learnable-sink cases" "compare sink")
-# Nor do the checks judge one yet: attest repro says so (exit 2).
-run_attest(2 out repro --kernel cpu/flash2-bf16 --case "${sink_case}")
-expect_match("${out}" "problem.sink: the checks do not judge learnable-sink cases yet" "repro sink")
+# attest compare judges a sink case, dsink included: the double oracle's own outputs pass.
+run_attest(0 out compare --case "${sink_case}" --outputs "${WORK}/sink-double.safetensors")
+expect_match("${out}" "dsink" "compare sink")
+# attest repro judges it with the checks whose rules include the sink (the others say why they
+# are skipped): the bf16 model passes.
+run_attest(0 out repro --kernel cpu/flash2-bf16 --case "${sink_case}")
+expect_match("${out}" "does not model the learnable sink" "repro sink")
 
 # A learnable relative bias (docs/semantics.md "Learnable relative bias") with a sink, on the
 # same packed causal GQA softcap problem: both oracles write drel_bias [4, 15] (with its bound

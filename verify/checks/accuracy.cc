@@ -82,6 +82,7 @@ std::vector<Slot> OutputSlots(const Problem& p, const ForwardResult& fwd,
 struct References {
   Tensor ref[5];
   Tensor base[5];
+  Tensor ref_dsink, base_dsink;  // a problem with a sink, backward only
   bool with_baseline = false;
   std::optional<GradientTermScales> terms;
   std::optional<RoundingFloors> floors;
@@ -113,6 +114,7 @@ bool LoadOracleAndBaseline(CheckContext& ctx, std::string_view check, const Back
     r.ref[2] = b.dq;
     r.ref[3] = b.dk;
     r.ref[4] = b.dv;
+    r.ref_dsink = b.dsink;
   } else {
     const ForwardOut& f = ctx.OracleForward();
     r.ref[0] = f.o;
@@ -123,7 +125,7 @@ bool LoadOracleAndBaseline(CheckContext& ctx, std::string_view check, const Back
     const CaseInputs& in = ctx.inputs;
     auto b = ProfileBaseline(*ctx.profile, p, in.q, in.k, in.v, bwd != nullptr ? &in.dout : nullptr,
                              sample != nullptr ? &sample->query_rows : nullptr,
-                             ctx.oracle_options.threads);
+                             ctx.oracle_options.threads, p.sink ? &in.sink : nullptr);
     if (!b.ok()) {
       out.push_back(Failure(check, "", "a baseline for the profile",
                             fmt::format("profile {}: {}", ctx.profile->name, b.error().message)));
@@ -134,6 +136,7 @@ bool LoadOracleAndBaseline(CheckContext& ctx, std::string_view check, const Back
     r.base[2] = b->dq;
     r.base[3] = b->dk;
     r.base[4] = b->dv;
+    r.base_dsink = b->dsink;
   }
   return true;
 }
@@ -382,6 +385,11 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
     if (k == 1 && !judge_lse) continue;
     const Tensor& observed = sample != nullptr ? sampled_observed[k] : *slots[k].observed;
     JudgeSlot(ctx, check, slots[k], k, observed, r, sample != nullptr, sample_note, out);
+  }
+  if (bwd != nullptr && p.sink) {
+    for (Verdict& v : JudgeDsink(ctx, check, fwd, *bwd, r.ref_dsink, r.base_dsink)) {
+      out.push_back(std::move(v));
+    }
   }
   return out;
 }

@@ -17,6 +17,27 @@ namespace attest {
 std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view check,
                                         const ForwardResult& fwd, const BackwardResult* bwd);
 
+// A learnable sink's gradient (Problem::sink; accuracy_sink.cc): the kernel's dsink [Hq]
+// against the oracle's `ref`, by the profile's baseline-ratio policies of dv applied per
+// element (fp32 ULPs) with `base` the baseline's dsink, the ratio term raised to the
+// first-order error of D = rowsum(dO o) from the rounded o (DsinkRoundingFloor). A profile
+// without a baseline-ratio dv policy fails naming itself (no rule to derive dsink's from).
+std::vector<Verdict> JudgeDsink(CheckContext& ctx, std::string_view check,
+                                const ForwardResult& fwd, const BackwardResult& bwd,
+                                const Tensor& ref, const Tensor& base);
+// The profile's baseline-ratio policies of dv as dsink's: per element, in fp32 ULPs, with the
+// rounding floor (empty when the profile has none).
+std::vector<Policy> DsinkPolicies(const Profile& profile);
+// Per head h, with w_i = exp(sink_h - lse_i) (the oracle's lse), a_i = sum_e |dO_ie o_ie| and
+// u = 2^-24: S(b) = min(sum b, 4 sqrt(sum b^2)) (verify/tolerance/term_scale.h's bound of a
+// sum of independent roundings) of b_i = w_i S(|dO_ie| Quantum(o_ie, o_format) / 2 over e)
+// (D from the rounded o), plus sum_i w_i 4 Quantum(lse_i, fp32) a_i (the weight moved by a
+// kernel's lse within 4 fp32 ULPs), plus (Dv + rows) u sum_i w_i a_i (Higham's gamma_n of the
+// fp32 sums D_i and dsink_h); 0 for a sink of -inf. Forward rows of
+// the oracle `o` (f64), `lse`, `dout`, `sink` as the case holds them.
+Tensor DsinkRoundingFloor(const Problem& p, const Tensor& o, const Tensor& lse,
+                          const Tensor& dout, const Tensor& sink, Format o_format);
+
 // The "accuracy" check: the kernel's forward (and backward when it claims one and the case
 // has a "do") on the case, judged by JudgeAgainstOracle. Not applicable when the kernel
 // honestly refuses a case outside its capabilities.

@@ -9,6 +9,7 @@
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
 #include "verify/checks/accuracy.h"
+#include "verify/checks/sink_relation.h"
 
 namespace attest {
 namespace {
@@ -263,7 +264,10 @@ struct SpecialValuesCase {
   const std::vector<Tensor>& obs;
   bool judge_lse;
   bool sampled;
-  const std::vector<uint8_t>& empty_q;
+  const std::vector<uint8_t>& empty_q;  // sampled or with a sink: the mask's empty rows
+  // A learnable sink (Problem::sink): [Hq]; an empty row's lse is sink_h (docs/semantics.md),
+  // the declared empty-row lse where sink_h is -inf. Empty without a sink.
+  const std::vector<double>& sink;
 };
 
 // 1. Finite wherever the oracle is finite (overflow in huge logits, NaN from 0 * inf at
@@ -314,7 +318,8 @@ struct ExactZeros {
   int64_t empty_rows = 0, unseen_keys = 0;
 };
 
-// Empty rows of sequence b (oracle lse = -inf): o and dq exactly 0, lse exactly `empty_lse`.
+// Empty rows of sequence b (oracle lse = -inf; with a sink, no visible key): o and dq exactly 0,
+// lse exactly `empty_lse` (with a sink: the head's sink, unless it is -inf).
 void JudgeEmptyRows(const SpecialValuesCase& c, int64_t b, const Sequence& s, bool backward,
                     double empty_lse, ExactZeros& z) {
   const Problem& p = c.p;
@@ -323,14 +328,18 @@ void JudgeEmptyRows(const SpecialValuesCase& c, int64_t b, const Sequence& s, bo
   for (int64_t h = 0; h < p.heads_q; ++h) {
     for (int64_t i = 0; i < s.q_len; ++i) {
       const int64_t l = at.Lse(b, s, h, i);
-      const bool empty = c.sampled ? c.empty_q[static_cast<size_t>(s.q_begin + i)] != 0
-                                   : std::isinf(rl[static_cast<size_t>(l)]) &&
-                                         rl[static_cast<size_t>(l)] < 0;
+      const bool by_mask = c.sampled || p.sink;
+      const bool empty = by_mask ? c.empty_q[static_cast<size_t>(s.q_begin + i)] != 0
+                                 : std::isinf(rl[static_cast<size_t>(l)]) &&
+                                       rl[static_cast<size_t>(l)] < 0;
       if (!empty) continue;
       ++z.empty_rows;
+      const double sink =
+          p.sink ? c.sink[static_cast<size_t>(h)] : -std::numeric_limits<double>::infinity();
+      const double want = std::isinf(sink) ? empty_lse : sink;
       if (c.judge_lse) {
         const double lo = c.obs[1].span<const double>()[static_cast<size_t>(l)];
-        if (lo != empty_lse) z.lse_bad.Add(p, "lse", c.obs[1], l, lo);
+        if (lo != want) z.lse_bad.Add(p, "lse", c.obs[1], l, lo);
       }
       const int64_t ro = at.RowO(s, h, i, p.head_dim_v);
       for (int64_t d = 0; d < p.head_dim_v; ++d) {
@@ -380,7 +389,8 @@ void JudgeEmptyRowsAndUnseenKeys(const SpecialValuesCase& c, const Kernel& kerne
   const Problem& p = c.p;
   const double empty_lse = EmptyRowLse(kernel.capabilities());
   const std::string lse_rule =
-      fmt::format("lse = {} on empty rows", empty_lse > 0 ? "+inf (declared)" : "-inf");
+      fmt::format("lse = {}{} on empty rows", p.sink ? "the head's sink (a -inf sink: " : "",
+                  empty_lse > 0 ? "+inf (declared)" : "-inf") + (p.sink ? ")" : "");
   ExactZeros z;
   for (int64_t b = 0; b < p.batch; ++b) {
     const Sequence s = SequenceOf(p, b);
@@ -450,11 +460,18 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   }
 
   const bool sampled = ctx.sample.has_value();
-  const std::vector<uint8_t> empty_q = sampled ? EmptyQueryRows(p) : std::vector<uint8_t>();
+  const std::vector<uint8_t> empty_q =
+      sampled || p.sink ? EmptyQueryRows(p) : std::vector<uint8_t>();
   const std::string sample_note = sampled ? " [" + ctx.sample->Describe() + "]" : "";
-  const SpecialValuesCase c{p, slots, obs, judge_lse, sampled, empty_q};
+  std::vector<double> sink;
+  if (p.sink) {
+    const Tensor w = ToF64(ctx.inputs.sink);
+    sink.assign(w.span<const double>().begin(), w.span<const double>().end());
+  }
+  const SpecialValuesCase c{p, slots, obs, judge_lse, sampled, empty_q, sink};
   JudgeFiniteWhereOracleIs(c, sample_note, out);
   JudgeEmptyRowsAndUnseenKeys(c, *ctx.kernel, bwd != nullptr, out);
+  if (!sampled) JudgeMinusInfSinkHeads(ctx, fwd, out);
   return out;
 }
 

@@ -153,6 +153,10 @@ struct CheckInfo {
   // Runs the check; an empty result means "not applicable to this case/kernel" (e.g. a
   // backward check on a forward-only kernel), never "passed".
   std::function<std::vector<Verdict>(CheckContext&)> run;
+  // Whether the check judges a problem with a learnable sink (Problem::sink) on the sink's
+  // math: it reaches the kernel only through CheckContext (the sink entry points) and its
+  // rule holds with the sink. The runner skips the others on a sink case, naming the sink.
+  bool sink = false;
 };
 
 // Every registered check, in diagnosis order (below): the order `attest list checks` shows.

@@ -40,6 +40,7 @@ class Flaky : public Wrapper {
   explicit Flaky(bool claims) : Wrapper("test/flaky"), claims_(claims) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     c.deterministic = claims_;
     return c;
   }
@@ -115,6 +116,7 @@ class PlusInfLse : public Wrapper {
   explicit PlusInfLse(bool declares) : Wrapper("test/plus-inf-lse"), declares_(declares) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     if (declares_) c.empty_row_lse = "+inf";
     return c;
   }
@@ -139,6 +141,7 @@ class ApproxTanh : public Wrapper {
       : Wrapper("test/approx-tanh"), error_(error), shift_(shift), declares_(declares) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     if (declares_) c.softcap_tanh_abs_error = error_;
     return c;
   }
@@ -186,7 +189,11 @@ class Retiled : public Kernel {
     odd_ = std::make_unique<Flash2Model>("test/retiled", recipe, dtype, odd);
   }
   std::string name() const override { return "test/retiled"; }
-  Capabilities capabilities() const override { return even_->capabilities(); }
+  Capabilities capabilities() const override {
+    Capabilities c = even_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
+    return c;
+  }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v) override {
     return Pick(p).Forward(p, q, k, v);
@@ -219,6 +226,7 @@ class Liar : public Wrapper {
   Liar() : Wrapper("test/liar") {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     c.softcap = false;
     return c;
   }
@@ -360,6 +368,7 @@ TEST(Run, PlusInfLseOnEmptyRowsPassesOnlyWhenDeclared) {
     Declares() : Wrapper("test/declares-plus-inf") {}
     Capabilities capabilities() const override {
       Capabilities c = inner_->capabilities();
+      c.sink = false;  // forwards the plain entry points only
       c.empty_row_lse = "+inf";
       return c;
     }

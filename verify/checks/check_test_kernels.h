@@ -28,7 +28,11 @@ class Wrapped : public Kernel {
  public:
   explicit Wrapped(std::string name) : name_(std::move(name)), inner_(MakeFlash2Bf16()) {}
   std::string name() const override { return name_; }
-  Capabilities capabilities() const override { return inner_->capabilities(); }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
+    return c;
+  }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v) override {
     return inner_->Forward(p, q, k, v);
@@ -126,6 +130,7 @@ class Jittery : public Wrapped {
       : Wrapped("test/jittery"), claim_(claim_deterministic) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     c.deterministic = claim_;
     return c;
   }

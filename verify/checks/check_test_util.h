@@ -51,7 +51,11 @@ class Wrapper : public Kernel {
  public:
   explicit Wrapper(std::string name) : name_(std::move(name)), inner_(Flash2()) {}
   std::string name() const override { return name_; }
-  Capabilities capabilities() const override { return inner_->capabilities(); }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
+    return c;
+  }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v) override {
     auto a = inner_->Forward(p, q, k, v);

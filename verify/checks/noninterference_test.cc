@@ -204,6 +204,7 @@ class RovingJitter : public check_test::Wrapped {
   RovingJitter() : Wrapped("test/roving-jitter") {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
+    c.sink = false;  // forwards the plain entry points only
     c.deterministic = false;
     return c;
   }

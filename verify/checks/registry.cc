@@ -70,7 +70,7 @@ std::vector<CheckInfo> BuildChecks() {
       {"unwritten-outputs",
        "every output has the problem's shape and a float dtype, and no element still holds "
        "the harness's poison (all-ones bytes: a NaN that arithmetic does not produce)",
-       RunUnwrittenOutputs},
+       RunUnwrittenOutputs, /*sink=*/true},
       {"gqa-mha", "GQA equals MHA with k/v repeated per group (dk, dv: group sums)",
        RunGqaEquivalence},
       {"window-causal",
@@ -81,7 +81,7 @@ std::vector<CheckInfo> BuildChecks() {
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
        "give dk = dv = 0; outputs are finite wherever the oracle's are (huge logits, "
        "format-edge values, blocks of zeros)",
-       RunSpecialValues},
+       RunSpecialValues, /*sink=*/true},
       {"determinism",
        "repeat runs are bitwise equal where the kernel claims determinism", RunDeterminism},
       {"non-interference",
@@ -93,7 +93,7 @@ std::vector<CheckInfo> BuildChecks() {
       {"accuracy",
        "o, lse (and dq, dk, dv) within the kernel's tolerance profile of the float64 oracle, "
        "element by element; no NaN/Inf where the oracle is finite",
-       RunAccuracy},
+       RunAccuracy, /*sink=*/true},
       {"consistency",
        "the backward differentiates the forward that ran: delta, sum-of-gradient identities, "
        "the constant-V probe, and the gradient at the recipe's quantised operands",
@@ -122,7 +122,7 @@ std::vector<CheckInfo> BuildChecks() {
       {"honesty",
        "a claimed feature is never refused; a case outside the capabilities is refused or "
        "answered right",
-       RunHonesty},
+       RunHonesty, /*sink=*/true},
   };
   return t;
 }
