@@ -576,6 +576,7 @@ std::vector<MutantSpec> BuildCatalogue() {
   AddLayoutMutants(add);
   AddTiledKernelMutants(add);
   AddDirectedRoundingMutants(add);
+  AddSinkMutants(rows);
   return rows;
 }
 
@@ -671,9 +672,9 @@ MutantKernel::MutantKernel(const MutantSpec& spec) : MutantKernel(spec, MakePare
 MutantKernel::MutantKernel(const MutantSpec& spec, std::unique_ptr<Kernel> parent)
     : spec_(&spec), parent_(std::move(parent)), caps_(parent_->capabilities()) {
   if (spec.claims_causal_top_left_only) caps_.causal_top_left_only = true;
-  // No mutant runs a learnable sink (its calls would go to Kernel::ForwardSink's refusal):
-  // the claim is the parent's without it.
-  caps_.sink = false;
+  // Only a sink deviation runs the parent's learnable sink (sink_mutants.cc): the others claim
+  // the parent's capabilities without it.
+  if (spec.sink_fault == SinkFault::kNone) caps_.sink = false;
   // The parent's tiles (the engine's defaults for a parent that is no engine model).
   if (const auto* flash = dynamic_cast<const Flash2Model*>(parent_.get())) {
     options_ = flash->options();

@@ -46,6 +46,24 @@ enum class ProblemFault : uint8_t {
   kScaleIgnored,
 };
 
+// A deviation in how the kernel applies a learnable sink (Problem::sink; docs/semantics.md
+// "Learnable sink"), a wrapper around the parent's sink entry points (sink_mutants.cc). Only
+// these mutants claim the parent's sink; every other mutant claims none.
+enum class SinkFault : uint8_t {
+  kNone,
+  // The sink added after normalisation: o normalised by the keys' sum alone, lse with the sink.
+  kNotInO,
+  // The sink missing from lse (o right; an empty row's lse = sink kept by its own branch).
+  kNotInLse,
+  // dsink returned as zeros (TransformerEngine PR #3551: the sink's gradient not written).
+  kDsinkZero,
+  // An empty row with a finite sink gives lse = NaN (flash-attention PR #2752: log of a
+  // zero sum before the sink joins it).
+  kEmptyRowNanLse,
+  // dsink with the wrong sign (+sum_i exp(sink - lse_i) D_i).
+  kDsinkSign,
+};
+
 // One row of the catalogue.
 struct MutantSpec {
   std::string_view name{};           // registered as "mutant/<name>"
@@ -79,10 +97,12 @@ struct MutantSpec {
   // Claims `causal_top_left_only` (kernels/kernel.h) beside the parent's capabilities: an API
   // whose only causal form is top-left (SDPA's is_causal on nested jagged tensors).
   bool claims_causal_top_left_only = false;
+  // A learnable-sink deviation (the mutant then claims the parent's sink).
+  SinkFault sink_fault = SinkFault::kNone;
   // The documented case.
   Problem problem{};
   GeneratorSpec generator{};
-  // Outputs ("o", "lse", "dq", "dk", "dv") in which the mutant's answer on the case differs
+  // Outputs ("o", "lse", "dq", "dk", "dv"; "dsink" on a sink case) in which the mutant's answer on the case differs
   // bitwise from the parent's (exactly these; the others are bitwise equal).
   std::vector<std::string_view> differs{};
   // Whether, on the case, the mutant's max |x − oracle| over `differs` exceeds the parent's
@@ -122,6 +142,12 @@ class MutantKernel : public Kernel {
   KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const Tensor& o, const Tensor& lse,
                                         const Tensor& dout) override;
+  // The parent's sink entry points with the spec's SinkFault (sink_mutants.cc).
+  KernelAnswer<ForwardResult> ForwardSink(const Problem& p, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& sink) override;
+  KernelAnswer<BackwardResult> BackwardSink(const Problem& p, const Tensor& q, const Tensor& k,
+                                            const Tensor& v, const Tensor& o, const Tensor& lse,
+                                            const Tensor& dout, const Tensor& sink) override;
   std::string last_route() const override { return route_; }
   std::optional<Format> BackwardDpFormat(const Problem& p) const override {
     return parent_->BackwardDpFormat(p);
@@ -143,6 +169,9 @@ class MutantKernel : public Kernel {
 
 // The problem as a kernel with `fault` reads it.
 Problem ApplyProblemFault(const Problem& p, ProblemFault fault);
+
+// The learnable-sink rows of the catalogue (sink_mutants.cc), appended to `rows`.
+void AddSinkMutants(std::vector<MutantSpec>& rows);
 
 // Registers mutant/<name> for every row (each kernel built around MakeParent()).
 void RegisterMutants(KernelRegistry& registry);

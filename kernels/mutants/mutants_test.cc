@@ -31,10 +31,11 @@
 namespace attest {
 namespace {
 
-constexpr const char* kOutputs[] = {"o", "lse", "dq", "dk", "dv"};
+constexpr const char* kOutputs[] = {"o", "lse", "dq", "dk", "dv", "dsink"};
 
 struct Inputs {
   Tensor q, k, v, dout;  // f64 holding the dtype-rounded values the kernel sees
+  Tensor sink;           // [Hq] f64 holding float32 values: a problem with a sink only
 };
 
 Inputs CaseInputs(const MutantSpec& s) {
@@ -42,7 +43,8 @@ Inputs CaseInputs(const MutantSpec& s) {
   EXPECT_TRUE(g.ok()) << s.name << ": " << (g.ok() ? "" : g.error().message);
   const DType d = s.problem.dtype;
   return {RoundTensor(g->q, d), RoundTensor(g->k, d), RoundTensor(g->v, d),
-          RoundTensor(g->dout, d)};
+          RoundTensor(g->dout, d),
+          s.problem.sink ? RoundTensor(g->sink, DType::kF32) : Tensor()};
 }
 
 // The inputs as a model hands them over: a transpose of heads-major [B, H, S, X] storage.
@@ -53,7 +55,7 @@ Inputs HeadsMajor(const Inputs& in) {
     v.CopyFrom(t);
     return v;
   };
-  return {view(in.q), view(in.k), view(in.v), view(in.dout)};
+  return {view(in.q), view(in.k), view(in.v), view(in.dout), in.sink};
 }
 
 struct Outputs {
@@ -64,24 +66,29 @@ struct Outputs {
 // parent's, claim; cpu/fp8-e4m3-tensor is forward-only: its gradients compare as empty).
 Outputs RunKernel(Kernel& kernel, const Problem& p, const Inputs& in, bool backward = true) {
   Outputs out;
-  KernelAnswer<ForwardResult> f = kernel.Forward(p, in.q, in.k, in.v);
+  const Tensor none = Tensor::Zeros(DType::kF32, {0});
+  KernelAnswer<ForwardResult> f = p.sink ? kernel.ForwardSink(p, in.q, in.k, in.v, in.sink)
+                                         : kernel.Forward(p, in.q, in.k, in.v);
   if (!std::holds_alternative<ForwardResult>(f)) {
     ADD_FAILURE() << kernel.name() << ": forward gave no result";
     return out;
   }
   const ForwardResult& fr = std::get<ForwardResult>(f);
   if (!backward) {
-    const Tensor none = Tensor::Zeros(DType::kF32, {0});
-    out.t = {{"o", fr.o}, {"lse", fr.lse}, {"dq", none}, {"dk", none}, {"dv", none}};
+    out.t = {{"o", fr.o},   {"lse", fr.lse}, {"dq", none},
+             {"dk", none},  {"dv", none},    {"dsink", none}};
     return out;
   }
-  KernelAnswer<BackwardResult> b = kernel.Backward(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout);
+  KernelAnswer<BackwardResult> b =
+      p.sink ? kernel.BackwardSink(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout, in.sink)
+             : kernel.Backward(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout);
   if (!std::holds_alternative<BackwardResult>(b)) {
     ADD_FAILURE() << kernel.name() << ": backward gave no result";
     return out;
   }
   const BackwardResult& br = std::get<BackwardResult>(b);
-  out.t = {{"o", fr.o}, {"lse", fr.lse}, {"dq", br.dq}, {"dk", br.dk}, {"dv", br.dv}};
+  out.t = {{"o", fr.o},   {"lse", fr.lse}, {"dq", br.dq},
+           {"dk", br.dk}, {"dv", br.dv},   {"dsink", p.sink ? br.dsink : none}};
   return out;
 }
 
@@ -141,10 +148,11 @@ TEST(MutantCatalogue, HasUniqueRegisteredRowsClaimingTheirParentsCapabilities) {
     Expected<std::unique_ptr<Kernel>> parent = Kernels().Create(s.parent);
     Capabilities parent_caps =
         parent.ok() ? (*parent)->capabilities() : MakeParent(s)->capabilities();
-    // The parent's claims less the learnable sink, which no mutant runs (mutants.cc), narrowed
-    // where the row says the mutant's API is top-left only.
-    EXPECT_FALSE((*mutant)->capabilities().sink);
-    parent_caps.sink = false;
+    // The parent's claims (less the learnable sink unless the row is a sink deviation,
+    // mutants.cc), narrowed where the row says the mutant's API is top-left only.
+    const bool sink_row = s.sink_fault != SinkFault::kNone;
+    EXPECT_EQ((*mutant)->capabilities().sink, sink_row && parent_caps.sink);
+    if (!sink_row) parent_caps.sink = false;
     Capabilities claimed = parent_caps;
     if (s.claims_causal_top_left_only) claimed.causal_top_left_only = true;
     EXPECT_EQ(CapabilitiesToJson((*mutant)->capabilities()), CapabilitiesToJson(claimed));
@@ -168,8 +176,8 @@ TEST_P(MutantCase, DiffersFromItsParentOnTheDocumentedCase) {
   const bool backward = (*mutant)->capabilities().backward;
   const Outputs po = RunKernel(*parent, p, kin, backward);
   const Outputs mo = RunKernel(**mutant, p, kin, backward);
-  ASSERT_EQ(po.t.size(), 5u);
-  ASSERT_EQ(mo.t.size(), 5u);
+  ASSERT_EQ(po.t.size(), 6u);
+  ASSERT_EQ(mo.t.size(), 6u);
 
   // The local parent is the registered parent, bit for bit, where one is registered.
   Expected<std::unique_ptr<Kernel>> registered = Kernels().Create(s.parent);
@@ -189,9 +197,12 @@ TEST_P(MutantCase, DiffersFromItsParentOnTheDocumentedCase) {
   EXPECT_EQ(Names(differ), Names(expected));
 
   // Against the float64 oracle on the same (rounded) inputs.
-  const BackwardOut ref = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  OracleOptions options;
+  if (p.sink) options.sink = &in.sink;
+  const BackwardOut ref = Backward<double>(p, in.q, in.k, in.v, in.dout, options);
   const std::map<std::string, const Tensor*> oracle = {
-      {"o", &ref.o}, {"lse", &ref.lse}, {"dq", &ref.dq}, {"dk", &ref.dk}, {"dv", &ref.dv}};
+      {"o", &ref.o},   {"lse", &ref.lse}, {"dq", &ref.dq},
+      {"dk", &ref.dk}, {"dv", &ref.dv},   {"dsink", &ref.dsink}};
   bool worse = false;
   std::string report;
   for (std::string_view d : s.differs) {
@@ -233,11 +244,11 @@ TEST(MutantCatalogue, NondeterministicDqVariesRunToRunWhileClaimingDeterminism) 
   ASSERT_TRUE(k.ok());
   EXPECT_TRUE((*k)->capabilities().deterministic);
   const Outputs first = RunKernel(**k, s.problem, in);
-  ASSERT_EQ(first.t.size(), 5u);
+  ASSERT_EQ(first.t.size(), 6u);
   int dq_changes = 0;
   for (int run = 0; run < 3; ++run) {
     const Outputs again = RunKernel(**k, s.problem, in);
-    ASSERT_EQ(again.t.size(), 5u);
+    ASSERT_EQ(again.t.size(), 6u);
     EXPECT_TRUE(first.t.at("o").BitwiseEqual(again.t.at("o")));
     EXPECT_TRUE(first.t.at("dk").BitwiseEqual(again.t.at("dk")));
     EXPECT_TRUE(first.t.at("dv").BitwiseEqual(again.t.at("dv")));
@@ -285,8 +296,8 @@ TEST(MutantCatalogue, SharedScaleMutantsLeakWhereTheirParentsDoNot) {
     MutantKernel mutant(s);
     const Outputs p0 = RunKernel(*parent, s.problem, in), p1 = RunKernel(*parent, s.problem, hit);
     const Outputs m0 = RunKernel(mutant, s.problem, in), m1 = RunKernel(mutant, s.problem, hit);
-    ASSERT_EQ(p1.t.size(), 5u);
-    ASSERT_EQ(m1.t.size(), 5u);
+    ASSERT_EQ(p1.t.size(), 6u);
+    ASSERT_EQ(m1.t.size(), 6u);
     EXPECT_TRUE(TokensEqual(p0.t.at("o"), p1.t.at("o"), 0, 50));
     EXPECT_FALSE(TokensEqual(m0.t.at("o"), m1.t.at("o"), 0, 50));
   }
@@ -301,8 +312,8 @@ TEST(MutantCatalogue, SharedScaleMutantsLeakWhereTheirParentsDoNot) {
     MutantKernel mutant(s);
     const Outputs p0 = RunKernel(*parent, s.problem, in), p1 = RunKernel(*parent, s.problem, hit);
     const Outputs m0 = RunKernel(mutant, s.problem, in), m1 = RunKernel(mutant, s.problem, hit);
-    ASSERT_EQ(p1.t.size(), 5u);
-    ASSERT_EQ(m1.t.size(), 5u);
+    ASSERT_EQ(p1.t.size(), 6u);
+    ASSERT_EQ(m1.t.size(), 6u);
     EXPECT_TRUE(TokensEqual(p0.t.at("dq"), p1.t.at("dq"), 0, 40));
     EXPECT_FALSE(TokensEqual(m0.t.at("dq"), m1.t.at("dq"), 0, 40));
   }
