@@ -68,10 +68,12 @@ struct RunOutcome {
   std::string error;  // kernel error (a finding)
 };
 
+// `sink`: the case's learnable sink (Problem::sink), handed to the sink entry points; a sink
+// changes no row's visibility, so every protected output stays protected.
 RunOutcome Run(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& k,
-               const Tensor& v, const Tensor& dout, bool backward) {
+               const Tensor& v, const Tensor& dout, bool backward, const Tensor& sink) {
   RunOutcome r;
-  auto fwd = kernel.Forward(p, q, k, v);
+  auto fwd = p.sink ? kernel.ForwardSink(p, q, k, v, sink) : kernel.Forward(p, q, k, v);
   if (auto* u = std::get_if<Unsupported>(&fwd)) {
     r.unsupported = true;
     r.error = u->reason;
@@ -87,7 +89,8 @@ RunOutcome Run(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& 
   // Left undefined for a kernel that returns no lse (Capabilities::lse): nothing judges it.
   if (f.lse.defined()) out.lse = ToF64(f.lse);
   if (backward) {
-    auto bwd = kernel.Backward(p, q, k, v, f.o, f.lse, dout);
+    auto bwd = p.sink ? kernel.BackwardSink(p, q, k, v, f.o, f.lse, dout, sink)
+                      : kernel.Backward(p, q, k, v, f.o, f.lse, dout);
     if (auto* u = std::get_if<Unsupported>(&bwd)) {
       r.unsupported = true;
       r.error = u->reason;
@@ -527,7 +530,7 @@ RunOutcome RunPerturbed(Kernel& kernel, const Problem& p, const CaseInputs& in,
     perturb_rows(q, set.query_tokens, true);
     if (backward) perturb_rows(dout, set.query_tokens, true);
   }
-  return Run(kernel, p, q, k, v, dout, backward);
+  return Run(kernel, p, q, k, v, dout, backward, in.sink);
 }
 
 // The protected elements of output `n`.
@@ -605,7 +608,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   if (sets.empty()) return {};
 
   // ---- Unperturbed runs (twice for nondeterministic kernels: the allowed spread). ----
-  RunOutcome base = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
+  RunOutcome base = Run(kernel, p, in.q, in.k, in.v, in.dout, backward, in.sink);
   auto kernel_failure = [&](const std::string& what, const std::string& error) {
     Verdict v = KernelError(kernel, std::string(kCheck) + ", " + what, error);
     v.repro = options.repro;
@@ -615,7 +618,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   if (!base.out) return kernel_failure("the unperturbed inputs", base.error);
   std::optional<Outputs> spread;
   if (!caps.deterministic) {
-    RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward);
+    RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward, in.sink);
     if (!again.out) return kernel_failure("the repeated unperturbed run", again.error);
     spread = RunToRunSpread(*base.out, *again.out);
   }

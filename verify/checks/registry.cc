@@ -89,7 +89,7 @@ std::vector<CheckInfo> BuildChecks() {
        "window, other documents or sequences; queries for dk/dv) are bitwise unchanged when "
        "those inputs are perturbed, also by values that move shared block scales; "
        "nondeterministic kernels within their own run-to-run spread",
-       RunNonInterference},
+       RunNonInterference, /*sink=*/true},
       {"accuracy",
        "o, lse (and dq, dk, dv) within the kernel's tolerance profile of the float64 oracle, "
        "element by element; no NaN/Inf where the oracle is finite",

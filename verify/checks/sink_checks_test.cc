@@ -1,8 +1,9 @@
 // The checks on learnable-sink cases (docs/checks.md "What the gate covers": learnable sink):
 // special-values' exact relation of a sink of -inf (sink_relation.h) fails a kernel that reads
-// -inf as a finite sink and passes the correct model on the gate's special-value sink row; the
-// checks whose rules do not model the sink skip a sink case naming problem.sink; a kernel that
-// does not claim sinks skips the sink rows as outside its capabilities.
+// -inf as a finite sink and passes the correct model on the gate's special-value sink row;
+// non-interference with a sink fails a kernel whose sink path lets a hidden key in; the checks
+// whose rules do not model the sink skip a sink case naming problem.sink; a kernel that does
+// not claim sinks skips the sink rows as outside its capabilities.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,6 +55,40 @@ class MinusInfSinkAsZero final : public Kernel {
   std::unique_ptr<Kernel> inner_;
 };
 
+// cpu/flash2-bf16 whose sink path drops the causal mask (a sink variant of a kernel that was
+// written for dense attention only): future keys leak into every row.
+class SinkPathUnmasked final : public Kernel {
+ public:
+  SinkPathUnmasked() : inner_(Flash2()) {}
+  std::string name() const override { return "test/sink-path-unmasked"; }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+  KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
+                                      const Tensor& v) override {
+    return inner_->Forward(p, q, k, v);
+  }
+  KernelAnswer<BackwardResult> Backward(const Problem& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& o, const Tensor& lse,
+                                        const Tensor& dout) override {
+    return inner_->Backward(p, q, k, v, o, lse, dout);
+  }
+  KernelAnswer<ForwardResult> ForwardSink(const Problem& p, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& sink) override {
+    return inner_->ForwardSink(Dense(p), q, k, v, sink);
+  }
+  KernelAnswer<BackwardResult> BackwardSink(const Problem& p, const Tensor& q, const Tensor& k,
+                                            const Tensor& v, const Tensor& o, const Tensor& lse,
+                                            const Tensor& dout, const Tensor& sink) override {
+    return inner_->BackwardSink(Dense(p), q, k, v, o, lse, dout, sink);
+  }
+
+ private:
+  static Problem Dense(Problem p) {
+    p.causal = false;
+    return p;
+  }
+  std::unique_ptr<Kernel> inner_;
+};
+
 // The gate's rows whose label starts with `label`.
 Suite GateRowsLabelled(const std::string& label) {
   const Suite* gate = FindSuite("gate");
@@ -95,11 +130,23 @@ TEST(SinkChecks, MinusInfinitySinkRelationFailsAKernelThatMakesItFiniteAndPasses
   EXPECT_TRUE(suite_test::AnyFailure(r, "accuracy", "o"));
 }
 
+TEST(SinkChecks, NonInterferenceRunsTheSinkPath) {
+  Suite s = GateRowsLabelled("sink GQA 8:2");
+  std::erase_if(s.rows, [](const SuiteRow& r) { return r.check != "non-interference"; });
+  ASSERT_EQ(s.rows.size(), 1u);
+  auto model = Flash2();
+  const RunResult good = RunRows(*model, s);
+  EXPECT_TRUE(Failures(good).empty());
+  EXPECT_FALSE(good.report.verdicts.empty());
+  SinkPathUnmasked leaky;
+  EXPECT_TRUE(suite_test::AnyFailure(RunRows(leaky, s), "non-interference", "o"));
+}
+
 TEST(SinkChecks, RelationsWithoutTheSinkSkipASinkCaseAndKernelsWithoutSinksSkipTheRows) {
   auto model = Flash2();
   Suite s = GateRowsLabelled("sink GQA 8:2");
   const std::string label = s.rows.front().case_template.label;
-  for (const char* check : {"consistency", "non-interference", "gqa-mha"}) {
+  for (const char* check : {"consistency", "permutation", "gqa-mha"}) {
     SuiteRow extra = s.rows.front();
     extra.check = check;
     s.rows.push_back(extra);
