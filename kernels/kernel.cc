@@ -86,6 +86,11 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
     return fail("mask form " + p.mask_form + (mask_forms.empty() ? " (the API takes no mask tensor)"
                                                                   : ""));
   }
+  if (p.num_splits != 0 &&
+      std::find(num_splits.begin(), num_splits.end(), p.num_splits) == num_splits.end()) {
+    return fail("num_splits " + std::to_string(p.num_splits) +
+                (num_splits.empty() ? " (the kernel chooses its own split)" : ""));
+  }
   if (causal_bottom_right_only && diagonal && p.causal_align == CausalAlign::kTopLeft &&
       AnySequenceNonSquare(p)) {
     return fail("top-left alignment with q_len != k_len");
@@ -161,6 +166,7 @@ nlohmann::json CapabilitiesToJson(const Capabilities& caps) {
   if (caps.shapes.any()) j["shapes"] = ShapeLimitsToJson(caps.shapes);
   if (caps.strides != "contiguous") j["strides"] = caps.strides;
   if (!caps.mask_forms.empty()) j["mask_forms"] = caps.mask_forms;
+  if (!caps.num_splits.empty()) j["num_splits"] = caps.num_splits;
   j["lse"] = caps.lse;
   return j;
 }
@@ -263,6 +269,19 @@ Expected<Capabilities> CapabilitiesFromJson(const nlohmann::json& j) {
                      "\"additive_f32\""};
       }
       caps.mask_forms.push_back(f.get<std::string>());
+    }
+  }
+  if (j.contains("num_splits")) {
+    const auto& m = j["num_splits"];
+    if (!m.is_array()) return Error{"capabilities.num_splits: not an array"};
+    for (const auto& n : m) {
+      if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > kMaxNumSplits ||
+          std::find(caps.num_splits.begin(), caps.num_splits.end(), n.get<int64_t>()) !=
+              caps.num_splits.end()) {
+        return Error{"capabilities.num_splits: entries must be distinct integers in [1, 1024] "
+                     "(the split-KV counts the kernel accepts)"};
+      }
+      caps.num_splits.push_back(n.get<int64_t>());
     }
   }
   if (j.contains("strides")) {

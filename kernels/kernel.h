@@ -26,6 +26,9 @@ namespace attest {
 // What a kernel claims to support. An empty list means any value; a false flag means the
 // kernel may answer Unsupported for that feature. The JSON form is the `capabilities`
 // object of the exec protocol (docs/design.md "External kernels").
+// The largest split-KV count a kernel may declare (Capabilities::num_splits).
+inline constexpr int64_t kMaxNumSplits = 1024;
+
 struct Capabilities {
   std::vector<DType> dtypes;
   std::vector<int64_t> head_dims;
@@ -106,6 +109,12 @@ struct Capabilities {
   // "additive" (input dtype) and "additive_f32". Empty: masks are the API's own arguments
   // (is_causal, window_size, a mask_mod), and rows that name a form do not apply.
   std::vector<std::string> mask_forms;
+  // The split-KV counts the kernel's API accepts (Problem::num_splits; FlashAttention's
+  // `num_splits`; JSON "num_splits", written only when not empty), each in [1, 1024]. Empty:
+  // the kernel chooses its own split, and a problem that names a count is outside the
+  // capabilities. Suites run the split rows once per declared count, each judged by the same
+  // checks, and the `splits-agree` check relates the counts' outputs (docs/checks.md).
+  std::vector<int64_t> num_splits;
 
   // Whether `p` lies inside these capabilities; if not, `why` says which feature.
   bool Covers(const Problem& p, std::string* why = nullptr) const;

@@ -154,6 +154,34 @@ TEST(KernelRegistry, UnknownKernelIsAnError) {
 namespace attest {
 namespace {
 
+// A split count is a claim of the API (Capabilities::num_splits): a problem naming one is
+// covered only where listed (0: the kernel's choice, always covered); the JSON form is checked.
+TEST(Capabilities, SplitCountsAreClaimedOneByOne) {
+  Problem p;
+  Capabilities caps;
+  std::string why;
+  EXPECT_TRUE(caps.Covers(p, &why)) << why;
+  p.num_splits = 3;
+  EXPECT_FALSE(caps.Covers(p, &why));
+  EXPECT_EQ(why, "num_splits 3 (the kernel chooses its own split)");
+  caps.num_splits = {1, 2, 8};
+  EXPECT_FALSE(caps.Covers(p, &why));
+  EXPECT_EQ(why, "num_splits 3");
+  caps.num_splits.push_back(3);
+  EXPECT_TRUE(caps.Covers(p, &why)) << why;
+  auto back = CapabilitiesFromJson(CapabilitiesToJson(caps));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->num_splits, caps.num_splits);
+  EXPECT_FALSE(CapabilitiesToJson(Capabilities{}).contains("num_splits"));
+  for (const char* bad : {R"({"num_splits": 2})", R"({"num_splits": [0]})",
+                          R"({"num_splits": [2, 2]})", R"({"num_splits": [1025]})",
+                          R"({"num_splits": [1.5]})"}) {
+    auto r = CapabilitiesFromJson(nlohmann::json::parse(bad));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("capabilities.num_splits"), std::string::npos);
+  }
+}
+
 // A mask form is a claim of the API (Capabilities::mask_forms): a problem naming one is covered
 // only where listed, and the JSON forms are checked.
 TEST(Capabilities, MaskFormsAreClaimedOneByOne) {

@@ -332,11 +332,8 @@ std::string EngineUnsupportedReason(const Problem& p, const Recipe& recipe,
     return "rel_bias: shape " + options.rel_bias->Describe() + " is not [heads_q, " +
            std::to_string(p.RelBiasWidth()) + "]";
   }
-  if (p.rel_bias && engine_detail::HooksOf(options).KvSplits() > 1) {
+  if (p.rel_bias && (engine_detail::HooksOf(options).KvSplits() > 1 || p.num_splits > 1)) {
     return "learnable relative bias with a split-KV combine is not modelled";
-  }
-  if (p.sink && engine_detail::HooksOf(options).KvSplits() > 1) {
-    return "learnable sink with a split-KV combine is not modelled";
   }
   return {};
 }
@@ -374,31 +371,43 @@ float EngineHooks::RowMax(float previous, float candidate, float scale_log2) con
 
 int EngineHooks::KvSplits() const { return 1; }
 
-void EngineHooks::CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i,
-                                  int64_t dv, float scale_softmax,
+int64_t EngineHooks::KvSplitEnd(int64_t end, int64_t k_len) const {
+  (void)k_len;
+  return end;
+}
+
+void EngineHooks::CombineKvSplits(std::span<const SoftmaxRows* const> parts, int64_t i,
+                                  int64_t dv, float scale_softmax, float sink,
                                   const OperandScheme& out_round, float* o, float* lse) const {
   // flash_fwd_kernel.h combine_attn_seqk_parallel: lse = log Σ_s exp(lse_s) (the largest
-  // subtracted first), o = Σ_s exp(lse_s − lse) · o_s.
-  const SoftmaxRows* rows[] = {&a, &b};
-  float part[2];
-  for (int s = 0; s < 2; ++s) {
-    const float sum = rows[s]->row_sum[i];
-    part[s] = sum == 0 || sum != sum
-                  ? -engine_detail::kInf
-                  : FmaF32(rows[s]->row_max[i], scale_softmax, std::log(sum));
+  // subtracted first), o = Σ_s exp(lse_s − lse) · o_s; the sink joins the sum once.
+  constexpr float kNone = -engine_detail::kInf;
+  std::vector<float> part(parts.size(), kNone);
+  float lmax = sink;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    const float sum = parts[s]->row_sum[static_cast<size_t>(i)];
+    if (sum == 0 || sum != sum) continue;
+    part[s] = FmaF32(parts[s]->row_max[static_cast<size_t>(i)], scale_softmax, std::log(sum));
+    lmax = std::max(lmax, part[s]);
   }
-  const float lmax = std::max(part[0], part[1]);
-  if (lmax == -engine_detail::kInf) {
+  if (lmax == kNone) {
     std::fill(o, o + dv, 0.0f);
-    *lse = -engine_detail::kInf;
+    *lse = kNone;
     return;
   }
-  *lse = lmax + std::log(std::exp(part[0] - lmax) + std::exp(part[1] - lmax));
+  float total = 0.0f;
+  for (float l : part) {
+    if (l != kNone) total += std::exp(l - lmax);
+  }
+  if (sink != kNone) total += std::exp(sink - lmax);
+  *lse = lmax + std::log(total);
   for (int64_t c = 0; c < dv; ++c) {
     float x = 0.0f;
-    for (int s = 0; s < 2; ++s) {
-      if (part[s] == -engine_detail::kInf) continue;
-      x += std::exp(part[s] - *lse) * (rows[s]->acc[i * dv + c] / rows[s]->row_sum[i]);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      if (part[s] == kNone) continue;
+      const SoftmaxRows& r = *parts[s];
+      x += std::exp(part[s] - *lse) *
+           (r.acc[static_cast<size_t>(i * dv + c)] / r.row_sum[static_cast<size_t>(i)]);
     }
     o[c] = RoundElement(x, out_round);
   }

@@ -89,13 +89,22 @@ class EngineHooks {
   // leaves it (correct: unchanged; the pair of BackwardTileMask).
   virtual void ForwardTileMask(int64_t visible, std::vector<uint8_t>& vis) const;
 
-  // Forward split-KV (flash-decoding): a query tile's key tiles cut into this many ranges, each
-  // with its own online softmax; 1 (FlashAttention-2) or 2.
+  // Forward split-KV (flash-decoding): a split count forced on every problem (correct: 1,
+  // none forced: the problem's Problem::num_splits, 0 meaning one).
   virtual int KvSplits() const;
-  // Row i of two splits' states combined into o (Dv values rounded by `out_round`) and its
-  // lse: o = Σ_s exp(lse_s − lse) · acc_s / l_s, lse = log Σ_s exp(lse_s).
-  virtual void CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i,
-                               int64_t dv, float scale_softmax, const OperandScheme& out_round,
+  // The end (exclusive) of a split's key range that is not the last, given the correct one
+  // (a tile multiple) and the sequence's key count (correct: `end`); the next split starts at
+  // the correct end whatever this returns.
+  virtual int64_t KvSplitEnd(int64_t end, int64_t k_len) const;
+  // Row i of the splits' states combined into o (Dv values rounded by `out_round`) and its lse
+  // (flash_fwd_kernel.h combine_attn_seqk_parallel, in fp32): lse_s = max_s · scale + log l_s
+  // (−inf for a split that saw no key), m = max(max_s lse_s, sink),
+  // lse = m + log(Σ_s exp(lse_s − m) + exp(sink − m)), o = Σ_s exp(lse_s − lse) · acc_s / l_s.
+  // `sink` is the head's learnable sink (−inf: none), one term of the denominator with no
+  // value, entering once (docs/semantics.md "Learnable sink"); every split empty: o = 0 and
+  // lse = sink.
+  virtual void CombineKvSplits(std::span<const SoftmaxRows* const> parts, int64_t i, int64_t dv,
+                               float scale_softmax, float sink, const OperandScheme& out_round,
                                float* o, float* lse) const;
 
   // Forward: the lse of a row with a positive sum, lse = max · scale + log(sum) as one FMA

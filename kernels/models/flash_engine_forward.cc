@@ -47,6 +47,26 @@ void FinishSinkRow(const ForwardPlan& plan, const EngineHooks& hooks, float row_
   for (int64_t c = 0; c < dv; ++c) out[c] = RoundElement(acc[c] * f * inv, plan.out_round);
 }
 
+// Keys outside [k_lo, k_hi) of a tile [.., n0, nlen) hidden in `vis`; the visible count left.
+int64_t KeepKeys(std::vector<uint8_t>& vis, int64_t mlen, int64_t n0, int64_t nlen, int64_t k_lo,
+                 int64_t k_hi) {
+  int64_t visible = 0;
+  for (int64_t i = 0; i < mlen; ++i) {
+    for (int64_t j = 0; j < nlen; ++j) {
+      uint8_t& v = vis[static_cast<size_t>(i * nlen + j)];
+      if (n0 + j < k_lo || n0 + j >= k_hi) v = 0;
+      visible += v;
+    }
+  }
+  return visible;
+}
+
+// The splits a forward runs: a mutant's forced count, else the problem's (0: one).
+int64_t SplitCount(const Problem& p, const EngineHooks& hooks) {
+  if (hooks.KvSplits() > 1) return hooks.KvSplits();
+  return std::max<int64_t>(1, p.num_splits);
+}
+
 // One query tile of one head (flash_fwd_kernel.h compute_attn_1rowblock).
 Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
   const Problem& p = *plan.p;
@@ -69,11 +89,15 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
   const int64_t top = hi > lo ? (hi - 1) / bn : -1;
   const int64_t bottom = hi > lo ? lo / bn : 0;
 
-  // flash_fwd_kernel.h iterates the key blocks in reverse order (last block first).
-  auto run_tiles = [&](int64_t nb_top, int64_t nb_bottom, SoftmaxRows& st) -> Status {
+  // flash_fwd_kernel.h iterates the key blocks in reverse order (last block first). A split
+  // reads the keys [k_lo, k_hi) of its tiles only (its bounds are tile multiples unless a
+  // mutant's KvSplitEnd moves one).
+  auto run_tiles = [&](int64_t nb_top, int64_t nb_bottom, SoftmaxRows& st, int64_t k_lo,
+                       int64_t k_hi) -> Status {
     for (int64_t nb = nb_top; nb >= nb_bottom; --nb) {
       const int64_t n0 = nb * bn, nlen = std::min(bn, seq.k_len - n0);
-      const int64_t visible = TileVisibility(mask, m0, mlen, n0, nlen, vis);
+      int64_t visible = TileVisibility(mask, m0, mlen, n0, nlen, vis);
+      if (n0 < k_lo || n0 + nlen > k_hi) visible = KeepKeys(vis, mlen, n0, nlen, k_lo, k_hi);
       if (visible == 0) continue;  // skipped exactly
       hooks.ForwardTileMask(visible, vis);
       GatherRowsTransposed(plan.k, seq.k_begin + n0, hk, nlen, kt.data());
@@ -106,27 +130,49 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
     return Status::Ok();
   };
 
-  // FlashAttention-2 runs every key tile into one state; a split-KV hook (flash-decoding)
-  // runs the upper and the lower half of the tiles into two and combines them per row.
+  // FlashAttention-2 runs every key tile into one state. Split-KV (flash-decoding; the
+  // problem's num_splits, or a mutant's KvSplits) cuts the sequence's key tiles into n ranges
+  // of ceil(tiles / n) tiles (flash_fwd_kernel.h compute_attn_1rowblock_splitkv:
+  // n_blocks_per_split), each with its own online softmax over the tiles this query tile can
+  // see, and combines them per row (CombineKvSplits).
+  const int64_t n_splits = SplitCount(p, hooks);
+  const float sink_h = plan.sink.empty() ? -kInf : plan.sink[static_cast<size_t>(h)];
   SoftmaxRows st(mlen, dv);
-  const bool split = hooks.KvSplits() == 2 && top > bottom;
-  const int64_t mid = split ? bottom + (top - bottom + 1) / 2 : bottom;
-  if (Status r = run_tiles(top, mid, st); !r) return r;
-  SoftmaxRows st2(split ? mlen : 0, dv);
-  if (split) {
-    if (Status r = run_tiles(mid - 1, bottom, st2); !r) return r;
+  if (n_splits > 1) {
+    const int64_t tiles = (seq.k_len + bn - 1) / bn;
+    const int64_t per = (tiles + n_splits - 1) / n_splits;
+    std::vector<SoftmaxRows> parts;
+    std::vector<const SoftmaxRows*> views;
+    parts.reserve(static_cast<size_t>(n_splits));
+    int64_t k_lo = 0;
+    for (int64_t s = 0; s < n_splits; ++s) {
+      int64_t k_hi = std::min(seq.k_len, (s + 1) * per * bn);
+      if (s + 1 < n_splits) k_hi = std::clamp(hooks.KvSplitEnd(k_hi, seq.k_len), k_lo, seq.k_len);
+      else k_hi = seq.k_len;
+      parts.emplace_back(mlen, dv);
+      const int64_t hi_tile = std::min(top, (k_hi - 1) / bn), lo_tile = std::max(bottom, k_lo / bn);
+      if (k_hi > k_lo && hi_tile >= lo_tile) {
+        if (Status r = run_tiles(hi_tile, lo_tile, parts.back(), k_lo, k_hi); !r) return r;
+      }
+      k_lo = std::min(seq.k_len, (s + 1) * per * bn);
+    }
+    for (const SoftmaxRows& r : parts) views.push_back(&r);
+    for (int64_t i = 0; i < mlen; ++i) {
+      float* out = plan.o.data() + ((seq.q_begin + m0 + i) * p.heads_q + h) * dv;
+      float& lse = plan.lse[static_cast<size_t>(LseIndex(p, b, h, m0 + i))];
+      hooks.CombineKvSplits(views, i, dv, plan.sp.scale_softmax, sink_h, plan.out_round, out,
+                            &lse);
+    }
+    return Status::Ok();
   }
+  if (Status r = run_tiles(top, bottom, st, 0, seq.k_len); !r) return r;
 
   // softmax.h normalize_softmax_lse: o = acc · (1 / sum); lse = max · scale + log(sum).
   for (int64_t i = 0; i < mlen; ++i) {
     float* out = plan.o.data() + ((seq.q_begin + m0 + i) * p.heads_q + h) * dv;
     float& lse = plan.lse[static_cast<size_t>(LseIndex(p, b, h, m0 + i))];
-    if (split) {
-      hooks.CombineKvSplits(st, st2, i, dv, plan.sp.scale_softmax, plan.out_round, out, &lse);
-      continue;
-    }
     const float sum = st.row_sum[i];
-    const float sink = plan.sink.empty() ? -kInf : plan.sink[static_cast<size_t>(h)];
+    const float sink = sink_h;
     if (sum == 0 || sum != sum) {  // no visible key (or nothing left of them)
       EmptyRow(out, dv, &lse);
       if (sum == 0 && sink > -kInf) lse = sink;  // o = 0, lse = sink (docs/semantics.md)

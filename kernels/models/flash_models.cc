@@ -23,7 +23,14 @@ Capabilities Flash2Model::capabilities() const {
   caps.strides = "any";      // the engine reads every input through its strides
   caps.profile = std::string(recipe_->name);
   caps.recipe = std::string(recipe_->name);
+  caps.num_splits = num_splits_;
   return caps;
+}
+
+std::unique_ptr<Flash2Model> MakeSplitKvModel() {
+  auto m = std::make_unique<Flash2Model>(kSplitKvModelName, *FindRecipe("bf16"), DType::kBF16);
+  m->set_num_splits({1, 2, 3, 8});
+  return m;
 }
 
 KernelAnswer<ForwardResult> Flash2Model::Forward(const Problem& p, const Tensor& q, const Tensor& k,
@@ -185,6 +192,12 @@ void RegisterFlashModels(KernelRegistry& registry) {
                     [](std::string_view) -> Expected<std::unique_ptr<Kernel>> {
                       return std::unique_ptr<Kernel>(std::make_unique<Flash2Model>(
                           "cpu/flash2-fp16", *FindRecipe("f16"), DType::kF16));
+                    });
+  registry.Register(kSplitKvModelName,
+                    "cpu/flash2-bf16 with split-KV (flash-decoding): declares num_splits 1, 2, 3 "
+                    "and 8; partial o and lse per split, combined in fp32",
+                    [](std::string_view) -> Expected<std::unique_ptr<Kernel>> {
+                      return std::unique_ptr<Kernel>(MakeSplitKvModel());
                     });
   registry.Register("cpu/feather-fp16",
                     "RDNA3 hybrid: FA2 fp16 forward; fused no-atomics fp16 backward for dense "

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/kernel.h"
 #include "kernels/models/flash_engine.h"
@@ -44,6 +45,10 @@ class Flash2Model : public Kernel {
   std::string last_route() const override { return route_; }
   std::optional<Format> BackwardDpFormat(const Problem& p) const override;
   const EngineOptions& options() const { return options_; }
+  // The split-KV counts the model declares (Capabilities::num_splits; empty: none, every call
+  // one pass). The engine runs a problem's num_splits as flash-decoding does (flash_engine.h
+  // CombineKvSplits); 0, the kernel's choice, is one pass.
+  void set_num_splits(std::vector<int64_t> counts) { num_splits_ = std::move(counts); }
 
  protected:
   std::string name_;
@@ -51,7 +56,14 @@ class Flash2Model : public Kernel {
   DType dtype_;
   EngineOptions options_;
   std::string route_;
+  std::vector<int64_t> num_splits_;
 };
+
+// cpu/flash2-splitkv-bf16: cpu/flash2-bf16 with split-KV (FlashAttention's num_splits): it
+// declares the counts 1, 2, 3 and 8, and each splits the key tiles as
+// compute_attn_1rowblock_splitkv does, the partials combined in fp32 (the learnable sink once).
+inline constexpr const char* kSplitKvModelName = "cpu/flash2-splitkv-bf16";
+std::unique_ptr<Flash2Model> MakeSplitKvModel();
 
 // cpu/feather-fp16: Flash2Model's forward; Backward takes the fused path only where
 // FusedBackwardUnsupported() is empty, and reports "fused" or "fallback: <reason>".
@@ -87,7 +99,8 @@ class Tile64Model : public Flash2Model {
   static constexpr const char* kName = "cpu/tile64-bf16";
 };
 
-// Registers cpu/flash2-bf16, cpu/flash2-fp16, cpu/feather-fp16 and cpu/tile64-bf16.
+// Registers cpu/flash2-bf16, cpu/flash2-fp16, cpu/flash2-splitkv-bf16, cpu/feather-fp16 and
+// cpu/tile64-bf16.
 void RegisterFlashModels(KernelRegistry& registry);
 
 }  // namespace attest

@@ -211,32 +211,118 @@ class LazyRescale : public EngineHooks {
   }
 };
 
+// The lse of each split that saw a key (−inf elsewhere), as the correct combine forms it.
+std::vector<float> SplitLses(std::span<const SoftmaxRows* const> parts, int64_t i,
+                             float scale_softmax) {
+  std::vector<float> out(parts.size(), -kInf);
+  for (size_t s = 0; s < parts.size(); ++s) {
+    const float sum = parts[s]->row_sum[static_cast<size_t>(i)];
+    if (sum == 0 || sum != sum) continue;
+    out[s] = FmaF32(parts[s]->row_max[static_cast<size_t>(i)], scale_softmax, std::log(sum));
+  }
+  return out;
+}
+
+// lse = log(Σ_s exp(lse_s) + exp(sink)), the largest subtracted first; -inf when all are.
+float CombinedLse(const std::vector<float>& lses, float sink) {
+  float m = sink;
+  for (float l : lses) m = std::max(m, l);
+  if (m == -kInf) return m;
+  float total = sink == -kInf ? 0.0f : std::exp(sink - m);
+  for (float l : lses) total += l == -kInf ? 0.0f : std::exp(l - m);
+  return m + std::log(total);
+}
+
+// o = Σ_s w_s · acc_s / l_s over the splits that saw a key, rounded by `out_round`.
+void WeightedPartials(std::span<const SoftmaxRows* const> parts, const std::vector<float>& w,
+                      int64_t i, int64_t dv, const OperandScheme& out_round, float* o) {
+  for (int64_t c = 0; c < dv; ++c) {
+    float x = 0.0f;
+    for (size_t s = 0; s < parts.size(); ++s) {
+      if (w[s] == 0.0f) continue;
+      const SoftmaxRows& r = *parts[s];
+      x += w[s] * (r.acc[static_cast<size_t>(i * dv + c)] / r.row_sum[static_cast<size_t>(i)]);
+    }
+    o[c] = RoundElement(x, out_round);
+  }
+}
+
 // flash-attention #1647 class: the partial results o_s = acc_s / l_s combined with weights
 // l_s / Σ l instead of exp(lse_s − lse); the partial maxima are never reconciled.
 class SplitKvBadCombine : public EngineHooks {
  public:
   int KvSplits() const override { return 2; }
-  void CombineKvSplits(const SoftmaxRows& a, const SoftmaxRows& b, int64_t i, int64_t dv,
-                       float scale_softmax, const OperandScheme& out_round, float* o,
+  void CombineKvSplits(std::span<const SoftmaxRows* const> parts, int64_t i, int64_t dv,
+                       float scale_softmax, float sink, const OperandScheme& out_round, float* o,
                        float* lse) const override {
-    const float sum = a.row_sum[i], sum2 = b.row_sum[i];
-    const bool empty1 = sum == 0 || sum != sum, empty2 = sum2 == 0 || sum2 != sum2;
-    if (empty1 && empty2) {
-      std::fill(o, o + dv, 0.0f);
-      *lse = -kInf;
-      return;
+    const std::vector<float> lses = SplitLses(parts, i, scale_softmax);
+    *lse = CombinedLse(lses, sink);
+    float total = 0.0f;
+    for (size_t s = 0; s < parts.size(); ++s) {
+      if (lses[s] != -kInf) total += parts[s]->row_sum[static_cast<size_t>(i)];
     }
-    const float lse1 = empty1 ? -kInf : FmaF32(a.row_max[i], scale_softmax, std::log(sum));
-    const float lse2 = empty2 ? -kInf : FmaF32(b.row_max[i], scale_softmax, std::log(sum2));
-    const float lmax = std::max(lse1, lse2);
-    *lse = lmax + std::log(std::exp(lse1 - lmax) + std::exp(lse2 - lmax));
-    const float w1 = empty1 ? 0.0f : sum / (sum + (empty2 ? 0.0f : sum2));
-    const float w2 = empty2 ? 0.0f : sum2 / ((empty1 ? 0.0f : sum) + sum2);
-    for (int64_t c = 0; c < dv; ++c) {
-      const float o1 = empty1 ? 0.0f : a.acc[i * dv + c] / sum;
-      const float o2 = empty2 ? 0.0f : b.acc[i * dv + c] / sum2;
-      o[c] = RoundElement(w1 * o1 + w2 * o2, out_round);
+    std::vector<float> w(parts.size(), 0.0f);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      if (lses[s] != -kInf) w[s] = parts[s]->row_sum[static_cast<size_t>(i)] / total;
     }
+    WeightedPartials(parts, w, i, dv, out_round, o);
+  }
+};
+
+// A split-KV combine that weights each partial by exp(lse_s − m) (m the largest lse_s) and never
+// divides by Σ_s exp(lse_s − m): o is right only where one split holds all the weight.
+class SplitKvUnnormalisedCombine : public EngineHooks {
+ public:
+  void CombineKvSplits(std::span<const SoftmaxRows* const> parts, int64_t i, int64_t dv,
+                       float scale_softmax, float sink, const OperandScheme& out_round, float* o,
+                       float* lse) const override {
+    const std::vector<float> lses = SplitLses(parts, i, scale_softmax);
+    *lse = CombinedLse(lses, sink);
+    float m = sink;
+    for (float l : lses) m = std::max(m, l);
+    std::vector<float> w(parts.size(), 0.0f);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      if (lses[s] != -kInf) w[s] = std::exp(lses[s] - m);
+    }
+    WeightedPartials(parts, w, i, dv, out_round, o);
+  }
+};
+
+// ROCm #12227 class: the learnable sink folded into every split's partial sum before the
+// combine, so that the combined denominator counts exp(sink) once per split that saw a key.
+class SplitKvSinkPerSplit : public EngineHooks {
+ public:
+  void CombineKvSplits(std::span<const SoftmaxRows* const> parts, int64_t i, int64_t dv,
+                       float scale_softmax, float sink, const OperandScheme& out_round, float* o,
+                       float* lse) const override {
+    std::vector<float> lses = SplitLses(parts, i, scale_softmax);
+    bool any = false;
+    for (float& l : lses) {
+      if (l == -kInf || sink == -kInf) continue;
+      const float m = std::max(l, sink);
+      l = m + std::log(std::exp(l - m) + std::exp(sink - m));
+      any = true;
+    }
+    *lse = CombinedLse(lses, any ? -kInf : sink);
+    std::vector<float> w(parts.size(), 0.0f);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      if (lses[s] == -kInf) continue;
+      // The partial o_s = acc_s / l_s carries the sink too: scaled by l_s / (l_s + e^sink).
+      const float sum = parts[s]->row_sum[static_cast<size_t>(i)];
+      const float own = FmaF32(parts[s]->row_max[static_cast<size_t>(i)], scale_softmax,
+                               std::log(sum));
+      w[s] = std::exp(own - *lse);
+    }
+    WeightedPartials(parts, w, i, dv, out_round, o);
+  }
+};
+
+// A split's key range ends one key past its boundary: the first key of the next split is
+// also read by this one (counted twice).
+class SplitKvBoundaryOffByOne : public EngineHooks {
+ public:
+  int64_t KvSplitEnd(int64_t end, int64_t k_len) const override {
+    return std::min(end + 1, k_len);
   }
 };
 
@@ -379,6 +465,18 @@ const EngineHooks& LazyRescaleHooks() {
 }
 const EngineHooks& SplitKvBadCombineHooks() {
   static const SplitKvBadCombine h;
+  return h;
+}
+const EngineHooks& SplitKvUnnormalisedCombineHooks() {
+  static const SplitKvUnnormalisedCombine h;
+  return h;
+}
+const EngineHooks& SplitKvSinkPerSplitHooks() {
+  static const SplitKvSinkPerSplit h;
+  return h;
+}
+const EngineHooks& SplitKvBoundaryOffByOneHooks() {
+  static const SplitKvBoundaryOffByOne h;
   return h;
 }
 const EngineHooks& LseScaledTwiceHooks() {

@@ -45,6 +45,12 @@ const EngineHooks& LazyRescaleHooks();
 // Forward: the key tiles in two split-KV halves combined with weights l_s / Σ l instead of
 // exp(lse_s − lse) (the lse itself combined right).
 const EngineHooks& SplitKvBadCombineHooks();
+// Split-KV at the problem's declared split count (cpu/flash2-splitkv-bf16's parent): a combine
+// that never divides by Σ_s exp(lse_s − m); the sink folded into every split's partial sum; a
+// split's key range one key too long (its boundary key read by two splits).
+const EngineHooks& SplitKvUnnormalisedCombineHooks();
+const EngineHooks& SplitKvSinkPerSplitHooks();
+const EngineHooks& SplitKvBoundaryOffByOneHooks();
 // Forward: lse = (max · scale) · scale + log(sum): the max scaled twice.
 const EngineHooks& LseScaledTwiceHooks();
 // Backward: the lse read as already in base 2 (the pair of LseInLog2Units).

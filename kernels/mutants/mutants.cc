@@ -634,6 +634,7 @@ const Recipe& MutantRecipe(const MutantSpec& spec) { return TheCatalogue().mutan
 
 std::unique_ptr<Kernel> MakeParent(const MutantSpec& spec) {
   if (spec.parent == Tile64Model::kName) return std::make_unique<Tile64Model>();
+  if (spec.parent == kSplitKvModelName) return MakeSplitKvModel();
   for (const LowpModelSpec& row : LowpModelSpecs()) {
     if (row.name == spec.parent) return std::make_unique<LowpModel>(row);
   }

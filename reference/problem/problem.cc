@@ -90,7 +90,7 @@ constexpr std::string_view kFields[] = {
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
     "causal_align", "window",         "softcap",        "alibi_slopes", "cu_seqlens_q",
     "cu_seqlens_k", "document_ids_q", "document_ids_k", "prefix_lm",    "block_sparse",
-    "mask_form",    "sink",           "rel_bias",
+    "mask_form", "sink", "rel_bias", "num_splits",
 };
 constexpr std::string_view kBlockSparseFields[] = {"block_q", "block_k", "blocks"};
 
@@ -303,6 +303,7 @@ Expected<Problem> ProblemFromJson(const json& j) {
   if (has("mask_form")) p.mask_form = r.String(j.at("mask_form"), F("mask_form"));
   if (has("sink")) p.sink = r.Bool(j.at("sink"), F("sink"));
   if (has("rel_bias")) p.rel_bias = r.Bool(j.at("rel_bias"), F("rel_bias"));
+  if (has("num_splits")) p.num_splits = r.Int(j.at("num_splits"), F("num_splits"));
   if (has_value("block_sparse")) {
     const json& bs = j.at("block_sparse");
     if (!bs.is_object()) {
@@ -367,6 +368,7 @@ json ProblemToJson(const Problem& p) {
   if (!p.mask_form.empty()) j["mask_form"] = p.mask_form;
   if (p.sink) j["sink"] = true;
   if (p.rel_bias) j["rel_bias"] = true;
+  if (p.num_splits != 0) j["num_splits"] = p.num_splits;
   if (p.block_sparse) {
     json blocks = json::array();
     for (const auto& [qb, kb] : p.block_sparse->blocks) blocks.push_back(json::array({qb, kb}));
@@ -436,7 +438,7 @@ Status CheckSizes(const Problem& p) {
   const SizeField sizes[] = {
       {"batch", p.batch, 1},           {"heads_q", p.heads_q, 1},   {"heads_kv", p.heads_kv, 1},
       {"seqlen_q", p.seqlen_q, 0},     {"seqlen_k", p.seqlen_k, 0}, {"head_dim", p.head_dim, 1},
-      {"head_dim_v", p.head_dim_v, 1},
+      {"head_dim_v", p.head_dim_v, 1}, {"num_splits", p.num_splits, 0},
   };
   for (const auto& f : sizes) {
     if (f.value < f.min) {

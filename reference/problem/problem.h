@@ -79,6 +79,13 @@ struct Problem {
   // returns drel_bias, dS summed over each diagonal (docs/semantics.md "Learnable relative
   // bias").
   bool rel_bias = false;
+  // Split-KV (flash-decoding; FlashAttention's `num_splits`): the number of splits the call
+  // asks the kernel to cut each row's key range into, every split producing a partial o and
+  // lse that a combine step merges; 0 (the default, not written) leaves the choice to the
+  // kernel. It changes nothing that is computed (the oracle ignores it): every split count
+  // must give the oracle's answer, and a suite row per declared count asks exactly that of
+  // kernels that declare the counts they accept (Capabilities::num_splits).
+  int64_t num_splits = 0;
 
   double EffectiveScale() const;
   bool varlen() const { return cu_seqlens_q.has_value(); }

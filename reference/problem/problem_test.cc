@@ -72,6 +72,7 @@ TEST(ProblemJson, CanonicalJsonRoundTripsExactly) {
   j["block_sparse"] = {{"block_q", 2}, {"block_k", 3}, {"blocks", {{0, 0}, {1, 1}}}};
   j["sink"] = true;
   j["rel_bias"] = true;
+  j["num_splits"] = 3;
   const auto q = ProblemFromJson(j);
   ASSERT_TRUE(q.ok()) << q.error().message;
   EXPECT_EQ(ProblemToJson(*q), j);
@@ -157,6 +158,8 @@ TEST(ProblemJson, RejectsWrongTypesNamingTheField) {
   ExpectRejected({{"sink", 1}}, "problem.sink: expected true or false");
   ExpectRejected({{"sink", "true"}}, "problem.sink: expected true or false");
   ExpectRejected({{"rel_bias", 1}}, "problem.rel_bias: expected true or false");
+  ExpectRejected({{"num_splits", 1.5}}, "problem.num_splits: expected an integer");
+  ExpectRejected({{"num_splits", -1}}, "problem.num_splits: -1 must be >= 0");
   ExpectRejected({{"dtype", 3}}, "problem.dtype: expected a string");
   ExpectRejected({{"scale", "x"}}, "problem.scale: expected a number");
   ExpectRejected({{"window", {1}}}, "problem.window: expected [left, right]");
