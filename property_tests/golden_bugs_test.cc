@@ -60,6 +60,8 @@ TEST_P(GoldenBug, TheShrunkCaseStillFailsTheMutantAndPassesItsParent) {
       "p-scale-past-e4m3-max",  // enough keys for P's block scale to pass e4m3's max
       "p-rounded-toward-zero",  // enough rows that a ~0.4 ulp mean of o clears the t-test
       "split-kv-combine",       // two 64-key splits
+      "splitkv-combine-unnormalised",  // two splits of 64-key tiles (Sk > 64)
+      "splitkv-boundary-off-by-one",   // a split boundary at key 64 (Sk > 64)
       "tile-acc-not-rescaled"};  // a second 64-key tile whose max grows (Sq = Sk: 128)
   if (!kNeedsLongKeys.count(GetParam())) {
     EXPECT_LE(c->problem.seqlen_q, 64) << GetParam();

@@ -43,12 +43,10 @@ nlohmann::json SizeJson(const Case& c) {
 
 }  // namespace
 
-Expected<std::vector<const CheckInfo*>> ResolveChecks(const std::vector<std::string>& names) {
+Expected<std::vector<const CheckInfo*>> ResolveChecks(const std::vector<std::string>& names,
+                                                      const Capabilities& caps) {
   std::vector<const CheckInfo*> out;
-  if (names.empty()) {
-    for (const CheckInfo& c : AllChecks()) out.push_back(&c);
-    return out;
-  }
+  if (names.empty()) return DrawnChecks(caps);
   std::vector<std::string> known;
   for (const CheckInfo& c : AllChecks()) known.emplace_back(c.name);
   for (const std::string& n : names) {
@@ -188,9 +186,9 @@ Expected<FuzzReport> RunFuzz(Kernel& kernel, const FuzzOptions& options) {
     return Error{fmt::format("--shard: {}/{} is not I/N with 0 <= I < N", options.shard_index,
                              options.shard_count)};
   }
-  auto checks = ResolveChecks(options.checks);
-  if (!checks.ok()) return checks.error();
   const Capabilities caps = kernel.capabilities();
+  auto checks = ResolveChecks(options.checks, caps);
+  if (!checks.ok()) return checks.error();
   const auto start = std::chrono::steady_clock::now();
 
   FuzzReport report;

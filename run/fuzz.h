@@ -121,8 +121,10 @@ struct FuzzCase {
 FuzzCase DrawFuzzCase(const Capabilities& caps, uint64_t seed, int64_t n,
                       const std::vector<const CheckInfo*>& checks, const DrawLimits& limits);
 
-// Resolves option check names (errors name the unknown one); empty: every check.
-Expected<std::vector<const CheckInfo*>> ResolveChecks(const std::vector<std::string>& names);
+// Resolves option check names (errors name the unknown one); empty: every check drawn for a
+// kernel with `caps` (verify/checks/check.h DrawnChecks).
+Expected<std::vector<const CheckInfo*>> ResolveChecks(const std::vector<std::string>& names,
+                                                      const Capabilities& caps);
 
 // What `check` says about `c`: whether it applies (returned verdicts at all) and its failing
 // verdicts. Errors are harness faults.

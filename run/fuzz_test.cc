@@ -174,7 +174,7 @@ TEST(Fuzz, ShrinkingStopsAtTheTimeBudgetAndTheReportIsWritten) {
 
 TEST(Fuzz, ShardsAreDisjointAndTogetherRunTheUnshardedCases) {
   const Capabilities caps = (*Kernels().Create("cpu/flash2-bf16"))->capabilities();
-  auto checks = ResolveChecks({});
+  auto checks = ResolveChecks({}, caps);
   ASSERT_TRUE(checks.ok());
   // Shard I of N runs n = I, I + N, ...: a partition of [0, C).
   std::set<std::string> all, union_of_shards;
@@ -218,9 +218,9 @@ TEST(Fuzz, ShardsAreDisjointAndTogetherRunTheUnshardedCases) {
 
 TEST(Fuzz, TheGatesFuzzTailIsAttestFuzzsCasesOfTheRunSeed) {
   // run/suite.h FuzzTailRows draws without this library; the two must stay one draw.
-  for (const char* name : {"cpu/flash2-bf16", "cpu/fp8-e4m3-tensor"}) {
+  for (const char* name : {"cpu/flash2-bf16", "cpu/fp8-e4m3-tensor", "cpu/flash2-splitkv-bf16"}) {
     const Capabilities caps = (*Kernels().Create(name))->capabilities();
-    auto checks = ResolveChecks({});
+    auto checks = ResolveChecks({}, caps);
     ASSERT_TRUE(checks.ok());
     for (uint64_t seed : {0u, 11u}) {
       const std::vector<SuiteRow> tail = FuzzTailRows(caps, seed, 30);

@@ -408,6 +408,42 @@ void LongSuiteRows(Builder& s) {
   s.Add({kAcc}, "split-KV Sq16 Sk32k batch 2 D256", Causal(P(2, 2, 2, 16, 32768, 256)));
 }
 
+// Split-KV rows (Capabilities::num_splits): shapes where the split matters (a few queries
+// against many key tiles, splits that see no key of a row, packed sequences of which one has no
+// keys), each run once per declared count with that count in the problem, judged against the
+// oracle, and once by splits-agree, which runs every count itself. The seed is the template's,
+// so every count sees the same inputs. Only for kernels that declare two counts or more.
+std::vector<CaseTemplate> SplitTemplates() {
+  std::vector<CaseTemplate> t;
+  auto add = [&](std::string label, Problem p) {
+    t.push_back(CaseTemplate{std::move(label), std::move(p), Gaussian({{"q", {{"std", 2.0}}}}),
+                             {}, true});
+  };
+  add("split-KV decode GQA 8:2 batch 2", Causal(P(2, 8, 2, 1, 300)));
+  add("split-KV causal Sq<Sk", Causal(P(1, 2, 2, 77, 450)));
+  add("split-KV window (100, 0)", Window(P(1, 2, 2, 64, 400), 100, 0));
+  add("split-KV varlen causal", Causal(Varlen(P(1, 4, 2, 1, 1), {5, 0, 40, 3}, {300, 70, 0, 129})));
+  return t;
+}
+constexpr uint64_t kSplitSeed = 200000;
+
+std::vector<SuiteRow> SplitRows(const Capabilities& caps) {
+  std::vector<SuiteRow> rows;
+  if (caps.num_splits.size() < 2) return rows;
+  uint64_t seed = kSplitSeed;
+  for (const CaseTemplate& t : SplitTemplates()) {
+    ++seed;
+    for (int64_t n : caps.num_splits) {
+      CaseTemplate each = t;
+      each.label = fmt::format("{}, num_splits {}", t.label, n);
+      each.problem.num_splits = n;
+      for (const char* check : {kAcc, kUnw, kSpec, kLeak}) rows.push_back({check, each, seed});
+    }
+    rows.push_back({"splits-agree", t, seed});
+  }
+  return rows;
+}
+
 // The gate's fuzz tail: cases of the fuzz engine at a CPU model's few milliseconds each.
 constexpr int64_t kGateFuzzCases = 48;
 // Seeds of generated coverage rows: above every table row's (the full suite's reach 2000+).
@@ -472,13 +508,13 @@ const Suite* FindSuite(std::string_view name) {
 
 std::vector<SuiteRow> FuzzTailRows(const Capabilities& caps, uint64_t run_seed, int64_t cases) {
   std::vector<SuiteRow> rows;
-  const auto checks = AllChecks();
+  const std::vector<const CheckInfo*> checks = DrawnChecks(caps);
   for (int64_t n = 0; n < cases; ++n) {
-    // The picks of run/fuzz.cc DrawFuzzCase over every check (fuzz_test.cc
+    // The picks of run/fuzz.cc DrawFuzzCase over the checks drawn for the kernel (fuzz_test.cc
     // checks that the two agree): the check first, then the case.
     PhiloxPicker pick(MixSeed(run_seed, static_cast<uint64_t>(n)));
     const CheckInfo& check =
-        checks[static_cast<size_t>(pick.Int(0, static_cast<int64_t>(checks.size()) - 1))];
+        *checks[static_cast<size_t>(pick.Int(0, static_cast<int64_t>(checks.size()) - 1))];
     const Case c = DrawCase(caps, pick);
     const GeneratorSpec g = *c.generator;
     CaseTemplate t{fmt::format("fuzz case {} (attest fuzz --seed {})", n, run_seed), c.problem,
@@ -492,6 +528,7 @@ std::vector<SuiteRow> RowsFor(const Suite& suite, const Capabilities& caps, uint
   std::vector<SuiteRow> rows = suite.rows;
   if (suite.cover_capabilities) {
     for (SuiteRow& r : CoverageRows(suite.rows, caps, kCoverageSeed)) rows.push_back(std::move(r));
+    for (SuiteRow& r : SplitRows(caps)) rows.push_back(std::move(r));
   }
   for (SuiteRow& r : FuzzTailRows(caps, run_seed, suite.fuzz_cases)) rows.push_back(std::move(r));
   return rows;
@@ -522,6 +559,7 @@ std::string DescribeProblem(const Problem& p) {
   if (p.block_sparse) s += " block-sparse";
   if (!p.mask_form.empty()) s += " mask " + p.mask_form;
   if (p.sink) s += " sink";
+  if (p.num_splits != 0) s += fmt::format(" splits {}", p.num_splits);
   return s;
 }
 

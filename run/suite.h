@@ -58,7 +58,9 @@ struct Suite {
   std::string description;
   std::vector<SuiteRow> rows;  // the table, the same for every kernel
   // After the table: rows generated from the kernel's capabilities for the feature pairs and
-  // length boundaries the table misses (run/suite_coverage.h CoverageRows).
+  // length boundaries the table misses (run/suite_coverage.h CoverageRows), then, for a kernel
+  // that declares two split counts or more (Capabilities::num_splits), the split-KV rows: each
+  // at every declared count, and splits-agree (run/suite.cc SplitRows).
   bool cover_capabilities = false;
   // Then this many fuzz cases: case n is `attest fuzz --seed S`'s case n for the run seed S
   // (run/case_gen.h DrawCase from PhiloxPicker(MixSeed(S, n)), its check drawn

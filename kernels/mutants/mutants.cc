@@ -509,6 +509,33 @@ void AddDirectedRoundingMutants(const MutantList& add) {
 // The bugs a one-loop tiled kernel of the Triton tutorial's shape has in its loop bounds,
 // its mask stages, its online softmax and its arguments; each case is inside the parent's
 // shape limits (64-row tiles, equal lengths).
+// -- Split-KV at the counts a kernel declares (cpu/flash2-splitkv-bf16: num_splits 1, 2, 3, 8) --
+void AddSplitKvMutants(const MutantList& add) {
+  const auto split3 = [](Problem& p) { p.num_splits = 3; };
+  add({.name = "splitkv-combine-unnormalised",
+       .parent = kSplitKvModelName,
+       .parent_recipe = "bf16",
+       .bug = "the split-KV combine weights each partial o_s by exp(lse_s − m) and never divides "
+              "by Σ_s exp(lse_s − m): o is scaled up wherever two splits share the weight",
+       .change = "hook CombineKvSplits: o = Σ_s exp(lse_s − m) o_s",
+       .bug_class = "splits-agree",
+       .hooks = &SplitKvUnnormalisedCombineHooks(),
+       .problem = Case(Case(32, 300), split3),
+       .generator = Gaussian(141),
+       .differs = {"o", "dq", "dk"}});
+  add({.name = "splitkv-boundary-off-by-one",
+       .parent = kSplitKvModelName,
+       .parent_recipe = "bf16",
+       .bug = "a split's key range ends one key past its boundary, so the first key of the next "
+              "split is counted by both",
+       .change = "hook KvSplitEnd: end + 1",
+       .bug_class = "splits-agree",
+       .hooks = &SplitKvBoundaryOffByOneHooks(),
+       .problem = Case(Case(32, 300), split3),
+       .generator = Gaussian(142, {{"q", {{"std", 2.0}}}}),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+}
+
 void AddTiledKernelMutants(const MutantList& add) {
   const std::string_view kTile = Tile64Model::kName;
   add({.name = "tile-fwd-diag-unmasked",
@@ -577,6 +604,7 @@ std::vector<MutantSpec> BuildCatalogue() {
   AddTiledKernelMutants(add);
   AddDirectedRoundingMutants(add);
   AddSinkMutants(rows);
+  AddSplitKvMutants(add);
   return rows;
 }
 

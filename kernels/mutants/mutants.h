@@ -73,7 +73,8 @@ struct MutantSpec {
   std::string_view change{};         // the deviation, in words
   // The check that names the bug (a name of verify/checks AllChecks(): "accuracy",
   // "non-interference", "consistency", "determinism", "unwritten-outputs", "special-values",
-  // "gqa-mha", "permutation", "window-causal", "padding", "layouts", "honesty", "bias"): the
+  // "gqa-mha", "permutation", "window-causal", "padding", "layouts", "honesty", "bias",
+  // "splits-agree"): the
   // diagnosis, which must be the first failing check of `attest check --suite gate` on this
   // mutant (docs/checks.md; verify/checks/first_failure_test.cc keeps it true).
   std::string_view bug_class{};

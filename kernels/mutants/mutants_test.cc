@@ -128,7 +128,7 @@ TEST(MutantCatalogue, HasUniqueRegisteredRowsClaimingTheirParentsCapabilities) {
     static constexpr std::string_view kClasses[] = {
         "accuracy",    "non-interference", "consistency", "determinism",
         "unwritten-outputs", "special-values", "gqa-mha", "permutation",
-        "window-causal", "padding", "layouts", "honesty", "bias"};
+        "window-causal", "padding", "layouts", "honesty", "bias", "splits-agree"};
     EXPECT_TRUE(std::find(std::begin(kClasses), std::end(kClasses), s.bug_class) !=
                 std::end(kClasses))
         << "bug_class '" << s.bug_class << "'";

@@ -157,7 +157,15 @@ struct CheckInfo {
   // math: it reaches the kernel only through CheckContext (the sink entry points) and its
   // rule holds with the sink. The runner skips the others on a sink case, naming the sink.
   bool sink = false;
+  // Whether fuzzing draws the check for a kernel with these capabilities (null: always). A
+  // check that can only apply to kernels declaring some capability (splits-agree: two split
+  // counts) is drawn only for them, so that the draws of every other kernel stay what they were.
+  bool (*drawn_for)(const Capabilities&) = nullptr;
 };
+
+// The checks fuzzing draws from for a kernel with `caps` (run/fuzz.cc, run/suite.cc
+// FuzzTailRows): AllChecks() in order, less those whose drawn_for says no.
+std::vector<const CheckInfo*> DrawnChecks(const Capabilities& caps);
 
 // Every registered check, in diagnosis order (below): the order `attest list checks` shows.
 std::span<const CheckInfo> AllChecks();

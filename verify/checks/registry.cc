@@ -11,6 +11,7 @@
 #include "verify/checks/layouts.h"
 #include "verify/checks/metamorphic.h"
 #include "verify/checks/noninterference.h"
+#include "verify/checks/splits.h"
 
 namespace attest {
 namespace {
@@ -24,8 +25,9 @@ namespace {
 //     unwritten output.
 //  1. unwritten-outputs: an element still holding the harness's poison was never written;
 //     every other check sees NaN there.
-//  2. gqa-mha, window-causal: two spellings of the same problem (head mapping; causal
-//     alignment and window bounds) disagree, with the same tiles on both sides. The relation
+//  2. gqa-mha, window-causal, splits-agree: two spellings of the same problem (head mapping;
+//     causal alignment and window bounds; the split-KV count) disagree, with the same tiles on
+//     both sides (splits-agree: the same key tiles, cut into other splits). The relation
 //     names the parameter the kernel misreads; every later rule presupposes it is read
 //     right (a causal mask aligned top-left makes rows that must be empty non-empty, which
 //     special-values would report, and lets rows see hidden keys, which non-interference
@@ -77,6 +79,11 @@ std::vector<CheckInfo> BuildChecks() {
        "window (Sk, 0) without causal equals bottom-right causal ((Sq, 0): top-left), and a "
        "window reaching past every key on both sides equals no window",
        RunWindowCausal},
+      {"splits-agree",
+       "the forward at every split count the kernel declares (num_splits) agrees with the "
+       "first count's within the fp32 combine's rounding and P's rounding at each split's own "
+       "max (forward only: the backward does not split)",
+       RunSplitsAgree, [](const Capabilities& c) { return c.num_splits.size() >= 2; }},
       {"special-values",
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
        "give dk = dv = 0; outputs are finite wherever the oracle's are (huge logits, "
@@ -133,6 +140,7 @@ std::vector<DiagnosisStep> BuildDiagnosisOrder() {
       {"unwritten-outputs", {}},
       {"gqa-mha", {}},
       {"window-causal", {}},
+      {"splits-agree", {}},
       {"special-values", {"o", "lse"}},
       {"determinism", {}},
       {"non-interference", {}},
@@ -154,6 +162,14 @@ std::vector<DiagnosisStep> BuildDiagnosisOrder() {
 std::span<const CheckInfo> AllChecks() {
   static const std::vector<CheckInfo> kTable = BuildChecks();
   return kTable;
+}
+
+std::vector<const CheckInfo*> DrawnChecks(const Capabilities& caps) {
+  std::vector<const CheckInfo*> out;
+  for (const CheckInfo& c : AllChecks()) {
+    if (c.drawn_for == nullptr || c.drawn_for(caps)) out.push_back(&c);
+  }
+  return out;
 }
 
 const CheckInfo* FindCheck(std::string_view name) {
