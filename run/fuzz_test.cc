@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -235,6 +236,26 @@ TEST(Fuzz, TheGatesFuzzTailIsAttestFuzzsCasesOfTheRunSeed) {
       }
     }
   }
+}
+
+// splits-agree is drawn only for a kernel that declares two split counts or more, so that the
+// draws of every other kernel stay those of the checks before it (CheckInfo::drawn_for).
+TEST(Fuzz, SplitsAgreeIsDrawnOnlyForKernelsThatDeclareSplitCounts) {
+  auto names = [](const Capabilities& caps) {
+    std::vector<std::string_view> out;
+    for (const CheckInfo* c : DrawnChecks(caps)) out.push_back(c->name);
+    return out;
+  };
+  const Capabilities plain = (*Kernels().Create("cpu/flash2-bf16"))->capabilities();
+  const Capabilities split = (*Kernels().Create("cpu/flash2-splitkv-bf16"))->capabilities();
+  const auto a = names(plain), b = names(split);
+  EXPECT_EQ(std::count(a.begin(), a.end(), "splits-agree"), 0);
+  EXPECT_EQ(std::count(b.begin(), b.end(), "splits-agree"), 1);
+  EXPECT_EQ(a.size() + 1, AllChecks().size());
+  EXPECT_EQ(b.size(), AllChecks().size());
+  Capabilities one = split;
+  one.num_splits = {4};
+  EXPECT_EQ(names(one), a);
 }
 
 TEST(Fuzz, RejectsBadOptionsNamingTheOption) {
