@@ -26,9 +26,6 @@ namespace attest {
 // What a kernel claims to support. An empty list means any value; a false flag means the
 // kernel may answer Unsupported for that feature. The JSON form is the `capabilities`
 // object of the exec protocol (docs/design.md "External kernels").
-// The largest split-KV count a kernel may declare (Capabilities::num_splits).
-inline constexpr int64_t kMaxNumSplits = 1024;
-
 struct Capabilities {
   std::vector<DType> dtypes;
   std::vector<int64_t> head_dims;

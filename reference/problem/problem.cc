@@ -440,6 +440,10 @@ Status CheckSizes(const Problem& p) {
       {"seqlen_q", p.seqlen_q, 0},     {"seqlen_k", p.seqlen_k, 0}, {"head_dim", p.head_dim, 1},
       {"head_dim_v", p.head_dim_v, 1}, {"num_splits", p.num_splits, 0},
   };
+  if (p.num_splits > kMaxNumSplits) {
+    return Error{fmt::format("problem.num_splits: {} is out of range [0, {}]", p.num_splits,
+                             kMaxNumSplits)};
+  }
   for (const auto& f : sizes) {
     if (f.value < f.min) {
       return Error{fmt::format("problem.{}: {} must be {}", f.name, f.value,

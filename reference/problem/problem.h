@@ -37,6 +37,12 @@ struct BlockSparse {
   bool operator==(const BlockSparse&) const = default;
 };
 
+// The largest split-KV count a problem may name and a kernel declare (Problem::num_splits,
+// Capabilities::num_splits): far above any real kernel's (FlashAttention-2 chooses at most 128
+// splits: flash_api.cpp num_splits_heuristic), and a bound on what a case file can make a
+// model allocate.
+inline constexpr int64_t kMaxNumSplits = 1024;
+
 struct Problem {
   int64_t batch = 1;
   int64_t heads_q = 1;

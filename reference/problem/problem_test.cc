@@ -160,6 +160,7 @@ TEST(ProblemJson, RejectsWrongTypesNamingTheField) {
   ExpectRejected({{"rel_bias", 1}}, "problem.rel_bias: expected true or false");
   ExpectRejected({{"num_splits", 1.5}}, "problem.num_splits: expected an integer");
   ExpectRejected({{"num_splits", -1}}, "problem.num_splits: -1 must be >= 0");
+  ExpectRejected({{"num_splits", 1025}}, "problem.num_splits: 1025 is out of range [0, 1024]");
   ExpectRejected({{"dtype", 3}}, "problem.dtype: expected a string");
   ExpectRejected({{"scale", "x"}}, "problem.scale: expected a number");
   ExpectRejected({{"window", {1}}}, "problem.window: expected [left, right]");
