@@ -137,7 +137,6 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
   // see, and combines them per row (CombineKvSplits).
   const int64_t n_splits = SplitCount(p, hooks);
   const float sink_h = plan.sink.empty() ? -kInf : plan.sink[static_cast<size_t>(h)];
-  SoftmaxRows st(mlen, dv);
   if (n_splits > 1) {
     const int64_t tiles = (seq.k_len + bn - 1) / bn;
     const int64_t per = (tiles + n_splits - 1) / n_splits;
@@ -165,6 +164,7 @@ Status ForwardRowBlock(ForwardPlan& plan, int64_t b, int64_t h, int64_t m0) {
     }
     return Status::Ok();
   }
+  SoftmaxRows st(mlen, dv);
   if (Status r = run_tiles(top, bottom, st, 0, seq.k_len); !r) return r;
 
   // softmax.h normalize_softmax_lse: o = acc · (1 / sum); lse = max · scale + log(sum).
