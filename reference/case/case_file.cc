@@ -24,7 +24,8 @@ constexpr std::string_view kProblemOrder[] = {
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
     "causal_align", "window",         "softcap",        "alibi_slopes", "cu_seqlens_q",
     "cu_seqlens_k", "document_ids_q", "document_ids_k", "prefix_lm",    "block_sparse",
-    "mask_form", "sink", "rel_bias", "num_splits",
+    "mask_form",    "sink",           "rel_bias",       "num_splits",   "page_size",
+    "num_pages",    "page_table",     "seqused_q",      "seqused_k",
 };
 
 template <size_t N>

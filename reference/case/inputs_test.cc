@@ -2,7 +2,8 @@
 // (reference/problem/budget.h) is refused before its inputs are allocated, with the fields that
 // make it large; the learnable sink, generated (float32, deterministic, values cycling over
 // heads, -inf and huge) and read from a file (F32 [Hq], present iff problem.sink, errors naming
-// the tensor); likewise the learnable relative bias. Built into case_file_test.
+// the tensor); likewise the learnable relative bias; paged cases (the pool generated and
+// read). Built into case_file_test.
 #include "reference/case/inputs.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/io/safetensors.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 namespace {
@@ -195,6 +197,50 @@ TEST(CaseInputs, RelativeBiasIsGeneratedFloat32AndReadFromAFileNamingIt) {
   inf[9] = std::numeric_limits<double>::infinity();
   EXPECT_NE(error_of(f32(Tensor::FromF64({4, 7}, inf)), true).find("element 9 is inf"),
             std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// A paged case: generated k, v are the pool (NaN where nothing is read), rounded like every
+// input; a file's k and v must have the pool's shape, and the error names the tensor and it.
+TEST(CaseInputs, PagedCasesGenerateAndReadThePool) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("attest_inputs_paged_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  Case c;
+  c.problem.batch = 2;
+  c.problem.seqlen_q = 3;
+  c.problem.seqlen_k = 6;
+  c.problem.head_dim = c.problem.head_dim_v = 8;
+  c.problem.page_size = 4;
+  c.problem.seqused_k = std::vector<int32_t>{6, 1};
+  FillPagedDefaults(c.problem);
+  ASSERT_TRUE(Validate(c.problem).ok());
+  c.generator = GeneratorSpec{"gaussian", 3, nlohmann::json::object()};
+  const auto gen = MakeCaseInputs(c);
+  ASSERT_TRUE(gen.ok()) << gen.error().message;
+  EXPECT_EQ(gen->k.shape(), (Shape{9, 4, 1, 8}));
+  EXPECT_TRUE(std::isnan(gen->k.span<const double>()[0]));  // page 0: read by no sequence
+  const auto f32 = [](const Tensor& t) { return Convert(t, Format::kF32).value(); };
+  const auto load = [&](const Tensor& k) {
+    NamedTensors file;
+    file.Add("q", f32(gen->q));
+    file.Add("k", f32(k));
+    file.Add("v", f32(gen->v));
+    const std::string path = (dir / "in.safetensors").string();
+    EXPECT_TRUE(WriteSafetensors(path, file).ok());
+    Case fc = c;
+    fc.generator.reset();
+    fc.inputs = path;
+    return MakeCaseInputs(fc);
+  };
+  const auto ok = load(gen->k);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_TRUE(ok->k.BitwiseEqual(gen->k));
+  const auto bad = load(Tensor::Zeros(DType::kF64, {2, 6, 1, 8}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("k: shape [2, 6, 1, 8] does not match the problem's [9, 4, 1, 8]"),
+            std::string::npos)
+      << bad.error().message;
   std::filesystem::remove_all(dir);
 }
 

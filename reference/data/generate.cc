@@ -20,6 +20,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/io/json.h"
+#include "reference/problem/paged.h"
 
 // Every double operation must round to double once (no x87 80-bit intermediates).
 static_assert(FLT_EVAL_METHOD == 0, "generators need IEEE double evaluation (e.g. SSE2)");
@@ -714,6 +715,7 @@ Status ValidateGeneratorSpec(const Problem& p, const GeneratorSpec& spec) {
 Expected<GeneratedInputs> GenerateInputs(const Problem& p, const GeneratorSpec& spec) {
   if (Status s = Validate(p); !s) return s.error();
   if (Status s = ValidateGeneratorSpec(p, spec); !s) return s.error();
+  if (HasLogicalView(p)) return PlaceLogicalInputs(p, spec);
   const GeneratorRow& row = *FindRow(spec.name);
 
   GeneratedInputs out;

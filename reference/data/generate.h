@@ -119,6 +119,14 @@ struct GeneratedInputs {
   Tensor rel_bias;       // [Hq, Sq + Sk - 1] f64 when Problem::rel_bias (likewise)
 };
 
+// A paged or seqused problem's inputs (GenerateInputs calls it; generate_paged.cc): the rows
+// the same problem without pages and seqused gets, with every key of sequence b at
+// KeyRow(b, j) of the pool (reference/problem/paged.h), and hostile rows (NaN, +-30000,
+// another sequence's rows, in turn) on queries past seqused_q, keys past seqused_k, pool
+// slots past a sequence's keys and pages no sequence reads (docs/semantics.md "Paged KV and
+// seqused").
+Expected<GeneratedInputs> PlaceLogicalInputs(const Problem& p, const GeneratorSpec& spec);
+
 // The sink logits of a problem with Problem::sink, whatever the generator row: the params'
 // "sink" object, either {"mean": m, "std": s} (defaults 0 and 1: sink_h = m + s * the first
 // normal of ElementStream(seed, kStreamSink, h)) or {"values": [x, ...]} (head h takes

@@ -35,6 +35,7 @@
 #include "reference/oracle/oracle_exp.h"
 #include "reference/oracle/oracle_gemm.h"
 #include "reference/oracle/oracle_internal.h"
+#include "reference/oracle/oracle_paged.h"
 #include "reference/problem/tile_walk.h"
 
 namespace attest {
@@ -265,12 +266,14 @@ OracleTiles AutoTiles(const Problem&) { return OracleTiles{128, 128}; }
 template <>
 ForwardOut Forward<double>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                            const OracleOptions& options) {
+  if (HasLogicalView(p)) return oracle_internal::LogicalForward<double>(p, q, k, v, options);
   return double_oracle::DoubleOracle(p, q, k, v, nullptr, options).RunForward();
 }
 
 template <>
 BackwardOut Backward<double>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& dout, const OracleOptions& options) {
+  if (HasLogicalView(p)) return oracle_internal::LogicalBackward<double>(p, q, k, v, dout, options);
   return double_oracle::DoubleOracle(p, q, k, v, &dout, options).RunBackward();
 }
 

@@ -1,6 +1,7 @@
 // The oracle for Mp128 (oracle_mp.h): explicit specializations, one precision per file to keep
 // compile times and memory in check (oracle_generic.h holds the algorithm).
 #include "reference/oracle/oracle.h"
+#include "reference/oracle/oracle_paged.h"
 #include "reference/oracle/oracle_generic.h"
 #include "reference/oracle/oracle_mp.h"
 
@@ -24,12 +25,16 @@ void FreeThreadCaches() {
 template <>
 ForwardOut Forward<Mp128>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                           const OracleOptions& options) {
+  if (HasLogicalView(p)) return oracle_internal::LogicalForward<Mp128>(p, q, k, v, options);
   return oracle_internal::GenericForward<Mp128>(p, q, k, v, options, FreeThreadCaches);
 }
 
 template <>
 BackwardOut Backward<Mp128>(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& dout, const OracleOptions& options) {
+  if (HasLogicalView(p)) {
+    return oracle_internal::LogicalBackward<Mp128>(p, q, k, v, dout, options);
+  }
   return oracle_internal::GenericBackward<Mp128>(p, q, k, v, dout, options, FreeThreadCaches);
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reference/io/json.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 
@@ -40,11 +41,13 @@ Shape Problem::QShape() const {
 }
 
 Shape Problem::KShape() const {
+  if (paged()) return {num_pages, page_size, heads_kv, head_dim};
   if (varlen()) return {TotalK(), heads_kv, head_dim};
   return {batch, seqlen_k, heads_kv, head_dim};
 }
 
 Shape Problem::VShape() const {
+  if (paged()) return {num_pages, page_size, heads_kv, head_dim_v};
   if (varlen()) return {TotalK(), heads_kv, head_dim_v};
   return {batch, seqlen_k, heads_kv, head_dim_v};
 }
@@ -90,7 +93,8 @@ constexpr std::string_view kFields[] = {
     "head_dim",     "head_dim_v",     "dtype",          "scale",        "causal",
     "causal_align", "window",         "softcap",        "alibi_slopes", "cu_seqlens_q",
     "cu_seqlens_k", "document_ids_q", "document_ids_k", "prefix_lm",    "block_sparse",
-    "mask_form", "sink", "rel_bias", "num_splits",
+    "mask_form",    "sink",           "rel_bias",       "num_splits",   "page_size",
+    "num_pages",    "page_table",     "seqused_q",      "seqused_k",
 };
 constexpr std::string_view kBlockSparseFields[] = {"block_q", "block_k", "blocks"};
 
@@ -304,6 +308,18 @@ Expected<Problem> ProblemFromJson(const json& j) {
   if (has("sink")) p.sink = r.Bool(j.at("sink"), F("sink"));
   if (has("rel_bias")) p.rel_bias = r.Bool(j.at("rel_bias"), F("rel_bias"));
   if (has("num_splits")) p.num_splits = r.Int(j.at("num_splits"), F("num_splits"));
+  if (has("page_size")) p.page_size = r.Int(j.at("page_size"), F("page_size"));
+  if (has("num_pages")) p.num_pages = r.Int(j.at("num_pages"), F("num_pages"));
+  if (has_value("page_table") && r.Array(j.at("page_table"), F("page_table"))) {
+    std::vector<std::vector<int32_t>> table;
+    const json& a = j.at("page_table");
+    for (size_t b = 0; b < a.size() && !r.failed(); ++b) {
+      table.push_back(r.Int32List(a[b], fmt::format("problem.page_table[{}]", b)));
+    }
+    p.page_table = std::move(table);
+  }
+  if (has_value("seqused_q")) p.seqused_q = r.Int32List(j.at("seqused_q"), F("seqused_q"));
+  if (has_value("seqused_k")) p.seqused_k = r.Int32List(j.at("seqused_k"), F("seqused_k"));
   if (has_value("block_sparse")) {
     const json& bs = j.at("block_sparse");
     if (!bs.is_object()) {
@@ -337,6 +353,7 @@ Expected<Problem> ProblemFromJson(const json& j) {
     }
   }
   if (r.failed()) return r.error();
+  if (p.page_size > 0 && p.page_size <= kMaxIndex && p.seqlen_k >= 0) FillPagedDefaults(p);
   if (Status s = Validate(p); !s) return s.error();
   return p;
 }
@@ -369,6 +386,13 @@ json ProblemToJson(const Problem& p) {
   if (p.sink) j["sink"] = true;
   if (p.rel_bias) j["rel_bias"] = true;
   if (p.num_splits != 0) j["num_splits"] = p.num_splits;
+  if (p.paged()) {
+    j["page_size"] = p.page_size;
+    j["num_pages"] = p.num_pages;
+    if (p.page_table) j["page_table"] = *p.page_table;
+  }
+  if (p.seqused_q) j["seqused_q"] = *p.seqused_q;
+  if (p.seqused_k) j["seqused_k"] = *p.seqused_k;
   if (p.block_sparse) {
     json blocks = json::array();
     for (const auto& [qb, kb] : p.block_sparse->blocks) blocks.push_back(json::array({qb, kb}));
@@ -629,7 +653,8 @@ Status Validate(const Problem& p) {
   using Check = Status (*)(const Problem&);
   constexpr Check kChecks[] = {CheckSizes,  CheckDtype,     CheckScoreTransforms,
                                CheckWindow, CheckVarlen,    CheckDocuments,
-                               CheckPrefixLm, CheckBlockSparse, CheckTensorCounts};
+                               CheckPrefixLm, CheckBlockSparse, CheckPaged,
+                               CheckTensorCounts};
   for (Check check : kChecks) {
     if (Status s = check(p); !s) return s;
   }

@@ -92,8 +92,20 @@ struct Problem {
   // must give the oracle's answer, and a suite row per declared count asks exactly that of
   // kernels that declare the counts they accept (Capabilities::num_splits).
   int64_t num_splits = 0;
+  // Paged KV and seqused (docs/semantics.md "Paged KV and seqused"; reference/problem/paged.h).
+  // page_size > 0: k, v are a pool [num_pages, page_size, Hkv, D|Dv] and sequence b's key j
+  // is slot j % page_size of page page_table[b][j / page_size] (page_table: batch rows of
+  // ceil(seqlen_k / page_size) pool indices). seqused_q / seqused_k: batch entries; sequence
+  // b uses only its first seqused_q[b] queries and seqused_k[b] keys, and the diagonal rules
+  // align to those lengths.
+  int64_t page_size = 0;  // 0: contiguous k, v
+  int64_t num_pages = 0;
+  std::optional<std::vector<std::vector<int32_t>>> page_table;
+  std::optional<std::vector<int32_t>> seqused_q;
+  std::optional<std::vector<int32_t>> seqused_k;
 
   double EffectiveScale() const;
+  bool paged() const { return page_size > 0; }
   bool varlen() const { return cu_seqlens_q.has_value(); }
   int64_t gqa_ratio() const { return heads_q / heads_kv; }
   // Query head h reads kv head h / (Hq / Hkv).

@@ -14,6 +14,7 @@
 
 #include "reference/oracle/cuda/oracle_cuda.h"
 #include "reference/oracle/oracle_internal.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 namespace {
@@ -202,6 +203,13 @@ Outputs RunCuda(const Problem& p, const Tensor& q, const Tensor& k, const Tensor
         "CUDA oracle: problem.rel_bias: the CUDA oracle declines learnable relative biases "
         "(the CPU float64 oracle computes them: OracleForwardOn, attest oracle --device cpu)");
   }
+  // Paged KV and seqused likewise (the CPU oracle gathers the logical problem: oracle_paged.h).
+  if (HasLogicalView(p)) {
+    throw std::invalid_argument(
+        "CUDA oracle: problem.page_size / seqused_q / seqused_k: the CUDA oracle declines paged "
+        "and seqused problems (the CPU float64 oracle computes them: OracleForwardOn, attest "
+        "oracle --device cpu)");
+  }
   // The CPU oracle's checks: Validate, shapes, f64, finite (names the field or tensor).
   const oracle_internal::Inputs in = oracle_internal::CheckInputs(p, q, k, v, dout);
   const Api& api = LoadWithDevice(options);
@@ -266,15 +274,17 @@ std::string CudaOracleLibrary(const CudaOracleOptions& options) { return Load(op
 
 ForwardOut OracleForwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
                            const Tensor& k, const Tensor& v, const OracleOptions& cpu) {
-  return cuda != nullptr && !p.sink && !p.rel_bias ? CudaForward(p, q, k, v, *cuda)
-                                                   : Forward<double>(p, q, k, v, cpu);
+  return cuda != nullptr && !p.sink && !p.rel_bias && !HasLogicalView(p)
+             ? CudaForward(p, q, k, v, *cuda)
+             : Forward<double>(p, q, k, v, cpu);
 }
 
 BackwardOut OracleBackwardOn(const CudaOracleOptions* cuda, const Problem& p, const Tensor& q,
                              const Tensor& k, const Tensor& v, const Tensor& dout,
                              const OracleOptions& cpu) {
-  return cuda != nullptr && !p.sink && !p.rel_bias ? CudaBackward(p, q, k, v, dout, *cuda)
-                                                   : Backward<double>(p, q, k, v, dout, cpu);
+  return cuda != nullptr && !p.sink && !p.rel_bias && !HasLogicalView(p)
+             ? CudaBackward(p, q, k, v, dout, *cuda)
+             : Backward<double>(p, q, k, v, dout, cpu);
 }
 
 int CudaDeviceCount(std::string* why, const CudaOracleOptions& options) {
