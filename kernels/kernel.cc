@@ -47,8 +47,10 @@ bool AnySequenceNonSquare(const Problem& p) {
 
 // The restriction flags (kernel.h): written only when set, absent means false.
 constexpr Flag kRestrictions[] = {
-    {"sink", &Capabilities::sink},  // an extension flag, written only when claimed
-    {"rel_bias", &Capabilities::rel_bias},  // likewise
+    {"sink", &Capabilities::sink},  // extension flags, written only when claimed
+    {"rel_bias", &Capabilities::rel_bias},
+    {"paged", &Capabilities::paged},
+    {"seqused", &Capabilities::seqused},
     {"same_head_dim_v", &Capabilities::same_head_dim_v},
     {"causal_bottom_right_only", &Capabilities::causal_bottom_right_only},
     {"causal_top_left_only", &Capabilities::causal_top_left_only},
@@ -77,6 +79,8 @@ bool Capabilities::Covers(const Problem& p, std::string* why) const {
   if (p.block_sparse && !block_sparse) return fail("block_sparse");
   if (p.sink && !sink) return fail("sink");
   if (p.rel_bias && !rel_bias) return fail("rel_bias");
+  if (p.paged() && !paged) return fail("paged");
+  if ((p.seqused_q || p.seqused_k) && !seqused) return fail("seqused");
   if (same_head_dim_v && p.head_dim_v != p.head_dim) return fail("head_dim_v != head_dim");
   const bool diagonal = p.causal || p.window_left >= 0 || p.window_right >= 0 ||
                         p.alibi_slopes.has_value();

@@ -50,6 +50,12 @@ struct Capabilities {
   // the kernel takes rel_bias [Hq, Sq + Sk - 1] through Kernel::ForwardRelBias and returns
   // drel_bias from Kernel::BackwardRelBias. JSON key "rel_bias", written only when true.
   bool rel_bias = false;
+  // Paged KV (Problem::page_size: k, v a page pool read through Problem::page_table) and
+  // seqused (Problem::seqused_q / seqused_k); docs/semantics.md "Paged KV and seqused". A kernel
+  // that does not claim them never sees such a problem. JSON keys "paged", "seqused", written
+  // only when true.
+  bool paged = false;
+  bool seqused = false;
   // The forward returns lse. A kernel whose public API returns the output alone (PyTorch's
   // F.scaled_dot_product_attention) declares false: ForwardResult::lse is then left undefined,
   // its Backward receives an undefined lse, and checks judge o and the gradients only. An

@@ -132,6 +132,11 @@ class EngineHooks {
   // tile added into them, as the kernel stores them between tiles (correct: unchanged, the
   // accumulator stays in fp32 registers).
   virtual void StoreBackwardAccumulator(float* acc, int64_t n) const;
+  // Paged KV and seqused (flash_engine_paged.cc): the pool row of key j of sequence b
+  // (correct: reference/problem/paged.h KeyRow) and how many keys sequence b has in the
+  // forward or the backward (correct: UsedKLen in both).
+  virtual int64_t PagedKeyRow(const Problem& p, int64_t b, int64_t j) const;
+  virtual int64_t UsedKeys(const Problem& p, int64_t b, bool backward) const;
 };
 
 struct EngineOptions {

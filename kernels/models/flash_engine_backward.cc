@@ -11,6 +11,7 @@
 #include "kernels/models/flash_engine_internal.h"
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 namespace engine_detail {
@@ -320,6 +321,9 @@ KernelAnswer<BackwardResult> FlashBackward(const Problem& p, const Recipe& recip
     return Error{"o: shape " + o.Describe() + " does not match the problem"};
   if (lse.shape() != p.LseShape()) {
     return Error{"lse: shape " + lse.Describe() + " does not match the problem"};
+  }
+  if (HasLogicalView(p)) {
+    return engine_detail::PagedBackward(p, recipe, q, k, v, o, lse, dout, options);
   }
   if (std::string why = EngineUnsupportedReason(p, recipe, options); !why.empty()) {
     return Unsupported{why};

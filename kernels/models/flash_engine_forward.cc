@@ -9,6 +9,7 @@
 #include "kernels/models/flash_engine_internal.h"
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 namespace engine_detail {
@@ -211,6 +212,7 @@ KernelAnswer<ForwardResult> FlashForward(const Problem& p, const Recipe& recipe,
                                          const EngineOptions& options) {
   if (Status s = Validate(p); !s) return s.error();
   if (Status s = ValidateInputShapes(p, q, k, v); !s) return s.error();
+  if (HasLogicalView(p)) return engine_detail::PagedForward(p, recipe, q, k, v, options);
   if (std::string why = EngineUnsupportedReason(p, recipe, options); !why.empty()) {
     return Unsupported{why};
   }

@@ -115,4 +115,13 @@ Format InputFormat(const Problem& p);
 // The hooks a run uses: the options' own, or the correct defaults.
 const EngineHooks& HooksOf(const EngineOptions& options);
 
+// FlashForward / FlashBackward on a paged or seqused problem (flash_engine_paged.cc).
+KernelAnswer<ForwardResult> PagedForward(const Problem& p, const Recipe& recipe, const Tensor& q,
+                                         const Tensor& k, const Tensor& v,
+                                         const EngineOptions& options);
+KernelAnswer<BackwardResult> PagedBackward(const Problem& p, const Recipe& recipe,
+                                           const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& o, const Tensor& lse,
+                                           const Tensor& dout, const EngineOptions& options);
+
 }  // namespace attest::engine_detail

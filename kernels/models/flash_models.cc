@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "reference/problem/paged.h"
+
 namespace attest {
 
 Flash2Model::Flash2Model(std::string name, const Recipe& recipe, DType dtype, EngineOptions options)
@@ -18,6 +20,7 @@ Capabilities Flash2Model::capabilities() const {
   caps.documents = caps.prefix_lm = caps.block_sparse = true;
   caps.sink = true;  // the learnable sink joins each finished row (flash_engine.h)
   caps.rel_bias = true;  // and the relative bias each score (EngineOptions::rel_bias)
+  caps.paged = caps.seqused = true;  // the logical problem, gathered (flash_engine_paged.cc)
   caps.backward = true;
   caps.deterministic = true;  // fixed tile order, thread-count independent
   caps.strides = "any";      // the engine reads every input through its strides
@@ -124,6 +127,7 @@ std::string FeatherModel::FusedBackwardUnsupported(const Problem& p) {
   if (p.varlen()) return "varlen";
   if (p.softcap > 0) return "softcap";
   if (p.alibi_slopes) return "alibi";
+  if (HasLogicalView(p)) return "paged or seqused";
   return {};
 }
 

@@ -334,6 +334,13 @@ Expected<std::shared_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
       return LibError(path, kwhere + ": capabilities.rel_bias: true is not supported by the C "
                                      "ABI (no rel_bias input, no drel_bias output)");
     }
+    // Nor a page table or seqused (attest_kernel.h's problem struct has neither).
+    if (e.capabilities.paged || e.capabilities.seqused) {
+      return LibError(path, kwhere + ": capabilities." +
+                                (e.capabilities.paged ? "paged" : "seqused") +
+                                ": true is not supported by the C ABI (no page table, no "
+                                "seqused); use an exec: worker, whose problem carries them");
+    }
     // The C ABI passes packed buffers (attest_kernel.h: no strides), so no plugin can be
     // handed a view: a claim otherwise would make the layouts check pass unexercised.
     if (e.capabilities.strides != "contiguous") {

@@ -88,13 +88,13 @@ Tensor AsF64(const Tensor& t) {
   return t.contiguous() ? t : t.Clone();
 }
 
-int64_t LseIndex(const Problem& p, int64_t row, int64_t h) {
+}  // namespace
+
+int64_t LseFlatIndex(const Problem& p, int64_t row, int64_t h) {
   if (p.varlen()) return h * p.TotalQ() + row;
   const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
   return (b * p.heads_q + h) * p.seqlen_q + i;
 }
-
-}  // namespace
 
 int64_t PagesPerSeq(const Problem& p) {
   if (!p.paged()) return 0;
@@ -225,7 +225,7 @@ Tensor GatherLse(const Problem& p, const Tensor& lse, const std::vector<int64_t>
   const double* src = c.data<const double>();
   double* dst = out.data<double>();
   for (int64_t h = 0; h < p.heads_q; ++h) {
-    for (int64_t r = 0; r < n; ++r) dst[h * n + r] = src[LseIndex(p, q_rows[static_cast<size_t>(r)], h)];
+    for (int64_t r = 0; r < n; ++r) dst[h * n + r] = src[LseFlatIndex(p, q_rows[static_cast<size_t>(r)], h)];
   }
   return out;
 }
@@ -239,7 +239,7 @@ Tensor ScatterLse(const Problem& p, const Tensor& packed, const std::vector<int6
   std::fill(all.begin(), all.end(), fill);
   const double* src = c.data<const double>();
   for (int64_t h = 0; h < p.heads_q; ++h) {
-    for (int64_t r = 0; r < n; ++r) all[LseIndex(p, q_rows[static_cast<size_t>(r)], h)] = src[h * n + r];
+    for (int64_t r = 0; r < n; ++r) all[LseFlatIndex(p, q_rows[static_cast<size_t>(r)], h)] = src[h * n + r];
   }
   return out;
 }

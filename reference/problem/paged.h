@@ -54,6 +54,8 @@ Tensor GatherRows(const Tensor& t, const std::vector<int64_t>& rows);
 // `fill` everywhere else.
 Tensor ScatterRows(const Tensor& packed, const std::vector<int64_t>& rows, const Shape& shape,
                    double fill);
+// The flat index in p's lse layout of query row `row` (of the flattened q) and head h.
+int64_t LseFlatIndex(const Problem& p, int64_t row, int64_t h);
 // lse between p's layout ([B, Hq, Sq] or [Hq, total_q]) and the logical [Hq, rows.size()]:
 // Gather reads the used rows, Scatter writes them and `fill` elsewhere.
 Tensor GatherLse(const Problem& p, const Tensor& lse, const std::vector<int64_t>& q_rows);
