@@ -7,6 +7,8 @@
 #include <limits>
 #include <numeric>
 
+#include "reference/problem/paged.h"
+
 namespace attest {
 
 size_t Picker::Weighted(std::initializer_list<int> weights) {
@@ -497,6 +499,7 @@ std::vector<Case> ShrinkCandidates(const Case& c, const Capabilities& caps) {
   const int64_t before = CaseComplexity(c);
   std::vector<Case> kept;
   for (Case& n : out) {
+    RepageAfterResize(n.problem);
     // Under shape limits a shorter length is moved to a legal one (halving 192 under a block of
     // 64 gives 96, moved to 128); candidates that do not get simpler are dropped below.
     if (caps.shapes.any() && !FitShape(n.problem, caps.shapes, kAnyShape).empty()) continue;
@@ -505,6 +508,43 @@ std::vector<Case> ShrinkCandidates(const Case& c, const Capabilities& caps) {
     kept.push_back(std::move(n));
   }
   return kept;
+}
+
+void DrawPaging(const Capabilities& caps, Picker& pick, Problem& p) {
+  if ((!caps.paged && !caps.seqused) || p.document_ids_q || !pick.Chance(1, 2)) return;
+  if (caps.paged) p.page_size = pick.Element(std::vector<int64_t>{1, 3, 16});
+  if (caps.seqused && pick.Chance(2, 3)) {
+    std::vector<int32_t> used_q, used_k;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Sequence s = SequenceOf(p, b);
+      used_q.push_back(static_cast<int32_t>(pick.Chance(1, 2) ? s.q_len : pick.Int(0, s.q_len)));
+      used_k.push_back(static_cast<int32_t>(pick.Int(0, s.k_len)));
+    }
+    p.seqused_q = std::move(used_q);
+    p.seqused_k = std::move(used_k);
+  }
+  FillPagedDefaults(p);
+}
+
+void RepageAfterResize(Problem& p) {
+  if (!HasLogicalView(p)) return;
+  for (auto* used : {&p.seqused_q, &p.seqused_k}) {
+    if (!*used) continue;
+    if (static_cast<int64_t>((*used)->size()) != p.batch) {
+      used->reset();
+      continue;
+    }
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Sequence s = SequenceOf(p, b);
+      int32_t& u = (**used)[static_cast<size_t>(b)];
+      u = static_cast<int32_t>(std::min<int64_t>(u, used == &p.seqused_q ? s.q_len : s.k_len));
+    }
+  }
+  if (p.paged()) {
+    p.num_pages = 0;
+    p.page_table.reset();
+    FillPagedDefaults(p);
+  }
 }
 
 ShrinkResult Shrink(const Case& c, const Capabilities& caps,

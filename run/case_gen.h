@@ -86,6 +86,15 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
 GeneratorSpec DrawGenerator(const Problem& p, Picker& pick, const DrawLimits& limits = {});
 // Both, as a case (generator-backed, so the case file alone reproduces it).
 Case DrawCase(const Capabilities& caps, Picker& pick, const DrawLimits& limits = {});
+// Paged KV and seqused for a drawn case of the check that judges them (non-interference;
+// run/fuzz.cc DrawFuzzCase), when the kernel claims them: half the time a
+// page size of 1, 3 or 16 (the default table, paged.h FillPagedDefaults) and, two times in
+// three, seqused lengths drawn per sequence. Drawn after everything else of the case, so that
+// the rest of it is what the same picker gives without this step.
+void DrawPaging(const Capabilities& caps, Picker& pick, Problem& p);
+// After a shrink step changed lengths or the batch: seqused clamped (dropped when the batch
+// changed) and the default page table rebuilt.
+void RepageAfterResize(Problem& p);
 
 // A double drawn from fields: sign * 2^e * (1 + m / 2^mbits) with e in [emin, emax] and m a
 // mantissa of mbits bits (exact for mbits <= 52).

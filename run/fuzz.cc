@@ -66,6 +66,7 @@ FuzzCase DrawFuzzCase(const Capabilities& caps, uint64_t seed, int64_t n,
   FuzzCase f;
   f.check = pick.Element(checks);
   f.c = DrawCase(caps, pick, limits);
+  if (f.check->name == "non-interference") DrawPaging(caps, pick, f.c.problem);
   return f;
 }
 

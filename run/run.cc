@@ -11,6 +11,7 @@
 
 #include "kernels/exec/children.h"
 #include "reference/case/inputs.h"
+#include "reference/problem/paged.h"
 #include "verify/report/repro.h"
 #include "verify/report/report.h"
 #include "verify/tolerance/tolerance.h"
@@ -36,6 +37,14 @@ std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
   // would re-call the kernel without it, or relate outputs by rules the sink breaks.
   if (ctx.case_.problem.sink && !check.sink) {
     ctx.not_applicable = "problem.sink: this check's rule does not model the learnable sink";
+    return out;
+  }
+  // Paged and seqused problems (docs/semantics.md "Paged KV and seqused") are judged by
+  // non-interference alone so far: the tolerance machinery (baselines, recipe references,
+  // term scales) and the metamorphic relations index contiguous k, v and full lengths.
+  if (HasLogicalView(ctx.case_.problem) && check.name != "non-interference") {
+    ctx.not_applicable = "paged or seqused problems are judged by non-interference only";
+    Finish(out, ctx);
     return out;
   }
   try {

@@ -13,6 +13,7 @@
 
 #include "run/case_gen.h"
 #include "reference/formats/format.h"
+#include "reference/problem/paged.h"
 #include "verify/checks/check.h"
 #include "run/suite_coverage.h"
 
@@ -331,6 +332,30 @@ void AlignmentRows(Builder& s) {
         Causal(Varlen(P(1, 2, 2, 1, 1), {12, 20, 40}, {20, 33, 11}), CausalAlign::kTopLeft));
 }
 
+// Paged KV and seqused (docs/semantics.md "Paged KV and seqused"): k, v in a page pool read
+// through a table that runs backwards and interleaves the sequences (paged.h
+// FillPagedDefaults), with NaN, +-30000 and other sequences' rows wherever nothing may be read
+// (the generator's default), and queries and keys past seqused. The first row's used key
+// lengths fill whole pages; the second ends sequences inside a page, so a kernel that reads a
+// last page whole reads the slots past seqused_k. Kernels that claim neither capability skip
+// them. Non-interference only: the other checks do not judge paged problems yet (run/run.cc
+// RunOne). Appended after the other rows so that their seeds stay what they were.
+Problem Paged(Problem p, int64_t page_size, std::vector<int32_t> used_q,
+              std::vector<int32_t> used_k) {
+  p.page_size = page_size;
+  p.seqused_q = std::move(used_q);
+  p.seqused_k = std::move(used_k);
+  FillPagedDefaults(p);
+  return p;
+}
+
+void PagedRows(Builder& s) {
+  s.Add({kLeak}, "paged KV, seqused, GQA causal batch 3",
+        Paged(Causal(P(3, 4, 2, 50, 100)), 16, {50, 7, 33}, {64, 32, 96}));
+  s.Add({kLeak}, "paged KV, last pages partial",
+        Paged(Window(P(2, 2, 2, 40, 70), 24, 8), 16, {40, 25}, {37, 70}));
+}
+
 void FullRows(Builder& s) {
   GateRows(s);
   LongRows(s);
@@ -346,12 +371,14 @@ void FullRows(Builder& s) {
     ScaleRows(again);
     MaskFormRows(again);
     AlignmentRows(again);
+    PagedRows(again);
     for (SuiteRow& r : again.rows) s.rows.push_back(std::move(r));
   }
   ScaleRows(s);
   MaskFormRows(s);
   AlignmentRows(s);
   SinkRows(s);
+  PagedRows(s);
 }
 
 // Packed documents summing to `total` tokens, causal: each of the given long documents after a
@@ -461,6 +488,7 @@ std::vector<Suite> BuildSuites() {
   MaskFormRows(gate);
   AlignmentRows(gate);
   SinkRows(gate);
+  PagedRows(gate);
   FullRows(full);
   t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
                std::move(quick.rows)});
@@ -515,7 +543,8 @@ std::vector<SuiteRow> FuzzTailRows(const Capabilities& caps, uint64_t run_seed, 
     PhiloxPicker pick(MixSeed(run_seed, static_cast<uint64_t>(n)));
     const CheckInfo& check =
         *checks[static_cast<size_t>(pick.Int(0, static_cast<int64_t>(checks.size()) - 1))];
-    const Case c = DrawCase(caps, pick);
+    Case c = DrawCase(caps, pick);
+    if (check.name == "non-interference") DrawPaging(caps, pick, c.problem);
     const GeneratorSpec g = *c.generator;
     CaseTemplate t{fmt::format("fuzz case {} (attest fuzz --seed {})", n, run_seed), c.problem,
                    g, [g](Case& x) { x.generator = g; }, true};
@@ -560,6 +589,8 @@ std::string DescribeProblem(const Problem& p) {
   if (!p.mask_form.empty()) s += " mask " + p.mask_form;
   if (p.sink) s += " sink";
   if (p.num_splits != 0) s += fmt::format(" splits {}", p.num_splits);
+  if (p.paged()) s += fmt::format(" paged({})", p.page_size);
+  if (p.seqused_q || p.seqused_k) s += " seqused";
   return s;
 }
 

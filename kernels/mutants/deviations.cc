@@ -16,6 +16,7 @@
 #include "reference/formats/format.h"
 #include "reference/formats/mx.h"
 #include "reference/formats/quantize.h"
+#include "reference/problem/paged.h"
 #include "reference/recipes/recipe.h"
 
 namespace attest {
@@ -529,6 +530,51 @@ const EngineHooks& ZeroAmaxBlockNanHooks() {
 }
 const EngineHooks& TruncatedBackwardAccumulatorHooks() {
   static const TruncatedBackwardAccumulator h;
+  return h;
+}
+
+// Paged-KV address arithmetic (vLLM's and FlashAttention's block_table: physical page =
+// table[b][j / page_size]) off by one page: the kernel reads the pool's next page, another
+// sequence's keys or a page no sequence owns.
+class PageOffByOne : public EngineHooks {
+ public:
+  int64_t PagedKeyRow(const Problem& p, int64_t b, int64_t j) const override {
+    if (!p.paged()) return KeyRow(p, b, j);
+    const int64_t page = (*p.page_table)[static_cast<size_t>(b)][static_cast<size_t>(j / p.page_size)];
+    return (page + 1) % p.num_pages * p.page_size + j % p.page_size;
+  }
+};
+
+// The key loop bounded by whole pages: the last page's slots past seqused_k are read as keys.
+class LastPageOverread : public EngineHooks {
+ public:
+  int64_t UsedKeys(const Problem& p, int64_t b, bool backward) const override {
+    (void)backward;
+    const int64_t used = UsedKLen(p, b);
+    if (!p.paged()) return used;
+    const int64_t whole = (used + p.page_size - 1) / p.page_size * p.page_size;
+    return std::min(whole, PagesPerSeq(p) * p.page_size);
+  }
+};
+
+// The backward's key count taken from the sequence's length, not seqused_k.
+class SequsedKIgnoredInBackward : public EngineHooks {
+ public:
+  int64_t UsedKeys(const Problem& p, int64_t b, bool backward) const override {
+    return backward ? SequenceOf(p, b).k_len : UsedKLen(p, b);
+  }
+};
+
+const EngineHooks& PageOffByOneHooks() {
+  static const PageOffByOne h;
+  return h;
+}
+const EngineHooks& LastPageOverreadHooks() {
+  static const LastPageOverread h;
+  return h;
+}
+const EngineHooks& SequsedKIgnoredInBackwardHooks() {
+  static const SequsedKIgnoredInBackward h;
   return h;
 }
 

@@ -79,6 +79,12 @@ const EngineHooks& ZeroAmaxBlockNanHooks();
 // Backward: the dK, dV accumulators stored with 9 significant bits between query tiles by
 // truncation (round toward zero), read back as fp32 for the next tile.
 const EngineHooks& TruncatedBackwardAccumulatorHooks();
+// Paged KV: every page index read one page further into the pool.
+const EngineHooks& PageOffByOneHooks();
+// Paged KV: a sequence's last page read whole, past seqused_k (or its key length).
+const EngineHooks& LastPageOverreadHooks();
+// seqused_k honoured by the forward only: the backward runs over every key of the sequence.
+const EngineHooks& SequsedKIgnoredInBackwardHooks();
 
 // Backward: dQ's walk over the key tiles starts at tile `rotation` mod the tile count.
 class DqRotationHooks : public EngineHooks {

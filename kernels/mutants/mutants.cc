@@ -8,6 +8,7 @@
 
 #include "kernels/models/flash_models.h"
 #include "kernels/models/lowp_models.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 namespace {
@@ -505,6 +506,59 @@ void AddDirectedRoundingMutants(const MutantList& add) {
        .differs = {"dk", "dv"}});
 }
 
+// -- Paged KV and seqused (docs/semantics.md "Paged KV and seqused") --
+// The documented case: two sequences in a pool of 16-key pages (the default table, backwards
+// and interleaved), causal, the second sequence using 20 of its 48 keys and 9 of its queries.
+Problem PagedCase() {
+  Problem p = Case(40, 48);
+  p.batch = 2;
+  p.causal = true;
+  p.page_size = 16;
+  p.seqused_q = std::vector<int32_t>{40, 9};
+  p.seqused_k = std::vector<int32_t>{48, 20};
+  FillPagedDefaults(p);
+  return p;
+}
+
+void AddPagedMutants(const MutantList& add) {
+  add({.name = "page-index-off-by-one",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "the physical page computed one page off (table[b][j / page_size] + 1): each "
+              "sequence reads the pool's next page, a neighbour's keys or a page no sequence "
+              "owns (the block_table address arithmetic of vLLM's paged attention and "
+              "FlashAttention's page_table)",
+       .change = "hook PagedKeyRow: page index + 1",
+       .bug_class = "non-interference",
+       .hooks = &PageOffByOneHooks(),
+       .problem = PagedCase(),
+       .generator = Gaussian(140),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "last-page-overread",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "the key loop bounded by whole pages: a sequence whose used keys end inside a page "
+              "reads the rest of that page (stale keys of an earlier request in a KV cache) as "
+              "keys",
+       .change = "hook UsedKeys: seqused_k rounded up to a whole page",
+       .bug_class = "non-interference",
+       .hooks = &LastPageOverreadHooks(),
+       .problem = PagedCase(),
+       .generator = Gaussian(141),
+       .differs = {"o", "lse", "dq", "dk", "dv"}});
+  add({.name = "seqused-k-ignored-in-backward",
+       .parent = kBf16,
+       .parent_recipe = "bf16",
+       .bug = "seqused_k honoured by the forward only: the backward recomputes P over every key "
+              "of the sequence's length, so keys past seqused_k get gradients and move dq",
+       .change = "hook UsedKeys: the backward's key count is the sequence's length",
+       .bug_class = "non-interference",
+       .hooks = &SequsedKIgnoredInBackwardHooks(),
+       .problem = PagedCase(),
+       .generator = Gaussian(142),
+       .differs = {"dq", "dk", "dv"}});
+}
+
 // -- A tiled kernel with shape limits (cpu/tile64-bf16: Sq = Sk, multiples of 64, MHA) --
 // The bugs a one-loop tiled kernel of the Triton tutorial's shape has in its loop bounds,
 // its mask stages, its online softmax and its arguments; each case is inside the parent's
@@ -605,6 +659,7 @@ std::vector<MutantSpec> BuildCatalogue() {
   AddDirectedRoundingMutants(add);
   AddSinkMutants(rows);
   AddSplitKvMutants(add);
+  AddPagedMutants(add);
   return rows;
 }
 

@@ -15,6 +15,7 @@
 
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
+#include "reference/problem/paged.h"
 #include "verify/checks/check.h"
 #include "verify/metrics/metrics.h"
 
@@ -487,6 +488,92 @@ std::vector<PerturbSet> PerturbSets(const SetPlanner& sp, bool backward, std::mt
   return sets;
 }
 
+// ---- Paged KV and seqused (docs/semantics.md "Paged KV and seqused"). ----
+
+// A set planned on the logical problem, moved to p's layout: tokens and protected elements
+// of row-major [rows, ...] outputs through the row maps, lse through LseFlatIndex.
+PerturbSet ToPhysical(const Problem& p, const Problem& l, const LogicalRows& rows,
+                      PerturbSet set) {
+  auto rows_of = [](std::vector<int64_t>& idx, const std::vector<int64_t>& map, int64_t width) {
+    for (int64_t& e : idx) e = map[static_cast<size_t>(e / width)] * width + e % width;
+  };
+  for (int64_t& t : set.key_tokens) t = rows.k[static_cast<size_t>(t)];
+  for (int64_t& t : set.query_tokens) t = rows.q[static_cast<size_t>(t)];
+  rows_of(set.keep.o, rows.q, p.heads_q * p.head_dim_v);
+  rows_of(set.keep.dq, rows.q, p.heads_q * p.head_dim);
+  rows_of(set.keep.dk, rows.k, p.heads_kv * p.head_dim);
+  rows_of(set.keep.dv, rows.k, p.heads_kv * p.head_dim_v);
+  const int64_t n = l.TotalQ();
+  for (int64_t& e : set.keep.lse) e = LseFlatIndex(p, rows.q[static_cast<size_t>(e % n)], e / n);
+  return set;
+}
+
+// Rows in [0, count) that `used` does not hold.
+std::vector<int64_t> Unread(int64_t count, const std::vector<int64_t>& used) {
+  std::vector<uint8_t> read(static_cast<size_t>(count), 0);
+  for (int64_t r : used) read[static_cast<size_t>(r)] = 1;
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < count; ++r) {
+    if (read[static_cast<size_t>(r)] == 0) out.push_back(r);
+  }
+  return out;
+}
+
+// Every element of every output.
+Protected Everything(const Problem& p) {
+  Protected keep;
+  auto all = [](std::vector<int64_t>& idx, const Shape& shape) {
+    idx.resize(static_cast<size_t>(Tensor::NumElements(shape)));
+    for (size_t e = 0; e < idx.size(); ++e) idx[e] = static_cast<int64_t>(e);
+  };
+  all(keep.o, p.OShape());
+  all(keep.lse, p.LseShape());
+  all(keep.dq, p.QShape());
+  all(keep.dk, p.KShape());
+  all(keep.dv, p.VShape());
+  return keep;
+}
+
+// The sets of the logical problem (masks, other sequences) moved to the pool, then the memory
+// nothing reads: pool rows (pages no sequence reads, slots past a sequence's used keys) in k
+// and v, and queries past seqused_q in q and dO, each protecting every output element.
+std::vector<PerturbSet> LogicalPerturbSets(const Problem& p, const CaseInputs& in,
+                                           const NonInterferenceOptions& options, bool backward,
+                                           std::mt19937_64& rng) {
+  const Problem l = LogicalProblem(p);
+  const LogicalRows rows = LogicalRowsOf(p);
+  CaseInputs logical;
+  logical.q = GatherRows(in.q, rows.q);
+  logical.k = GatherRows(in.k, rows.k);
+  logical.v = GatherRows(in.v, rows.k);
+  NonInterferenceOptions plain = options;
+  plain.query_rows = plain.key_rows = nullptr;
+  const SetPlanner planner(l, logical, plain);
+  std::vector<PerturbSet> sets;
+  for (PerturbSet& set : PerturbSets(planner, backward, rng)) {
+    set.description += " (logical rows, through the page table)";
+    sets.push_back(ToPhysical(p, l, rows, std::move(set)));
+  }
+  const int64_t key_rows = in.k.numel() / (p.heads_kv * p.head_dim);
+  PerturbSet keys;
+  keys.key_tokens = Unread(key_rows, rows.k);
+  keys.touch_k = options.perturb_k;
+  keys.touch_v = options.perturb_v;
+  keys.keep = Everything(p);
+  keys.description = fmt::format("k,v rows no sequence reads {} ({}); protected: everything",
+                                 Describe(keys.key_tokens),
+                                 p.paged() ? "unreferenced pages, slots past seqused_k"
+                                           : "past seqused_k");
+  if (!keys.key_tokens.empty()) sets.push_back(std::move(keys));
+  PerturbSet queries;
+  queries.query_tokens = Unread(in.q.numel() / (p.heads_q * p.head_dim), rows.q);
+  queries.keep = Everything(p);
+  queries.description = "q,do rows past seqused_q " + Describe(queries.query_tokens) +
+                        "; protected: everything";
+  if (!queries.query_tokens.empty()) sets.push_back(std::move(queries));
+  return sets;
+}
+
 // Per output, each element's change between two unperturbed runs (Change): the spread a
 // nondeterministic kernel is allowed.
 Outputs RunToRunSpread(const Outputs& base, const Outputs& again) {
@@ -602,9 +689,15 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   const bool backward = options.backward && caps.backward && in.dout.defined();
   std::mt19937_64 rng(options.seed ^ 0x6e6f6e2d696e7466ULL);
 
-  // ---- Perturbation sets, per sequence, from the mask. ----
-  const SetPlanner planner(p, in, options);
-  const std::vector<PerturbSet> sets = PerturbSets(planner, backward, rng);
+  // ---- Perturbation sets, per sequence, from the mask (paged / seqused: on the logical
+  // problem, plus the memory nothing reads). ----
+  const bool logical = HasLogicalView(p);
+  NonInterferenceOptions planned = options;
+  if (logical) planned.query_rows = planned.key_rows = nullptr;
+  const Problem planned_problem = logical ? LogicalProblem(p) : p;
+  const SetPlanner planner(planned_problem, in, planned);
+  const std::vector<PerturbSet> sets = logical ? LogicalPerturbSets(p, in, options, backward, rng)
+                                               : PerturbSets(planner, backward, rng);
   if (sets.empty()) return {};
 
   // ---- Unperturbed runs (twice for nondeterministic kernels: the allowed spread). ----
