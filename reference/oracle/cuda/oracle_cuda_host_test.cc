@@ -6,8 +6,9 @@
 // CPU-emulated library (ATTEST_ORACLE_CUDA_EMULATED), the C interface itself: device pointers
 // (host memory there) give the bits host pointers give, and a bad problem is an error code
 // with a message naming the field, and a GPU older than compute capability 8.0 (the emulated
-// library standing for one) counts as no usable device, with the reason. Learnable sinks are
-// declined, and the CPU oracle runs them; likewise learnable relative biases.
+// library standing for one) counts as no usable device, with the reason. Learnable sinks,
+// learnable relative biases and paged or seqused problems are declined, and the CPU oracle runs
+// them.
 #include "reference/oracle/cuda/oracle_cuda_host.h"
 
 #include <dlfcn.h>
@@ -22,6 +23,7 @@
 
 #include "reference/oracle/cuda/oracle_cuda.h"
 #include "reference/oracle/oracle_test_util.h"
+#include "reference/problem/paged.h"
 
 namespace attest {
 namespace {
@@ -105,6 +107,26 @@ TEST(OracleCudaHostTest, LearnableRelativeBiasesAreDeclinedAndRunOnTheCpuOracle)
   const BackwardOut want = Backward<double>(p, in.q, in.k, in.v, in.dout, cpu);
   EXPECT_TRUE(on.drel_bias.BitwiseEqual(want.drel_bias) && on.dq.BitwiseEqual(want.dq));
   EXPECT_TRUE(OracleForwardOn(&options, p, in.q, in.k, in.v, cpu).o.BitwiseEqual(want.o));
+}
+
+TEST(OracleCudaHostTest, PagedAndSequsedProblemsAreDeclinedAndRunOnTheCpuOracle) {
+  // The same for paged KV and seqused (docs/semantics.md "Paged KV and seqused").
+  Problem p = Base(2, 2, 1, 5, 9, 8, 8);
+  p.causal = true;
+  p.page_size = 4;
+  p.seqused_k = std::vector<int32_t>{9, 3};
+  FillPagedDefaults(p);
+  const auto in = RandomInputs(p, 5);
+  CudaOracleOptions options;
+  options.library = "/nonexistent/libattest_oracle_cuda.so";
+  const std::string what = ErrorOf([&] { CudaForward(p, in.q, in.k, in.v, options); });
+  EXPECT_NE(what.find("the CUDA oracle declines paged and seqused problems"), std::string::npos)
+      << what;
+  EXPECT_THROW(CudaBackward(p, in.q, in.k, in.v, in.dout, options), std::invalid_argument);
+  const BackwardOut on = OracleBackwardOn(&options, p, in.q, in.k, in.v, in.dout, {});
+  const BackwardOut want = Backward<double>(p, in.q, in.k, in.v, in.dout);
+  EXPECT_TRUE(on.dk.BitwiseEqual(want.dk) && on.dq.BitwiseEqual(want.dq));
+  EXPECT_TRUE(OracleForwardOn(&options, p, in.q, in.k, in.v, {}).o.BitwiseEqual(want.o));
 }
 
 TEST(OracleCudaHostTest, BuiltLibraryRunsOrSaysThereIsNoGpu) {
