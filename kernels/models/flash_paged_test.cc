@@ -74,8 +74,9 @@ Tensor PoolOf(const Problem& paged, const Tensor& contiguous_grad) {
   Problem flat = paged;
   flat.page_size = flat.num_pages = 0;
   flat.page_table.reset();
-  const Shape shape{paged.num_pages, paged.page_size, contiguous_grad.dim(contiguous_grad.rank() - 2),
-                    contiguous_grad.dim(contiguous_grad.rank() - 1)};
+  const int64_t rank = contiguous_grad.rank();
+  const Shape shape{paged.num_pages, paged.page_size, contiguous_grad.dim(rank - 2),
+                    contiguous_grad.dim(rank - 1)};
   std::vector<int64_t> rows;
   std::vector<int64_t> from;
   for (int64_t b = 0; b < paged.batch; ++b) {

@@ -540,7 +540,8 @@ class PageOffByOne : public EngineHooks {
  public:
   int64_t PagedKeyRow(const Problem& p, int64_t b, int64_t j) const override {
     if (!p.paged()) return KeyRow(p, b, j);
-    const int64_t page = (*p.page_table)[static_cast<size_t>(b)][static_cast<size_t>(j / p.page_size)];
+    const auto& row = (*p.page_table)[static_cast<size_t>(b)];
+    const int64_t page = row[static_cast<size_t>(j / p.page_size)];
     return (page + 1) % p.num_pages * p.page_size + j % p.page_size;
   }
 };

@@ -238,7 +238,8 @@ TEST(CaseInputs, PagedCasesGenerateAndReadThePool) {
   EXPECT_TRUE(ok->k.BitwiseEqual(gen->k));
   const auto bad = load(Tensor::Zeros(DType::kF64, {2, 6, 1, 8}));
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("k: shape [2, 6, 1, 8] does not match the problem's [9, 4, 1, 8]"),
+  EXPECT_NE(bad.error().message.find(
+                "k: shape [2, 6, 1, 8] does not match the problem's [9, 4, 1, 8]"),
             std::string::npos)
       << bad.error().message;
   std::filesystem::remove_all(dir);

@@ -101,7 +101,8 @@ Tensor ToPool(const Problem& paged, const Problem& contiguous, const Tensor& t,
     const Sequence s = SequenceOf(contiguous, b);
     for (int64_t j = 0; j < s.k_len; ++j) {
       for (int64_t e = 0; e < w; ++e) {
-        pool.data<double>()[KeyRow(paged, b, j) * w + e] = t.data<const double>()[(s.k_begin + j) * w + e];
+        pool.data<double>()[KeyRow(paged, b, j) * w + e] =
+            t.data<const double>()[(s.k_begin + j) * w + e];
       }
     }
   }
@@ -158,8 +159,9 @@ DenseOut Dense(const Problem& p, const GeneratedInputs& in) {
   const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
   const bool packed = p.cu_seqlens_q.has_value();
   const int64_t tq = packed ? p.cu_seqlens_q->back() : p.batch * p.seqlen_q;
-  const int64_t key_rows = p.page_size > 0 ? p.num_pages * p.page_size
-                                           : (packed ? p.cu_seqlens_k->back() : p.batch * p.seqlen_k);
+  const int64_t key_rows =
+      p.page_size > 0 ? p.num_pages * p.page_size
+                      : (packed ? p.cu_seqlens_k->back() : p.batch * p.seqlen_k);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const double* q = in.q.data<const double>();
   const double* k = in.k.data<const double>();

@@ -113,7 +113,8 @@ int64_t UsedKLen(const Problem& p, int64_t b) {
 
 int64_t KeyRow(const Problem& p, int64_t b, int64_t j) {
   if (!p.paged()) return SequenceOf(p, b).k_begin + j;
-  const int64_t page = (*p.page_table)[static_cast<size_t>(b)][static_cast<size_t>(j / p.page_size)];
+  const auto& row = (*p.page_table)[static_cast<size_t>(b)];
+  const int64_t page = row[static_cast<size_t>(j / p.page_size)];
   return page * p.page_size + j % p.page_size;
 }
 
@@ -225,7 +226,9 @@ Tensor GatherLse(const Problem& p, const Tensor& lse, const std::vector<int64_t>
   const double* src = c.data<const double>();
   double* dst = out.data<double>();
   for (int64_t h = 0; h < p.heads_q; ++h) {
-    for (int64_t r = 0; r < n; ++r) dst[h * n + r] = src[LseFlatIndex(p, q_rows[static_cast<size_t>(r)], h)];
+    for (int64_t r = 0; r < n; ++r) {
+      dst[h * n + r] = src[LseFlatIndex(p, q_rows[static_cast<size_t>(r)], h)];
+    }
   }
   return out;
 }
@@ -239,7 +242,9 @@ Tensor ScatterLse(const Problem& p, const Tensor& packed, const std::vector<int6
   std::fill(all.begin(), all.end(), fill);
   const double* src = c.data<const double>();
   for (int64_t h = 0; h < p.heads_q; ++h) {
-    for (int64_t r = 0; r < n; ++r) all[LseFlatIndex(p, q_rows[static_cast<size_t>(r)], h)] = src[h * n + r];
+    for (int64_t r = 0; r < n; ++r) {
+      all[LseFlatIndex(p, q_rows[static_cast<size_t>(r)], h)] = src[h * n + r];
+    }
   }
   return out;
 }

@@ -71,7 +71,8 @@ TEST(PagedProblem, ValidationNamesTheField) {
   ExpectRejected({{"page_size", 0}, {"page_table", {{0}, {1}}}},
                  "problem.page_table: set without page_size");
   ExpectRejected({{"num_pages", -2}}, "problem.num_pages: -2 must be in [1,");
-  ExpectRejected({{"page_table", {{0, 1, 2}}}}, "problem.page_table: has 1 rows, expected batch = 2");
+  ExpectRejected({{"page_table", {{0, 1, 2}}}},
+                 "problem.page_table: has 1 rows, expected batch = 2");
   ExpectRejected({{"page_table", {{0, 1}, {3, 4, 5}}}},
                  "problem.page_table[0]: has 2 entries, expected ceil(seqlen_k / page_size) = 3");
   ExpectRejected({{"page_table", {{0, 1, 2}, {3, 13, 5}}}},
