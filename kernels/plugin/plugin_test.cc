@@ -112,6 +112,8 @@ TEST(PluginLoader, ErrorsNameTheLibraryAndTheSymbolOrField) {
     EXPECT_HAS(e, "capabilities.sink: true is not supported by the C ABI");
     e = LoadError(Lib("attest_test_rel_bias") + ":segfault", o);  // nor a relative bias
     EXPECT_HAS(e, "capabilities.rel_bias: true is not supported by the C ABI");
+    e = LoadError(Lib("attest_test_paged") + ":segfault", o);  // no page table either
+    EXPECT_HAS(e, "capabilities.paged: true is not supported by the C ABI");
     e = LoadError("/no/such/dir/libnothing.so", o);
     EXPECT_HAS(e, "plugin /no/such/dir/libnothing.so: cannot load");
     e = LoadError(Lib("attest_example_host"), o);  // three kernels: say which

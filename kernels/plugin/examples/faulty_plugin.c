@@ -9,6 +9,7 @@
  *   -DFAULTY_NO_LSE        capabilities with "lse": false, which the C ABI cannot carry
  *   -DFAULTY_SINK          capabilities with "sink": true, which the C ABI cannot carry
  *   -DFAULTY_REL_BIAS      capabilities with "rel_bias": true, likewise
+ *   -DFAULTY_PAGED         capabilities with "paged": true (no page table in the C ABI)
  */
 #include <signal.h>
 #include <stdint.h>
@@ -72,6 +73,8 @@ ATTEST_KERNEL_EXPORT const attest_kernel_desc* attest_kernel_get(int32_t index) 
   d->capabilities_json = "{\"dtypes\":[\"f32\"],\"sink\":true}";
 #elif defined(FAULTY_REL_BIAS)
   d->capabilities_json = "{\"dtypes\":[\"f32\"],\"rel_bias\":true}";
+#elif defined(FAULTY_PAGED)
+  d->capabilities_json = "{\"dtypes\":[\"f32\"],\"paged\":true}";
 #else
   d->capabilities_json = FAULTY_CAPS;
 #endif
