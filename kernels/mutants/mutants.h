@@ -173,6 +173,9 @@ Problem ApplyProblemFault(const Problem& p, ProblemFault fault);
 
 // The learnable-sink rows of the catalogue (sink_mutants.cc), appended to `rows`.
 void AddSinkMutants(std::vector<MutantSpec>& rows);
+// The split-KV and paged-KV rows (split_paged_mutants.cc), appended to `rows`.
+void AddSplitKvMutants(std::vector<MutantSpec>& rows);
+void AddPagedMutants(std::vector<MutantSpec>& rows);
 
 // Registers mutant/<name> for every row (each kernel built around MakeParent()).
 void RegisterMutants(KernelRegistry& registry);

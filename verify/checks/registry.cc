@@ -83,7 +83,8 @@ std::vector<CheckInfo> BuildChecks() {
        "the forward at every split count the kernel declares (num_splits) agrees with the "
        "first count's within the fp32 combine's rounding and P's rounding at each split's own "
        "max (forward only: the backward does not split)",
-       RunSplitsAgree, [](const Capabilities& c) { return c.num_splits.size() >= 2; }},
+       RunSplitsAgree, /*sink=*/false,
+       [](const Capabilities& c) { return c.num_splits.size() >= 2; }},
       {"special-values",
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
        "give dk = dv = 0; outputs are finite wherever the oracle's are (huge logits, "
