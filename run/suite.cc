@@ -179,9 +179,9 @@ constexpr auto kBias = "bias";              // verify/checks/bias.h
 // the other rows so that their seeds stay what they were.
 void SinkRows(Builder& s) {
   const GeneratorSpec drawn = Gaussian({{"sink", {{"mean", 2.5}, {"std", 1.0}}}});
-  s.Add({kAcc, kSpec, kLeak}, "sink GQA 8:2 causal batch 2", Sink(Causal(P(2, 8, 2, 96, 96))),
-        drawn);
-  s.Add({kAcc, kSpec, kUnw}, "sink causal Sq>Sk (empty rows)", Sink(Causal(P(1, 2, 2, 130, 77))),
+  s.Add({kAcc, kSpec, kLeak, kCons}, "sink GQA 8:2 causal batch 2",
+        Sink(Causal(P(2, 8, 2, 96, 96))), drawn);
+  s.Add({kAcc, kSpec, kUnw, kCons}, "sink causal Sq>Sk (empty rows)", Sink(Causal(P(1, 2, 2, 130, 77))),
         drawn);
   s.Add({kAcc, kSpec, kLeak}, "sink varlen causal",
         Sink(Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20}))), drawn);

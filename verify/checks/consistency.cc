@@ -25,16 +25,19 @@ namespace consistency_detail {
 // Forward + backward; an Error string, "" with unsupported = true, or the run.
 std::variant<KernelRun, Unsupported, Error> RunKernel(Kernel& kernel, const Problem& p,
                                                       const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& dout) {
-  auto fwd = kernel.Forward(p, q, k, v);
+                                                      const Tensor& v, const Tensor& dout,
+                                                      const Tensor& sink) {
+  auto fwd = p.sink ? kernel.ForwardSink(p, q, k, v, sink) : kernel.Forward(p, q, k, v);
   if (auto* u = std::get_if<Unsupported>(&fwd)) return *u;
   if (auto* e = std::get_if<Error>(&fwd)) return Error{"forward: " + e->message};
   KernelRun r;
+  r.sink = sink;
   r.o_raw = std::get<ForwardResult>(fwd).o;
   r.lse_raw = std::get<ForwardResult>(fwd).lse;
   r.o = ToF64(r.o_raw);
   if (r.lse_raw.defined()) r.lse = ToF64(r.lse_raw);  // undefined: the kernel returns no lse
-  auto bwd = kernel.Backward(p, q, k, v, r.o_raw, r.lse_raw, dout);
+  auto bwd = p.sink ? kernel.BackwardSink(p, q, k, v, r.o_raw, r.lse_raw, dout, sink)
+                    : kernel.Backward(p, q, k, v, r.o_raw, r.lse_raw, dout);
   if (auto* u = std::get_if<Unsupported>(&bwd)) return *u;
   if (auto* e = std::get_if<Error>(&bwd)) return Error{"backward: " + e->message};
   const BackwardResult& b = std::get<BackwardResult>(bwd);
@@ -218,7 +221,7 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
   std::vector<Verdict> out;
   // Identities and the recipe gradient on one set of inputs; false when the kernel refused.
   const auto run_on = [&](const CaseInputs& x, const std::string& label) -> bool {
-    auto answer = RunKernel(kernel, p, x.q, x.k, x.v, x.dout);
+    auto answer = RunKernel(kernel, p, x.q, x.k, x.v, x.dout, x.sink);
     if (std::holds_alternative<Unsupported>(answer)) return false;
     if (auto* e = std::get_if<Error>(&answer)) {
       std::string call(kCheck);
@@ -289,7 +292,8 @@ std::vector<Verdict> CheckConsistency(Kernel& kernel, const Problem& p, const Ca
     if (p.softcap > 0) {
       const double lambda = SoftcapProbeScale(p, in);
       if (lambda > 1) {
-        CaseInputs x{in.q.Clone(), in.k, in.v, in.dout};
+        CaseInputs x = in;
+        x.q = in.q.Clone();
         for (double& e : x.q.span<double>()) e *= lambda;
         run_on(x, fmt::format("softcap probe (q x {}): ", lambda));
       }

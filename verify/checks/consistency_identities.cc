@@ -16,6 +16,12 @@
 // Σ_j dS_ij = dO_i·(O_i^fp32 - O_i^rounded) ≠ 0; the prediction therefore uses
 // r_i = Σ_j P_ij dP_ij - rowsum(dO_i ∘ O_i^kernel), which is that term, computed here in f64.
 // Σ_j dV_j = Σ_i (Σ_j P_ij) dO_i = Σ_{non-empty i} dO_i.
+// A learnable sink (docs/semantics.md "Learnable sink"; docs/checks.md derives each term): the
+// kernel's lse includes it, so Σ_j P_ij = 1 - p_sink,i with p_sink,i = exp(sink_h - lse_i).
+// delta is unchanged (the sink has no value: O_i = Σ_j P_ij v_j); Σ_j dS_ij = p_sink,i D_i, and
+// Σ_j dV_j = Σ_i (1 - p_sink,i) dO_i; both predictions below are formed from the kernel's P,
+// which carries the term. The probe's O_i = (1 - p_sink,i) c, so its dS_ij = P_ij p_sink,i
+// dO_i·c is not 0, and the probe predicts it from P and D as it does without a sink.
 // Constant-V probe: with v_j = c for every key of a sequence the exact O_i is c whatever P
 // is, so dq and dk vanish; a kernel computes dS_ij = P_ij (dO_i·c - D_i) with D_i from its
 // returned O, i.e. dS_ij = -P_ij e_i with e_i = dO_i·(O_i - c), known here exactly.
@@ -154,7 +160,9 @@ std::vector<int64_t> KeyIndex(const Problem& p, int64_t t, int64_t h, int64_t d)
 // weights differ by its score error and its fp32 row sum, both inside RowWeightsOf's eps.
 Tensor WeightsLse(const Problem& p, const Operands& x, const KernelRun& run) {
   if (run.lse.defined()) return run.lse;
-  return Forward<double>(p, x.qs, x.ks, x.vo).lse;
+  OracleOptions o;
+  if (p.sink) o.sink = &run.sink;  // the oracle's lse includes the sink, as a kernel's does
+  return Forward<double>(p, x.qs, x.ks, x.vo, o).lse;
 }
 
 // The f64 arrays the identities read: the recipe's operands (Operands), the kernel's run and
@@ -578,7 +586,7 @@ void Probe(Kernel& kernel, const Problem& p, const CaseInputs& in, const Recipe&
     v.repro = repro;
     out.push_back(v);
   };
-  auto answer = RunKernel(kernel, p, in.q, in.k, vc, in.dout);
+  auto answer = RunKernel(kernel, p, in.q, in.k, vc, in.dout, in.sink);
   if (std::holds_alternative<Unsupported>(answer)) return;
   if (auto* e = std::get_if<Error>(&answer)) {
     Verdict v = KernelError(kernel, std::string(kCheck) + ", constant-V probe", e->message);

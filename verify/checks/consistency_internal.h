@@ -45,12 +45,15 @@ struct KernelRun {
   Tensor o_raw, lse_raw;  // as returned (for Backward)
   Tensor o, lse;          // f64
   Tensor dq, dk, dv;      // f64
+  Tensor sink;            // the sink it ran with (Problem::sink; undefined without one)
 };
 
-// Forward + backward; an Error string, "" with unsupported = true, or the run.
+// Forward + backward; an Error string, "" with unsupported = true, or the run. A problem with
+// a learnable sink goes through the sink entry points with `sink` (CaseInputs::sink).
 std::variant<KernelRun, Unsupported, Error> RunKernel(Kernel& kernel, const Problem& p,
                                                       const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& dout);
+                                                      const Tensor& v, const Tensor& dout,
+                                                      const Tensor& sink);
 
 struct RoundingModel {
   double u_o = 0, u_g = 0;      // output o / gradients

@@ -33,15 +33,18 @@ void RecipeGradient(const Problem& p, const CaseInputs& in, const KernelRun& run
                                    : !k.ok() ? k.error().message : v.error().message));
     return;
   }
-  const BackwardOut ref = Backward<double>(p, *q, *k, *v, in.dout);
+  OracleOptions oracle;
+  if (p.sink) oracle.sink = &in.sink;  // the sink is fp32 and no GEMM operand: never quantised
+  const BackwardOut ref = Backward<double>(p, *q, *k, *v, in.dout, oracle);
   std::optional<BaselineOut> base;
+  const Tensor* sink = p.sink ? &in.sink : nullptr;
   if (profile.needs_baseline()) {
     // The profile's baseline against the same quantised oracle: the same-precision "pt" on
     // the quantised operands, or the recipe reference (which quantises the inputs itself).
     Expected<BaselineOut> b =
         profile.baseline_recipe.empty()
-            ? ProfileBaseline(profile, p, *q, *k, *v, &in.dout)
-            : ProfileBaseline(profile, p, in.q, in.k, in.v, &in.dout);
+            ? ProfileBaseline(profile, p, *q, *k, *v, &in.dout, nullptr, 1, sink)
+            : ProfileBaseline(profile, p, in.q, in.k, in.v, &in.dout, nullptr, 1, sink);
     if (!b.ok()) {
       fail("baseline: " + b.error().message);
       return;

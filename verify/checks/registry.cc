@@ -105,7 +105,7 @@ std::vector<CheckInfo> BuildChecks() {
       {"consistency",
        "the backward differentiates the forward that ran: delta, sum-of-gradient identities, "
        "the constant-V probe, and the gradient at the recipe's quantised operands",
-       RunConsistency},
+       RunConsistency, /*sink=*/true},
       {"bias",
        "the mean signed error of o, lse, dq, dk and dv (in ulps of the output format, signed and "
        "toward zero) is the mean the kernel's recipe implies within 0.2 ulp (fp32 outputs: 1 "

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/mutants/mutants.h"
 #include "verify/checks/check_test_util.h"
 
 namespace attest {
@@ -146,7 +147,7 @@ TEST(SinkChecks, RelationsWithoutTheSinkSkipASinkCaseAndKernelsWithoutSinksSkipT
   auto model = Flash2();
   Suite s = GateRowsLabelled("sink GQA 8:2");
   const std::string label = s.rows.front().case_template.label;
-  for (const char* check : {"consistency", "permutation", "gqa-mha"}) {
+  for (const char* check : {"bias", "permutation", "gqa-mha"}) {
     SuiteRow extra = s.rows.front();
     extra.check = check;
     s.rows.push_back(extra);
@@ -167,6 +168,24 @@ TEST(SinkChecks, RelationsWithoutTheSinkSkipASinkCaseAndKernelsWithoutSinksSkipT
                           [](const Verdict& v) { return v.check == kCoverageCheck; }));
   for (const SkippedRow& row : q.report.skipped) {
     EXPECT_NE(row.reason.find("sink"), std::string::npos) << row.label << ": " << row.reason;
+  }
+}
+
+// Consistency on sink cases (docs/checks.md "Consistency"): the identities read P from the
+// kernel's lse, which includes the sink, so Σ_j P_ij = 1 - p_sink,i enters every prediction.
+// The correct model passes both gate sink rows; a forward whose lse leaves the sink out, or
+// whose o does, breaks the delta identity (D = rowsum(dO∘O) against Σ_j P_ij dP_ij).
+TEST(SinkChecks, ConsistencyJudgesSinkCases) {
+  Suite s = GateRowsLabelled("sink ");
+  std::erase_if(s.rows, [](const SuiteRow& r) { return r.check != "consistency"; });
+  ASSERT_EQ(s.rows.size(), 2u);
+  auto model = Flash2();
+  const RunResult good = RunRows(*model, s);
+  EXPECT_TRUE(Failures(good).empty()) << Failures(good).front().message;
+  EXPECT_GE(good.report.verdicts.size(), 10u);
+  for (const char* name : {"sink-not-in-lse", "sink-after-normalisation"}) {
+    MutantKernel bad(*FindMutant(name));
+    EXPECT_TRUE(suite_test::AnyFailure(RunRows(bad, s), "consistency", "delta")) << name;
   }
 }
 
