@@ -54,16 +54,18 @@ namespace metamorphic_detail {
 
 RunOutputs RunKernel(std::string_view check, Kernel& kernel, const Problem& p, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& dout, bool with_backward,
-                     std::string_view what) {
+                     std::string_view what, const Tensor* sink) {
   RunOutputs r;
-  auto f = kernel.Forward(p, q, k, v);
+  const bool with_sink = p.sink && sink != nullptr;
+  auto f = with_sink ? kernel.ForwardSink(p, q, k, v, *sink) : kernel.Forward(p, q, k, v);
   if (auto s = NonOutputVerdicts(check, kernel, p, f, fmt::format("forward ({})", what))) {
     r.stop = std::move(s);
     return r;
   }
   r.fwd = std::get<ForwardResult>(std::move(f));
   if (with_backward) {
-    auto b = kernel.Backward(p, q, k, v, r.fwd.o, r.fwd.lse, dout);
+    auto b = with_sink ? kernel.BackwardSink(p, q, k, v, r.fwd.o, r.fwd.lse, dout, *sink)
+                       : kernel.Backward(p, q, k, v, r.fwd.o, r.fwd.lse, dout);
     if (auto s = NonOutputVerdicts(check, kernel, p, b, fmt::format("backward ({})", what))) {
       r.stop = std::move(s);
       return r;

@@ -21,10 +21,11 @@ struct RunOutputs {
 };
 
 // The kernel's forward (and backward) on a transformed problem; `what` names the run in the
-// verdicts of one without outputs.
+// verdicts of one without outputs. A problem with a learnable sink goes through the sink entry
+// points with `sink` (required then).
 RunOutputs RunKernel(std::string_view check, Kernel& kernel, const Problem& p, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& dout, bool with_backward,
-                     std::string_view what);
+                     std::string_view what, const Tensor* sink = nullptr);
 
 // The base run: the context's cached answers.
 RunOutputs BaseRun(std::string_view check, CheckContext& ctx, bool with_backward);

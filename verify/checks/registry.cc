@@ -83,7 +83,7 @@ std::vector<CheckInfo> BuildChecks() {
        "the forward at every split count the kernel declares (num_splits) agrees with the "
        "first count's within the fp32 combine's rounding and P's rounding at each split's own "
        "max (forward only: the backward does not split)",
-       RunSplitsAgree, /*sink=*/false,
+       RunSplitsAgree, /*sink=*/true,
        [](const Capabilities& c) { return c.num_splits.size() >= 2; }},
       {"special-values",
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "

@@ -80,6 +80,10 @@ SplitAllowance SplitBound(const Problem& p, const CaseInputs& in, const Tensor& 
     for (int64_t h = 0; h < hq; ++h) {
       const int64_t g = p.KvHead(h);
       const double slope = p.alibi_slopes ? (*p.alibi_slopes)[static_cast<size_t>(h)] : 0.0;
+      // A finite learnable sink is one more term of the combine's max and sum (splits.h).
+      const double sink_h = p.sink ? ToF64(in.sink).span<const double>()[static_cast<size_t>(h)]
+                                   : -std::numeric_limits<double>::infinity();
+      const bool has_sink = std::isfinite(sink_h);
       for (int64_t i = 0; i < seq.q_len; ++i) {
         const int64_t qi = seq.q_begin + i;
         const size_t row = static_cast<size_t>(
@@ -107,8 +111,9 @@ SplitAllowance SplitBound(const Problem& p, const CaseInputs& in, const Tensor& 
             terms[static_cast<size_t>(c)] += prob * std::fabs(V[at(kj, hkv, g, dv) + c]);
           }
         });
+        if (has_sink) s_max = std::max(s_max, std::fabs(sink_h));
         const double big_l = std::max(std::fabs(lse_i), s_max) + std::log(std::max(1.0, n_i));
-        const double combine = kU32 * (2 * big_l + n_splits + 4);
+        const double combine = kU32 * (2 * big_l + n_splits + (has_sink ? 5 : 4));
         AL[row] = 2 * (combine + kU32 * (reorder(n_i) + e_max));
         for (int64_t c = 0; c < dv; ++c) {
           const size_t e = at(qi, hq, h, dv) + static_cast<size_t>(c);
@@ -136,8 +141,9 @@ std::vector<Verdict> RunSplitsAgree(CheckContext& ctx) {
   const CaseInputs& in = ctx.inputs;
   Problem first = ctx.case_.problem;
   first.num_splits = counts.front();
+  const Tensor* sink = first.sink ? &in.sink : nullptr;
   RunOutputs base = RunKernel(kCheck, *ctx.kernel, first, in.q, in.k, in.v, in.dout, false,
-                              fmt::format("num_splits {}", counts.front()));
+                              fmt::format("num_splits {}", counts.front()), sink);
   if (base.stop) return *base.stop;
   const bool judges_lse = JudgesLse(*ctx.kernel);
   const Tensor& lse_ref = judges_lse ? base.fwd.lse : ctx.OracleForward().lse;
@@ -149,7 +155,8 @@ std::vector<Verdict> RunSplitsAgree(CheckContext& ctx) {
     Problem other = first;
     other.num_splits = counts[n];
     const std::string what = fmt::format("num_splits {}", counts[n]);
-    RunOutputs rel = RunKernel(kCheck, *ctx.kernel, other, in.q, in.k, in.v, in.dout, false, what);
+    RunOutputs rel =
+        RunKernel(kCheck, *ctx.kernel, other, in.q, in.k, in.v, in.dout, false, what, sink);
     if (rel.stop) return *rel.stop;
     std::vector<Verdict> pair;
     pair.push_back(Agree(kCheck, "o", first, ctx.profile, base.fwd.o, rel.fwd.o, 2, nullptr,

@@ -37,6 +37,8 @@ std::vector<Verdict> RunSplitsAgree(CheckContext& ctx);
 //                                           (R and e of relation_bounds.h SumOrderBound; l_s is
 //                                           the sum of P before its rounding, FlashAttention's
 //                                           softmax.h row_sum)
+// A finite learnable sink (Problem::sink) is one more term of the combine's max and sum: L_i
+// also bounds |sink_h| and N + 4 becomes N + 5; it has no value, so T is unchanged.
 // (the factor 2: two runs). P, T and L come from `lse` (the first count's run, or the
 // oracle's where the kernel returns none) and `o` that run's output; no oracle value is the
 // reference.
