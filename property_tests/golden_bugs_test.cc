@@ -62,6 +62,7 @@ TEST_P(GoldenBug, TheShrunkCaseStillFailsTheMutantAndPassesItsParent) {
       "split-kv-combine",       // two 64-key splits
       "splitkv-combine-unnormalised",  // two splits of 64-key tiles (Sk > 64)
       "splitkv-boundary-off-by-one",   // a split boundary at key 64 (Sk > 64)
+      "splitkv-sink-per-split",        // a second split holds a second sink (Sk > 64)
       "tile-acc-not-rescaled"};  // a second 64-key tile whose max grows (Sq = Sk: 128)
   if (!kNeedsLongKeys.count(GetParam())) {
     EXPECT_LE(c->problem.seqlen_q, 64) << GetParam();

@@ -62,6 +62,9 @@ enum class SinkFault : uint8_t {
   kEmptyRowNanLse,
   // dsink with the wrong sign (+sum_i exp(sink - lse_i) D_i).
   kDsinkSign,
+  // The sink handed to the engine with the spec's hooks, which hold the fault (the split-KV
+  // combine adding it once per split: deviations.h SplitKvSinkPerSplitHooks).
+  kInHooks,
 };
 
 // One row of the catalogue.
@@ -176,6 +179,8 @@ void AddSinkMutants(std::vector<MutantSpec>& rows);
 // The split-KV and paged-KV rows (split_paged_mutants.cc), appended to `rows`.
 void AddSplitKvMutants(std::vector<MutantSpec>& rows);
 void AddPagedMutants(std::vector<MutantSpec>& rows);
+// The split-KV row with a learnable sink (sink_mutants.cc), after the other split-KV rows.
+void AddSplitKvSinkMutants(std::vector<MutantSpec>& rows);
 
 // Registers mutant/<name> for every row (each kernel built around MakeParent()).
 void RegisterMutants(KernelRegistry& registry);

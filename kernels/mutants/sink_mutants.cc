@@ -7,6 +7,9 @@
 #include <limits>
 
 #include "kernels/mutants/mutants.h"
+#include "kernels/models/flash_engine.h"
+#include "kernels/models/flash_models.h"
+#include "kernels/mutants/deviations.h"
 #include "reference/formats/format.h"
 
 namespace attest {
@@ -112,12 +115,39 @@ void AddSinkMutants(std::vector<MutantSpec>& rows) {
        .differs = {"dsink"}});
 }
 
+void AddSplitKvSinkMutants(std::vector<MutantSpec>& rows) {
+  Problem p = SinkCase(8, 2, 1, 300);  // a decode row over five 64-key tiles
+  p.num_splits = 3;
+  const auto add = [&](MutantSpec s) { rows.push_back(std::move(s)); };
+  add({.name = "splitkv-sink-per-split",
+                  .parent = kSplitKvModelName,
+                  .parent_recipe = "bf16",
+                  .bug = "the learnable sink folded into every split's partial sum before the "
+                         "combine, so the combined denominator counts exp(sink) once per split "
+                         "that saw a key (ROCm/ROCm issue 12227)",
+                  .change = "hook CombineKvSplits: lse_s := log(exp(lse_s) + exp(sink)) per split",
+                  .bug_class = "splits-agree",
+                  .hooks = &SplitKvSinkPerSplitHooks(),
+                  .sink_fault = SinkFault::kInHooks,
+                  .problem = p,
+                  .generator = GeneratorSpec{"gaussian", 145,
+                                             {{"q", {{"std", 2.0}}},
+                                              {"sink", {{"mean", 2.5}, {"std", 1.0}}}}},
+                  .differs = {"o", "lse", "dq", "dk", "dv", "dsink"}});
+}
+
 KernelAnswer<ForwardResult> MutantKernel::ForwardSink(const Problem& p, const Tensor& q,
                                                       const Tensor& k, const Tensor& v,
                                                       const Tensor& sink) {
   route_ = "mutant forward, sink";
   std::string why;
   if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
+  if (spec_->sink_fault == SinkFault::kInHooks) {
+    EngineOptions options = options_;
+    options.hooks = spec_->hooks;
+    options.sink = &sink;
+    return FlashForward(p, MutantRecipe(*spec_), q, k, v, options);
+  }
   KernelAnswer<ForwardResult> out = parent_->ForwardSink(p, q, k, v, sink);
   auto* r = std::get_if<ForwardResult>(&out);
   if (r == nullptr) return out;
@@ -153,6 +183,12 @@ KernelAnswer<BackwardResult> MutantKernel::BackwardSink(const Problem& p, const 
   route_ = "mutant backward, sink";
   std::string why;
   if (!caps_.Covers(p, &why)) return Unsupported{name() + ": " + why};
+  if (spec_->sink_fault == SinkFault::kInHooks) {
+    EngineOptions options = options_;
+    options.hooks = spec_->hooks;
+    options.sink = &sink;
+    return FlashBackward(p, MutantRecipe(*spec_), q, k, v, o, lse, dout, options);
+  }
   KernelAnswer<BackwardResult> out = parent_->BackwardSink(p, q, k, v, o, lse, dout, sink);
   auto* r = std::get_if<BackwardResult>(&out);
   if (r == nullptr || !r->dsink.defined()) return out;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/models/flash_models.h"
 #include "kernels/mutants/mutants.h"
 #include "verify/checks/check_test_util.h"
 
@@ -187,6 +188,31 @@ TEST(SinkChecks, ConsistencyJudgesSinkCases) {
     MutantKernel bad(*FindMutant(name));
     EXPECT_TRUE(suite_test::AnyFailure(RunRows(bad, s), "consistency", "delta")) << name;
   }
+}
+
+// splits-agree with a sink (the gate's split-KV sink decode row): the split-KV model adds the
+// sink once and passes; a combine that adds it once per split (ROCm/ROCm issue 12227,
+// deviations.h SplitKvSinkPerSplitHooks) fails it on o and lse.
+TEST(SinkChecks, SplitsAgreeWithASinkFailsTheSinkPerSplitCombine) {
+  auto made = Kernels().Create(kSplitKvModelName);
+  ASSERT_TRUE(made.ok());
+  std::unique_ptr<Kernel> model = std::move(made).value();
+  const Suite* gate = FindSuite("gate");
+  Suite s{gate->name, gate->description, {}};
+  for (const SuiteRow& r : RowsFor(*gate, model->capabilities(), 0)) {
+    if (r.check == "splits-agree" &&
+        r.case_template.label.rfind("split-KV decode sink", 0) == 0) {
+      s.rows.push_back(r);
+    }
+  }
+  ASSERT_EQ(s.rows.size(), 1u);
+  const RunResult good = RunRows(*model, s);
+  EXPECT_TRUE(Failures(good).empty()) << Failures(good).front().message;
+  EXPECT_FALSE(good.report.verdicts.empty());
+  MutantKernel bad(*FindMutant("splitkv-sink-per-split"));
+  const RunResult r = RunRows(bad, s);
+  EXPECT_TRUE(suite_test::AnyFailure(r, "splits-agree", "o"));
+  EXPECT_TRUE(suite_test::AnyFailure(r, "splits-agree", "lse"));
 }
 
 }  // namespace
