@@ -117,6 +117,7 @@ void AddSplitKvMutants(std::vector<MutantSpec>& rows) {
        .problem = MutantCase(MutantCase(32, 300), split3),
        .generator = Gaussian(142, {{"q", {{"std", 2.0}}}}),
        .differs = {"o", "lse", "dq", "dk", "dv"}});
+  AddSplitKvSinkMutants(rows);  // sink_mutants.cc
 }
 
 }  // namespace attest
