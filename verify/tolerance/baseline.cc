@@ -53,7 +53,7 @@ constexpr int64_t kKeyChunk = 512;
 // sequential in its index, the order documented above).
 struct SeqBuffers {
   SeqBuffers(const MaskView& mask, int64_t b, bool rowwise, bool backward, bool alibi, float cap,
-             int64_t D, int64_t Dv)
+             int64_t D, int64_t Dv, bool rel_bias)
       : mask(mask), b(b), seq(mask.sequence()), nq(seq.q_len), nk(seq.k_len) {
     qs.resize(static_cast<size_t>(nq * D));
     const int64_t area = rowwise ? 0 : nq * nk;
@@ -68,6 +68,8 @@ struct SeqBuffers {
     if (cap > 0) th.assign(static_cast<size_t>(area), 0.0f);
     // dS of a block of rows (backward).
     dsb.resize(backward ? static_cast<size_t>(std::min(nq, kRowBlock) * nk) : 0);
+    // The block's fp32 dS before the softcap derivative (backward with a relative bias).
+    if (backward && rel_bias) drb.assign(static_cast<size_t>(std::min(nq, kRowBlock) * nk), 0.0f);
     // A sink's probability per row and each row's dsink term (backward).
     psink.assign(static_cast<size_t>(nq), 0.0f);
     dsink_rows.assign(backward ? static_cast<size_t>(nq) : 0, 0.0f);
@@ -85,7 +87,7 @@ struct SeqBuffers {
   std::vector<float> qs, pr, p32, th;
   std::vector<uint8_t> vis;
   std::vector<float> dk_acc, dv_acc, dk_group, dv_group;
-  std::vector<float> dsb;
+  std::vector<float> dsb, drb;
   std::vector<float> psink, dsink_rows;
   std::vector<float> kh, kt, vh, vt;
   std::vector<float> qs32;
@@ -99,7 +101,7 @@ class SdpaRun {
  public:
   SdpaRun(const Problem& p, Format f, const Tensor& q, const Tensor& k, const Tensor& v,
           const Tensor* dout, BaselineMode mode, const std::vector<uint8_t>* query_rows,
-          int threads, const Tensor* sink)
+          int threads, const Tensor* sink, const Tensor* rel_bias)
       : p_(p),
         f_(f),
         every_op_(mode == BaselineMode::kEveryOp),
@@ -123,7 +125,10 @@ class SdpaRun {
         sqrt_d_(std::sqrt(static_cast<float>(D_))),
         cap_(static_cast<float>(p.softcap)),
         alibi_(p.alibi_slopes.has_value()),
-        sink_(sink != nullptr ? ToFloats(*sink) : std::vector<float>{}) {
+        sink_(sink != nullptr ? ToFloats(*sink) : std::vector<float>{}),
+        rb_(rel_bias != nullptr ? ToFloats(*rel_bias) : std::vector<float>{}),
+        W_(p.RelBiasWidth()),
+        promoted_(alibi_ || !rb_.empty()) {
     o_.assign(static_cast<size_t>(TQ_ * H_ * Dv_), 0.0f);
     lse_.assign(static_cast<size_t>(TQ_ * H_), kNegInf);
     if (backward_) {
@@ -131,6 +136,7 @@ class SdpaRun {
       dk_.assign(static_cast<size_t>(TK_ * Hk_ * D_), 0.0f);
       dv_.assign(static_cast<size_t>(TK_ * Hk_ * Dv_), 0.0f);
       if (!sink_.empty()) dsink_.assign(static_cast<size_t>(H_), 0.0f);
+      if (!rb_.empty()) drel_.assign(static_cast<size_t>(H_ * W_), 0.0f);
     }
     scratch_.resize(static_cast<size_t>(workers_));  // sized on first use
   }
@@ -182,6 +188,7 @@ class SdpaRun {
   void RowScores(SeqBuffers& sb, int64_t i, int64_t j_lo, int64_t j_hi, Scratch& w);
   void Backward(SeqBuffers& sb, int64_t h, int64_t hk);
   void BackwardRow(SeqBuffers& sb, int64_t h, int64_t i0, int64_t r, int worker);
+  void AccumulateRelBias(SeqBuffers& sb, int64_t h, int64_t i0, int64_t i1);
   void AccumulateKeyGrads(SeqBuffers& sb, int64_t h, int64_t i0, int64_t i1, int64_t j0,
                           int64_t j1);
   void ReduceGroup(SeqBuffers& sb, int64_t h, int64_t hk, int64_t j0, int64_t j1);
@@ -204,10 +211,14 @@ class SdpaRun {
   const float cap_;
   const bool alibi_;
   const std::vector<float> sink_;  // [Hq] fp32, empty without a sink
+  const std::vector<float> rb_;    // [Hq, W] fp32 relative bias, empty without one
+  const int64_t W_;
+  // fp32 scores (an fp32 bias tensor promotes them): the softmax's output is fp32.
+  const bool promoted_;
 
   std::vector<float> o_;
   std::vector<float> lse_;
-  std::vector<float> dq_, dk_, dv_, dsink_;
+  std::vector<float> dq_, dk_, dv_, dsink_, drel_;
   std::vector<Scratch> scratch_;
 };
 
@@ -222,7 +233,7 @@ SdpaRun::Scratch& SdpaRun::Ready(const SeqBuffers& sb, int worker) {
   if (rowwise_) {
     w.pr.assign(static_cast<size_t>(nk), 0.0f);
     w.vis.assign(static_cast<size_t>(nk), 0);
-    if (alibi_) w.p32.assign(static_cast<size_t>(nk), 0.0f);
+    if (promoted_) w.p32.assign(static_cast<size_t>(nk), 0.0f);
     if (cap_ > 0) w.th.assign(static_cast<size_t>(nk), 0.0f);
   }
   return w;
@@ -231,7 +242,7 @@ SdpaRun::Scratch& SdpaRun::Ready(const SeqBuffers& sb, int worker) {
 BaselineOut SdpaRun::Compute() {
   for (int64_t b = 0; b < p_.batch; ++b) {
     const MaskView mask(p_, b);
-    SeqBuffers sb(mask, b, rowwise_, backward_, alibi_, cap_, D_, Dv_);
+    SeqBuffers sb(mask, b, rowwise_, backward_, promoted_, cap_, D_, Dv_, !rb_.empty());
     for (int64_t h = 0; h < H_; ++h) {
       const int64_t hk = p_.KvHead(h);
       const float slope =
@@ -257,6 +268,7 @@ BaselineOut SdpaRun::Compute() {
     out.dk = FromFloats(p_.KShape(), dk_);
     out.dv = FromFloats(p_.VShape(), dv_);
     if (!sink_.empty()) out.dsink = FromFloats(Shape{H_}, dsink_);
+    if (!rb_.empty()) out.drel_bias = FromFloats(p_.RelBiasShape(), drel_);
   }
   return out;
 }
@@ -329,7 +341,7 @@ void SdpaRun::ForwardRow(SeqBuffers& sb, int64_t h, float slope, int64_t i, int 
   // whose scores are read.
   uint8_t* vis_i = rowwise_ ? w.vis.data() : sb.vis.data() + i * nk;
   float* pr_i = rowwise_ ? w.pr.data() : sb.pr.data() + i * nk;
-  float* p32_i = !alibi_ ? nullptr : rowwise_ ? w.p32.data() : sb.p32.data() + i * nk;
+  float* p32_i = !promoted_ ? nullptr : rowwise_ ? w.p32.data() : sb.p32.data() + i * nk;
   float* th_i = cap_ <= 0 ? nullptr : rowwise_ ? w.th.data() : sb.th.data() + i * nk;
   int64_t j_lo = 0, j_hi = nk;
   if (rowwise_) {
@@ -352,6 +364,11 @@ void SdpaRun::ForwardRow(SeqBuffers& sb, int64_t h, float slope, int64_t i, int 
       const float bias = -slope * static_cast<float>(sb.mask.AlibiDistance(i, j));
       sj = sj + bias;  // fp32 result: the bias tensor promotes the scores
       sj32 = sj32 + bias;
+    }
+    if (!rb_.empty()) {  // the relative bias, last (sequence-local i - j; baseline.h)
+      const float r = rb_[static_cast<size_t>(h * W_ + p_.seqlen_k - 1 + i - j)];
+      sj = sj + r;
+      sj32 = sj32 + r;
     }
     s[static_cast<size_t>(j)] = sj;
     s32[static_cast<size_t>(j)] = sj32;
@@ -380,7 +397,7 @@ void SdpaRun::ForwardRow(SeqBuffers& sb, int64_t h, float slope, int64_t i, int 
   for (int64_t j = 0; j < nk; ++j) {
     if (!vis_i[j]) continue;
     const float pj = s[static_cast<size_t>(j)] / sum;
-    if (alibi_) p32_i[j] = pj;
+    if (promoted_) p32_i[j] = pj;
     pr_i[j] = Ri(pj);
   }
   LseAt(sb.b, h, t, i) = m32 + std::log(sum32);
@@ -407,6 +424,7 @@ void SdpaRun::Backward(SeqBuffers& sb, int64_t h, int64_t hk) {
   for (int64_t i0 = 0; i0 < nq; i0 += kRowBlock) {
     const int64_t i1 = std::min(nq, i0 + kRowBlock);
     Parallel(i1 - i0, [&](int64_t r, int worker) { BackwardRow(sb, h, i0, r, worker); });
+    if (!rb_.empty()) AccumulateRelBias(sb, h, i0, i1);
     Chunked(nk, [&](int64_t j0, int64_t j1) { AccumulateKeyGrads(sb, h, i0, i1, j0, j1); });
   }
   Chunked(nk, [&](int64_t j0, int64_t j1) { ReduceGroup(sb, h, hk, j0, j1); });
@@ -420,7 +438,7 @@ void SdpaRun::Backward(SeqBuffers& sb, int64_t h, int64_t hk) {
 void SdpaRun::BackwardRow(SeqBuffers& sb, int64_t h, int64_t i0, int64_t r, int worker) {
   const int64_t nk = sb.nk;
   const std::vector<uint8_t>& vis = sb.vis;
-  const std::vector<float>& pout = alibi_ ? sb.p32 : sb.pr;
+  const std::vector<float>& pout = promoted_ ? sb.p32 : sb.pr;
   const int64_t i = i0 + r;
   const int64_t t = sb.seq.q_begin + i;
   const float* g = DoRow(sb, h, i);
@@ -449,7 +467,9 @@ void SdpaRun::BackwardRow(SeqBuffers& sb, int64_t h, int64_t i0, int64_t r, int 
   for (int64_t j = 0; j < nk; ++j) {
     if (!vis[static_cast<size_t>(i * nk + j)]) continue;
     const float pj = pout[static_cast<size_t>(i * nk + j)];
-    float dsj = Ri(pj * (ds[j] - rowdot));
+    const float ds32 = pj * (ds[j] - rowdot);  // the fp32 score's gradient
+    if (!rb_.empty()) sb.drb[static_cast<size_t>(r * nk + j)] = ds32;
+    float dsj = Ri(ds32);
     if (cap_ > 0) {
       const float tj = sb.th[static_cast<size_t>(i * nk + j)];
       dsj = Ri(Ri(Ri(dsj * cap_) * (1.0f - tj * tj)) / cap_);
@@ -469,6 +489,19 @@ void SdpaRun::BackwardRow(SeqBuffers& sb, int64_t h, int64_t i0, int64_t r, int 
     const float gq = Ri(acc_d[static_cast<size_t>(d)]);
     dq_[static_cast<size_t>((t * H_ + h) * D_ + d)] =
         default_scale_ ? R(gq / sqrt_d_) : R(gq * scale_f_);
+  }
+}
+
+// drel_bias[h, Sk - 1 + i - j] += the fp32 dS of (i, j) for the block's rows [i0, i1), row by
+// row, keys in order (index_put's accumulate backward of the bias gather, sequential).
+void SdpaRun::AccumulateRelBias(SeqBuffers& sb, int64_t h, int64_t i0, int64_t i1) {
+  const int64_t nk = sb.nk;
+  float* dr = drel_.data() + h * W_ + p_.seqlen_k - 1;
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < nk; ++j) {
+      if (!sb.vis[static_cast<size_t>(i * nk + j)]) continue;
+      dr[i - j] += sb.drb[static_cast<size_t>((i - i0) * nk + j)];
+    }
   }
 }
 
@@ -523,10 +556,11 @@ void SdpaRun::ReduceGroup(SeqBuffers& sb, int64_t h, int64_t hk, int64_t j0, int
 Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor* dout, BaselineMode mode,
                           const std::vector<uint8_t>* query_rows, int threads,
-                          const Tensor* sink) {
+                          const Tensor* sink, const Tensor* rel_bias) {
   if (Status s = Validate(p); !s.ok()) return s.error();
   if (Status s = ValidateInputShapes(p, q, k, v, dout); !s.ok()) return s.error();
   if (Status s = ValidateBaselineSink(p, sink); !s.ok()) return s.error();
+  if (Status s = ValidateBaselineRelBias(p, rel_bias); !s.ok()) return s.error();
   const auto format = FormatOf(p.dtype);
   if (!format || (*format != Format::kF32 && *format != Format::kBF16 && *format != Format::kF16)) {
     return Error{
@@ -539,7 +573,7 @@ Expected<BaselineOut> Run(const Problem& p, const Tensor& q, const Tensor& k, co
       (backward || static_cast<int64_t>(query_rows->size()) != p.TotalQ())) {
     return Error{"baseline: sampled rows need a forward and one flag per query row"};
   }
-  return SdpaRun(p, *format, q, k, v, dout, mode, query_rows, threads, sink).Compute();
+  return SdpaRun(p, *format, q, k, v, dout, mode, query_rows, threads, sink, rel_bias).Compute();
 }
 
 }  // namespace
@@ -558,42 +592,58 @@ Status ValidateBaselineSink(const Problem& p, const Tensor* sink) {
   return Status::Ok();
 }
 
+Status ValidateBaselineRelBias(const Problem& p, const Tensor* rel_bias) {
+  const bool given = rel_bias != nullptr && rel_bias->defined();
+  if (p.rel_bias != given) {
+    return Error{p.rel_bias ? "problem.rel_bias: the baseline needs the case's rel_bias tensor"
+                            : "rel_bias: given for a problem without problem.rel_bias"};
+  }
+  if (given && rel_bias->shape() != p.RelBiasShape()) {
+    return Error{fmt::format("rel_bias: shape {}, the baseline needs [{}, {}] (heads_q, "
+                             "seqlen_q + seqlen_k - 1)",
+                             rel_bias->Describe(), p.heads_q, p.RelBiasWidth())};
+  }
+  return Status::Ok();
+}
+
 Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v, BaselineMode mode, int threads,
-                                      const Tensor* sink) {
-  return Run(p, q, k, v, nullptr, mode, nullptr, threads, sink);
+                                      const Tensor* sink, const Tensor* rel_bias) {
+  return Run(p, q, k, v, nullptr, mode, nullptr, threads, sink, rel_bias);
 }
 
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& dout, BaselineMode mode,
-                                       int threads, const Tensor* sink) {
-  return Run(p, q, k, v, &dout, mode, nullptr, threads, sink);
+                                       int threads, const Tensor* sink, const Tensor* rel_bias) {
+  return Run(p, q, k, v, &dout, mode, nullptr, threads, sink, rel_bias);
 }
 
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor* dout,
                                       const std::vector<uint8_t>* query_rows, int threads,
-                                      const Tensor* sink) {
+                                      const Tensor* sink, const Tensor* rel_bias) {
   if (query_rows != nullptr) {
     if (!profile.baseline_recipe.empty() || dout != nullptr) {
       // (JudgeAgainstOracle names the profile.)
       return Error{"sampled rows have a baseline only for the forward of the same-precision "
                    "path (verify/tolerance/baseline.h); this profile's baseline needs every row"};
     }
-    return Run(p, q, k, v, nullptr, BaselineMode::kSdpaMath, query_rows, threads, sink);
+    return Run(p, q, k, v, nullptr, BaselineMode::kSdpaMath, query_rows, threads, sink,
+               rel_bias);
   }
   if (profile.baseline_recipe.empty()) {
     return dout != nullptr
-               ? BaselineBackward(p, q, k, v, *dout, BaselineMode::kSdpaMath, threads, sink)
-               : BaselineForward(p, q, k, v, BaselineMode::kSdpaMath, threads, sink);
+               ? BaselineBackward(p, q, k, v, *dout, BaselineMode::kSdpaMath, threads, sink,
+                                  rel_bias)
+               : BaselineForward(p, q, k, v, BaselineMode::kSdpaMath, threads, sink, rel_bias);
   }
   const Recipe* r = FindRecipe(profile.baseline_recipe);
   if (r == nullptr) {
     return Error{fmt::format("profile {}: baseline_recipe '{}' is not a recipe", profile.name,
                              profile.baseline_recipe)};
   }
-  return dout != nullptr ? RecipeReferenceBackward(p, *r, q, k, v, *dout, sink)
-                         : RecipeReferenceForward(p, *r, q, k, v, sink);
+  return dout != nullptr ? RecipeReferenceBackward(p, *r, q, k, v, *dout, sink, rel_bias)
+                         : RecipeReferenceForward(p, *r, q, k, v, sink, rel_bias);
 }
 
 }  // namespace attest

@@ -32,8 +32,15 @@
 // (lse too); an empty row then has o = 0, lse = sink; autograd gives the sink column
 // dS = p_sink (0 - sum_j dP_j p_j), so dsink_h = -sum over (batch, row) of p_sink rowdot,
 // summed sequentially in fp32 (batch, then row) and left in fp32 (the sink is an fp32 tensor).
-// A sink of -inf adds nothing (bitwise the no-sink answer, dsink 0). SDPA has no softcap, so
-// kSdpaMath applies it in fp32.
+// A sink of -inf adds nothing (bitwise the no-sink answer, dsink 0). A learnable relative bias
+// (Problem::rel_bias; docs/semantics.md) is an fp32 tensor gathered at the sequence-local
+// relative position and added last (after softcap and ALiBi), as a FlexAttention-style
+// reference `scores + rel_bias[:, i - j + Sk - 1]` does: it promotes the scores to fp32 as
+// ALiBi's fp32 bias does (the softmax's output is fp32, rounded to the dtype for P·V);
+// drel_bias[h, d] is the sum of the fp32 dS (before the softcap's derivative) over the pairs of
+// diagonal d, summed sequentially in fp32 (batch, row, key) as the gather's backward
+// accumulates. A zero table adds nothing (x + 0 = x): the scores' values are those of the
+// promoted no-bias path. SDPA has no softcap, so kSdpaMath applies it in fp32.
 // lse has no counterpart in PyTorch's math path; every kernel returns it in fp32, so its
 // reference is the naive fp32 logsumexp of fp32 scores sum_d fp32(q_d / sqrt(D)) k_d (then
 // softcap and ALiBi in fp32): the kSdpaMath scores, in both modes. Sums
@@ -58,6 +65,7 @@ struct BaselineOut {
   Tensor o, lse;      // f64 tensors holding dtype values (o) and fp32 values (lse)
   Tensor dq, dk, dv;  // undefined after BaselineForward
   Tensor dsink;       // [Hq] f64 holding fp32 values: backward of a problem with a sink only
+  Tensor drel_bias;   // [Hq, W] f64 holding fp32 values: backward with a relative bias only
 };
 
 // Inputs are f64 tensors of the problem's shapes holding values of its dtype (any strides).
@@ -66,16 +74,20 @@ struct BaselineOut {
 // operations keep the order above; the work is split by query rows and by keys).
 // Whether `sink` fits p: given (defined, [Hq]) exactly when p.sink; the Error names the field.
 Status ValidateBaselineSink(const Problem& p, const Tensor* sink);
+// Whether `rel_bias` fits p: given ([Hq, W]) exactly when p.rel_bias; the Error names the field.
+Status ValidateBaselineRelBias(const Problem& p, const Tensor* rel_bias);
 
 // sink: the case's [Hq] sink (reference/case/inputs.h CaseInputs::sink), required exactly
-// when p.sink (an Error names problem.sink otherwise).
+// when p.sink (an Error names problem.sink otherwise); rel_bias likewise (CaseInputs::rel_bias).
 Expected<BaselineOut> BaselineForward(const Problem& p, const Tensor& q, const Tensor& k,
                                       const Tensor& v, BaselineMode mode = BaselineMode::kSdpaMath,
-                                      int threads = 1, const Tensor* sink = nullptr);
+                                      int threads = 1, const Tensor* sink = nullptr,
+                                      const Tensor* rel_bias = nullptr);
 Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& dout,
                                        BaselineMode mode = BaselineMode::kSdpaMath,
-                                       int threads = 1, const Tensor* sink = nullptr);
+                                       int threads = 1, const Tensor* sink = nullptr,
+                                       const Tensor* rel_bias = nullptr);
 
 // ---- The recipe reference: the "pt" of a low-precision recipe ----
 //
@@ -103,7 +115,9 @@ Expected<BaselineOut> BaselineBackward(const Problem& p, const Tensor& q, const 
 // A learnable sink is a logit with no value: it joins the row's max m and sum of exp (never
 // rounded: it is not an operand of P·V), so lse includes it and an empty row has o = 0,
 // lse = sink; dsink_h = -Σ_i exp(sink_h - lse_i) D_i with this reference's D, in float64,
-// rounded once to fp32.
+// rounded once to fp32. A relative bias is added to the float64 score after the transform;
+// drel_bias sums P (dP - D) (before the softcap's derivative) per diagonal in float64, rounded
+// once to fp32.
 // What separates a correct kernel from this reference is its fp32 accumulation, its tile
 // order and where its running max puts P's rounding grid: the baseline-ratio policy bounds
 // that by k times the reference's own error (verify/tolerance/tolerance.cc; docs/tolerances.md).
@@ -115,10 +129,12 @@ Expected<Tensor> QuantizeForRecipe(const Tensor& t, const OperandQuant& quant);
 
 Expected<BaselineOut> RecipeReferenceForward(const Problem& p, const Recipe& recipe,
                                              const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor* sink = nullptr);
+                                             const Tensor* sink = nullptr,
+                                             const Tensor* rel_bias = nullptr);
 Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& recipe,
                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const Tensor& dout, const Tensor* sink = nullptr);
+                                              const Tensor& dout, const Tensor* sink = nullptr,
+                                              const Tensor* rel_bias = nullptr);
 
 // The baseline of `profile`'s baseline-ratio policies on (q, k, v[, dout]): the recipe
 // reference of profile.baseline_recipe when it names one, else the kSdpaMath "pt". dout
@@ -130,6 +146,7 @@ Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& re
 Expected<BaselineOut> ProfileBaseline(const Profile& profile, const Problem& p, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor* dout,
                                       const std::vector<uint8_t>* query_rows = nullptr,
-                                      int threads = 1, const Tensor* sink = nullptr);
+                                      int threads = 1, const Tensor* sink = nullptr,
+                                      const Tensor* rel_bias = nullptr);
 
 }  // namespace attest

@@ -140,7 +140,7 @@ struct RecipeSeq {
 class RecipeRun {
  public:
   RecipeRun(const Problem& p, const Recipe& r, RecipeOperands ops, bool backward,
-            const Tensor* sink)
+            const Tensor* sink, const Tensor* rel_bias)
       : p_(p),
         r_(r),
         ops_(std::move(ops)),
@@ -169,6 +169,12 @@ class RecipeRun {
       const auto span = w.span<const double>();
       sink_.assign(span.begin(), span.end());
       if (backward_) dsink_.assign(static_cast<size_t>(H_), 0.0);
+    }
+    if (rel_bias != nullptr) {
+      const Tensor w = ToF64(*rel_bias);
+      const auto span = w.span<const double>();
+      rb_.assign(span.begin(), span.end());
+      if (backward_) drel_.assign(rb_.size(), 0.0);
     }
   }
 
@@ -211,6 +217,11 @@ class RecipeRun {
   std::vector<double> lse_;
   std::vector<double> dq_, dk_, dv_;
   std::vector<double> sink_, dsink_;  // [Hq], empty without a sink
+  std::vector<double> rb_, drel_;     // [Hq, W], empty without a relative bias
+  // Element (h, sequence-local i, j) of rb_ / drel_ (docs/semantics.md).
+  size_t RelIndex(int64_t h, int64_t i, int64_t j) const {
+    return static_cast<size_t>(h * p_.RelBiasWidth() + p_.seqlen_k - 1 + i - j);
+  }
 };
 
 Expected<BaselineOut> RecipeRun::Compute() {
@@ -243,6 +254,7 @@ void RecipeRun::Scores(RecipeSeq& S, int64_t h, int64_t hk) {
       for (int64_t d = 0; d < D_; ++d) dot += qr[d] * kr[d];
       const double raw = scale_ * dot;
       S.s[ij] = TransformScore(raw, p_.softcap, slope, S.mask.AlibiDistance(i, j));
+      if (!rb_.empty()) S.s[ij] += rb_[RelIndex(h, i, j)];  // the relative bias, last
       if (p_.softcap > 0) {
         const double t = std::tanh(raw / p_.softcap);
         S.c[ij] = 1 - t * t;
@@ -348,6 +360,7 @@ void RecipeRun::BackwardProbabilities(RecipeSeq& S, int64_t h, int64_t hk) {
       for (int64_t e = 0; e < Dv_; ++e) dp += dop[OI(t, h) + e] * vr[e];
       if (r_.dp) dp = RoundTo(dp, *r_.dp);
       S.pmat[ij] = pj;
+      if (!drel_.empty()) drel_[RelIndex(h, i, j)] += pj * (dp - delta);
       S.ds_k[ij] = pj * (dp - delta) * S.c[ij];
     }
   }
@@ -395,34 +408,40 @@ BaselineOut RecipeRun::Finish() {
       for (double& x : dsink_) x = RoundOut(x, Format::kF32);
       out.dsink = Tensor::FromF64(Shape{H_}, std::move(dsink_));
     }
+    if (!rb_.empty()) {
+      for (double& x : drel_) x = RoundOut(x, Format::kF32);
+      out.drel_bias = Tensor::FromF64(p_.RelBiasShape(), std::move(drel_));
+    }
   }
   return out;
 }
 
 Expected<BaselineOut> RunRecipe(const Problem& p, const Recipe& r, const Tensor& q_in,
                                 const Tensor& k_in, const Tensor& v_in, const Tensor* dout_in,
-                                const Tensor* sink) {
+                                const Tensor* sink, const Tensor* rel_bias) {
   if (Status s = Validate(p); !s.ok()) return s.error();
   if (Status s = ValidateInputShapes(p, q_in, k_in, v_in, dout_in); !s.ok()) return s.error();
   if (Status s = ValidateBaselineSink(p, sink); !s.ok()) return s.error();
+  if (Status s = ValidateBaselineRelBias(p, rel_bias); !s.ok()) return s.error();
   if (Status s = ValidateRecipe(r); !s.ok()) return s.error();
   auto ops = QuantizeOperands(r, q_in, k_in, v_in, dout_in);
   if (!ops.ok()) return ops.error();
-  return RecipeRun(p, r, std::move(*ops), dout_in != nullptr, sink).Compute();
+  return RecipeRun(p, r, std::move(*ops), dout_in != nullptr, sink, rel_bias).Compute();
 }
 
 }  // namespace
 
 Expected<BaselineOut> RecipeReferenceForward(const Problem& p, const Recipe& recipe,
                                              const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor* sink) {
-  return RunRecipe(p, recipe, q, k, v, nullptr, sink);
+                                             const Tensor* sink, const Tensor* rel_bias) {
+  return RunRecipe(p, recipe, q, k, v, nullptr, sink, rel_bias);
 }
 
 Expected<BaselineOut> RecipeReferenceBackward(const Problem& p, const Recipe& recipe,
                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const Tensor& dout, const Tensor* sink) {
-  return RunRecipe(p, recipe, q, k, v, &dout, sink);
+                                              const Tensor& dout, const Tensor* sink,
+                                              const Tensor* rel_bias) {
+  return RunRecipe(p, recipe, q, k, v, &dout, sink, rel_bias);
 }
 
 }  // namespace attest
