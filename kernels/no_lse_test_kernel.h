@@ -27,7 +27,7 @@ class NoLseTestKernel final : public Kernel {
   std::string name() const override { return "no-lse(" + inner_->name() + ")"; }
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     c.lse = !declare_;
     return c;
   }

@@ -66,13 +66,16 @@ struct OracleSide {
   std::optional<GradientTermScales> terms;
   std::optional<RoundingFloors> floors;
   std::optional<FormatBounds> format_bounds;  // the family rows (tolerance.h kFormatBound)
-  Tensor dsink;  // a problem with a sink, backward
+  Tensor dsink;      // a problem with a sink, backward
+  Tensor drel_bias;  // a problem with a relative bias, backward
 };
 
-// The oracle's options with the case's learnable sink (Problem::sink).
+// The oracle's options with the case's learnable sink and relative bias (Problem::sink,
+// Problem::rel_bias).
 OracleOptions WithSink(const CompareOutputsOptions& options, const CaseInputs& in) {
   OracleOptions o = options.oracle;
   if (in.sink.defined()) o.sink = &in.sink;
+  if (in.rel_bias.defined()) o.rel_bias = &in.rel_bias;
   return o;
 }
 
@@ -84,6 +87,7 @@ Status OracleBackward(const Problem& p, const Profile& profile, const CaseInputs
   const int threads = options.oracle.threads;
   BackwardOut b = Backward<double>(p, in.q, in.k, in.v, in.dout, WithSink(options, in));
   o.dsink = b.dsink;
+  o.drel_bias = b.drel_bias;
   o.ref[0] = b.o;
   o.ref[1] = b.lse;
   o.ref[2] = b.dq;
@@ -172,40 +176,35 @@ Status JudgeOutputs(const Problem& p, const Profile& profile, const std::vector<
   return Status::Ok();
 }
 
-// A learnable sink's gradient (Problem::sink, gradients given): the outputs' "dsink" [Hq] by
-// the accuracy check's rule (verify/checks/accuracy.h JudgeDsink: dv's baseline-ratio
-// policies per element, the rounding floor of D from the rounded o).
-Status JudgeDsinkOutput(const Problem& p, const Profile& profile, const NamedTensors& outputs,
-                        const CaseInputs& in, const OracleSide& o, const Tensor& base,
-                        const CompareOutputsOptions& options, CompareOutputsResult& result) {
-  const Tensor* dsink = outputs.Find("dsink");
-  if (dsink == nullptr) {
-    return Error{"outputs: no tensor named 'dsink' (problem.sink with gradients given)"};
+// A learnable parameter's gradient (gradients given): the outputs' `name` ("dsink" [Hq] with
+// Problem::sink, "drel_bias" [Hq, W] with Problem::rel_bias) by the accuracy check's rule
+// (verify/checks/accuracy.h JudgeDsink / JudgeDrelBias: dv's baseline-ratio policies per
+// element, raised to `floor`).
+Status JudgeParamGradOutput(std::string_view name, std::string_view field, const Shape& shape,
+                            const Profile& profile, const NamedTensors& outputs,
+                            const Tensor& ref, const Tensor& base, const Tensor& floor,
+                            const CompareOutputsOptions& options, CompareOutputsResult& result) {
+  const Tensor* got = outputs.Find(std::string(name));
+  if (got == nullptr) {
+    return Error{fmt::format("outputs: no tensor named '{}' ({} with gradients given)", name,
+                             field)};
   }
-  if (dsink->shape() != Shape{p.heads_q}) {
-    return Error{fmt::format("outputs: tensor 'dsink' has shape {}, the problem needs [{}]",
-                             ShapeText(dsink->shape()), p.heads_q)};
+  if (got->shape() != shape) {
+    return Error{fmt::format("outputs: tensor '{}' has shape {}, the problem needs {}", name,
+                             ShapeText(got->shape()), ShapeText(shape))};
   }
   const std::vector<Policy> policies = DsinkPolicies(profile);
   if (policies.empty() || !base.defined()) {
-    return Error{fmt::format("profile {}: no baseline-ratio policy for dv to derive dsink's "
+    return Error{fmt::format("profile {}: no baseline-ratio policy for dv to derive {}'s "
                              "tolerance from",
-                             profile.name)};
+                             profile.name, name)};
   }
-  auto m = Compare("dsink", *dsink, o.dsink, Format::kF32, Layout::Flat(1));
-  auto bm = Compare("dsink", base, o.dsink, Format::kF32, Layout::Flat(1));
+  const Layout layout = Layout::Flat(static_cast<int64_t>(shape.size()));
+  auto m = Compare(std::string(name), *got, ref, Format::kF32, layout);
+  auto bm = Compare(std::string(name), base, ref, Format::kF32, layout);
   if (!m.ok()) return m.error();
   if (!bm.ok()) return bm.error();
-  const Tensor* out_o = outputs.Find("o");
-  const Format o_format = options.output_format
-                              ? *options.output_format
-                              : FormatOf(out_o->dtype()).value_or(Format::kF32);
-  if (Status st =
-          SetRoundingFloor(*m, DsinkRoundingFloor(p, o.ref[0], o.ref[1], in.dout, in.sink,
-                                                  o_format));
-      !st.ok()) {
-    return st.error();
-  }
+  if (Status st = SetRoundingFloor(*m, floor); !st.ok()) return st.error();
   for (const Policy& policy : policies) {
     Verdict v = Evaluate(policy, *m, &*bm);
     if (!v.pass) v.repro = options.repro;
@@ -216,17 +215,41 @@ Status JudgeDsinkOutput(const Problem& p, const Profile& profile, const NamedTen
   return Status::Ok();
 }
 
+// dsink and drel_bias (gradients given) with their rounding floors of D from the rounded o.
+Status JudgeParamGrads(const Problem& p, const Profile& profile, const NamedTensors& outputs,
+                       const CaseInputs& in, const OracleSide& o, const Tensor& base_dsink,
+                       const Tensor& base_drel, const CompareOutputsOptions& options,
+                       CompareOutputsResult& result) {
+  const Tensor* out_o = outputs.Find("o");
+  const Format o_format = options.output_format
+                              ? *options.output_format
+                              : FormatOf(out_o->dtype()).value_or(Format::kF32);
+  if (p.sink) {
+    const Tensor floor = DsinkRoundingFloor(p, o.ref[0], o.ref[1], in.dout, in.sink, o_format);
+    if (Status st = JudgeParamGradOutput("dsink", "problem.sink", Shape{p.heads_q}, profile,
+                                         outputs, o.dsink, base_dsink, floor, options, result);
+        !st.ok()) {
+      return st.error();
+    }
+  }
+  if (p.rel_bias) {
+    const Tensor floor = DrelBiasRoundingFloor(p, in, o.ref[0], o.ref[1], o_format);
+    if (Status st = JudgeParamGradOutput("drel_bias", "problem.rel_bias", p.RelBiasShape(),
+                                         profile, outputs, o.drel_bias, base_drel, floor,
+                                         options, result);
+        !st.ok()) {
+      return st.error();
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors& outputs,
                                               const CompareOutputsOptions& options) {
   using Clock = std::chrono::steady_clock;
   const Problem& p = c.problem;
-  if (p.rel_bias) {
-    return Error{"problem.rel_bias: attest compare does not judge learnable relative-bias cases "
-                 "yet (no tolerance profile covers the bias); attest oracle computes their "
-                 "references"};
-  }
   const Profile* profile = options.profile ? options.profile : ProfileForDType(p.dtype);
   if (profile == nullptr) {
     return Error{fmt::format("problem.dtype: no tolerance profile for dtype {}; pass --profile",
@@ -277,13 +300,14 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
   }
   report.timings.push_back({"oracle", Since(start)});
 
-  Tensor base[5], base_dsink;
+  Tensor base[5], base_dsink, base_drel;
   const bool with_baseline = profile->needs_baseline();
   if (with_baseline) {
     start = Clock::now();
     auto b = ProfileBaseline(*profile, p, inputs->q, inputs->k, inputs->v,
                              any_grad ? &inputs->dout : nullptr, nullptr, threads,
-                             p.sink ? &inputs->sink : nullptr);
+                             p.sink ? &inputs->sink : nullptr,
+                             p.rel_bias ? &inputs->rel_bias : nullptr);
     if (!b.ok()) {
       return Error{fmt::format("profile {}: {}", profile->name, b.error().message)};
     }
@@ -293,6 +317,7 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
     base[3] = b->dk;
     base[4] = b->dv;
     base_dsink = b->dsink;
+    base_drel = b->drel_bias;
     report.timings.push_back({"baseline", Since(start)});
   }
 
@@ -302,9 +327,9 @@ Expected<CompareOutputsResult> CompareOutputs(const Case& c, const NamedTensors&
       !st.ok()) {
     return st.error();
   }
-  if (p.sink && any_grad) {
-    if (Status st = JudgeDsinkOutput(p, *profile, outputs, *inputs, oracle, base_dsink, options,
-                                     result);
+  if (any_grad) {
+    if (Status st = JudgeParamGrads(p, *profile, outputs, *inputs, oracle, base_dsink, base_drel,
+                                    options, result);
         !st.ok()) {
       return st.error();
     }

@@ -104,6 +104,12 @@ Problem Sink(Problem p) {
   return p;
 }
 
+// A learnable relative bias (Problem::rel_bias; docs/semantics.md "Learnable relative bias").
+Problem RelBias(Problem p) {
+  p.rel_bias = true;
+  return p;
+}
+
 // Scores of order 1e4: q, k ~ N(0, 100^2) give scale * q.k ~ N(0, (100^2)^2 D / D) = 1e4^2.
 GeneratorSpec HugeLogits() {
   return Gaussian({{"q", {{"std", 100.0}}}, {"k", {{"std", 100.0}}}});
@@ -188,6 +194,24 @@ void SinkRows(Builder& s) {
   s.Add({kAcc, kSpec}, "sink 1e30, -inf, 0.5, -2 causal Sq>Sk",
         Sink(Causal(P(1, 4, 2, 100, 60))),
         Gaussian({{"sink", {{"values", {1e30, "-inf", 0.5, -2.0}}}}}));
+}
+
+// A learnable relative bias (docs/semantics.md "Learnable relative bias"): GQA heads with their
+// own tables under a small softcap (the bias must follow it), a packed batch (the bias indexed
+// by sequence-local positions), and with a sink too, over empty rows. Tables drawn with std 2
+// move a score by about as much as the scores themselves, so a kernel that drops, shifts or
+// misplaces the bias, or returns a wrong drel_bias, is far outside the tolerance. Kernels that do
+// not claim a relative bias skip the rows. Appended after the other rows so that their seeds
+// stay what they were.
+void RelBiasRows(Builder& s) {
+  const GeneratorSpec drawn = Gaussian({{"rel_bias", {{"std", 2.0}}}});
+  s.Add({kAcc, kSpec, kLeak}, "rel_bias GQA 8:2 causal softcap 5 batch 2",
+        RelBias(Softcap(Causal(P(2, 8, 2, 96, 96)), 5)), drawn);
+  s.Add({kAcc, kSpec, kLeak, kUnw}, "rel_bias varlen causal",
+        RelBias(Causal(Varlen(P(1, 2, 2, 1, 1), {65, 1, 20}, {40, 129, 20}))), drawn);
+  s.Add({kAcc, kSpec}, "rel_bias sink causal Sq>Sk (empty rows)",
+        RelBias(Sink(Causal(P(1, 4, 2, 100, 60)))),
+        Gaussian({{"rel_bias", {{"std", 2.0}}}, {"sink", {{"mean", 2.5}, {"std", 1.0}}}}));
 }
 
 void QuickRows(Builder& s) {
@@ -379,6 +403,7 @@ void FullRows(Builder& s) {
   AlignmentRows(s);
   SinkRows(s);
   PagedRows(s);
+  RelBiasRows(s);
 }
 
 // Packed documents summing to `total` tokens, causal: each of the given long documents after a
@@ -493,6 +518,7 @@ std::vector<Suite> BuildSuites() {
   AlignmentRows(gate);
   SinkRows(gate);
   PagedRows(gate);
+  RelBiasRows(gate);
   FullRows(full);
   t.push_back({"quick", "a few cases per check family (< 30 s for a CPU model)",
                std::move(quick.rows)});
@@ -592,6 +618,7 @@ std::string DescribeProblem(const Problem& p) {
   if (p.block_sparse) s += " block-sparse";
   if (!p.mask_form.empty()) s += " mask " + p.mask_form;
   if (p.sink) s += " sink";
+  if (p.rel_bias) s += " rel_bias";
   if (p.num_splits != 0) s += fmt::format(" splits {}", p.num_splits);
   if (p.paged()) s += fmt::format(" paged({})", p.page_size);
   if (p.seqused_q || p.seqused_k) s += " seqused";

@@ -83,6 +83,7 @@ struct References {
   Tensor ref[5];
   Tensor base[5];
   Tensor ref_dsink, base_dsink;  // a problem with a sink, backward only
+  Tensor ref_drel, base_drel;    // a problem with a relative bias, backward only
   bool with_baseline = false;
   std::optional<GradientTermScales> terms;
   std::optional<RoundingFloors> floors;
@@ -115,6 +116,7 @@ bool LoadOracleAndBaseline(CheckContext& ctx, std::string_view check, const Back
     r.ref[3] = b.dk;
     r.ref[4] = b.dv;
     r.ref_dsink = b.dsink;
+    r.ref_drel = b.drel_bias;
   } else {
     const ForwardOut& f = ctx.OracleForward();
     r.ref[0] = f.o;
@@ -125,7 +127,8 @@ bool LoadOracleAndBaseline(CheckContext& ctx, std::string_view check, const Back
     const CaseInputs& in = ctx.inputs;
     auto b = ProfileBaseline(*ctx.profile, p, in.q, in.k, in.v, bwd != nullptr ? &in.dout : nullptr,
                              sample != nullptr ? &sample->query_rows : nullptr,
-                             ctx.oracle_options.threads, p.sink ? &in.sink : nullptr);
+                             ctx.oracle_options.threads, p.sink ? &in.sink : nullptr,
+                             p.rel_bias ? &in.rel_bias : nullptr);
     if (!b.ok()) {
       out.push_back(Failure(check, "", "a baseline for the profile",
                             fmt::format("profile {}: {}", ctx.profile->name, b.error().message)));
@@ -137,6 +140,7 @@ bool LoadOracleAndBaseline(CheckContext& ctx, std::string_view check, const Back
     r.base[3] = b->dk;
     r.base[4] = b->dv;
     r.base_dsink = b->dsink;
+    r.base_drel = b->drel_bias;
   }
   return true;
 }
@@ -388,6 +392,11 @@ std::vector<Verdict> JudgeAgainstOracle(CheckContext& ctx, std::string_view chec
   }
   if (bwd != nullptr && p.sink) {
     for (Verdict& v : JudgeDsink(ctx, check, fwd, *bwd, r.ref_dsink, r.base_dsink)) {
+      out.push_back(std::move(v));
+    }
+  }
+  if (bwd != nullptr && p.rel_bias) {
+    for (Verdict& v : JudgeDrelBias(ctx, check, fwd, *bwd, r.ref_drel, r.base_drel)) {
       out.push_back(std::move(v));
     }
   }

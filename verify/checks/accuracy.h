@@ -38,6 +38,22 @@ std::vector<Policy> DsinkPolicies(const Profile& profile);
 Tensor DsinkRoundingFloor(const Problem& p, const Tensor& o, const Tensor& lse,
                           const Tensor& dout, const Tensor& sink, Format o_format);
 
+// A learnable relative bias's gradient (Problem::rel_bias; accuracy_relbias.cc): the kernel's
+// drel_bias [Hq, W] against the oracle's `ref` by dsink's rule (DsinkPolicies: dv's
+// baseline-ratio policies per element in fp32 ULPs, `base` the baseline's drel_bias), the
+// ratio term raised to DrelBiasRoundingFloor.
+std::vector<Verdict> JudgeDrelBias(CheckContext& ctx, std::string_view check,
+                                   const ForwardResult& fwd, const BackwardResult& bwd,
+                                   const Tensor& ref, const Tensor& base);
+// Per element (h, d), over the visible pairs (i, j) of diagonal d (every sequence), with P_ij
+// from the oracle's lse and the case's inputs, dP_ij = dO_i . v_j, D_i = dO_i . o_i (the oracle's
+// o) and u = 2^-24: S(P_ij c_i) (S as in DsinkRoundingFloor, c_i = S(|dO_ie| Quantum(o_ie,
+// o_format) / 2 over e): D from the rounded o) + sum P_ij 4 Quantum(lse_i, fp32) |dP_ij - D_i|
+// (a kernel's lse within 4 fp32 ULPs) + (2 Dv + pairs) u sum P_ij (sum_e |dO_ie v_je| +
+// sum_e |dO_ie o_ie|) (gamma_n of the fp32 sums dP, D and the diagonal's). docs/tolerances.md.
+Tensor DrelBiasRoundingFloor(const Problem& p, const CaseInputs& in, const Tensor& o,
+                             const Tensor& lse, Format o_format);
+
 // The "accuracy" check: the kernel's forward (and backward when it claims one and the case
 // has a "do") on the case, judged by JudgeAgainstOracle. Not applicable when the kernel
 // honestly refuses a case outside its capabilities.

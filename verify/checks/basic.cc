@@ -9,6 +9,7 @@
 #include "reference/formats/format.h"
 #include "reference/problem/mask.h"
 #include "verify/checks/accuracy.h"
+#include "verify/checks/relbias_relation.h"
 #include "verify/checks/sink_relation.h"
 
 namespace attest {
@@ -472,6 +473,7 @@ std::vector<Verdict> RunSpecialValues(CheckContext& ctx) {
   JudgeFiniteWhereOracleIs(c, sample_note, out);
   JudgeEmptyRowsAndUnseenKeys(c, *ctx.kernel, bwd != nullptr, out);
   if (!sampled) JudgeMinusInfSinkHeads(ctx, fwd, out);
+  if (!sampled) JudgeZeroRelBias(ctx, out);
   return out;
 }
 

@@ -82,7 +82,7 @@ class Declaring : public Kernel {
   std::string name() const override { return "test/declares-" + recipe_; }
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     c.profile = "bf16";
     c.recipe = recipe_;
     return c;

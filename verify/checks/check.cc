@@ -54,8 +54,12 @@ const BackwardOut& CheckContext::OracleBackward() {
 
 const KernelAnswer<ForwardResult>& CheckContext::KernelForward() {
   if (!kfwd_) {
-    // A learnable sink goes to the kernel through its sink entry point (kernels/kernel.h).
-    kfwd_ = case_.problem.sink
+    // A learnable sink goes to the kernel through its sink entry point, a relative bias
+    // (with or without a sink) through its relative-bias one (kernels/kernel.h).
+    kfwd_ = case_.problem.rel_bias
+                ? kernel->ForwardRelBias(case_.problem, inputs.q, inputs.k, inputs.v,
+                                         inputs.rel_bias, inputs.sink)
+            : case_.problem.sink
                 ? kernel->ForwardSink(case_.problem, inputs.q, inputs.k, inputs.v, inputs.sink)
                 : kernel->Forward(case_.problem, inputs.q, inputs.k, inputs.v);
   }
@@ -69,7 +73,10 @@ const KernelAnswer<BackwardResult>& CheckContext::KernelBackward() {
     if (out == nullptr) {
       kbwd_ = Error{"backward not run: the forward returned no outputs"};
     } else {
-      kbwd_ = case_.problem.sink
+      kbwd_ = case_.problem.rel_bias
+                  ? kernel->BackwardRelBias(case_.problem, inputs.q, inputs.k, inputs.v, out->o,
+                                            out->lse, inputs.dout, inputs.rel_bias, inputs.sink)
+              : case_.problem.sink
                   ? kernel->BackwardSink(case_.problem, inputs.q, inputs.k, inputs.v, out->o,
                                          out->lse, inputs.dout, inputs.sink)
                   : kernel->Backward(case_.problem, inputs.q, inputs.k, inputs.v, out->o,

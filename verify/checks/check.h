@@ -161,6 +161,9 @@ struct CheckInfo {
   // check that can only apply to kernels declaring some capability (splits-agree: two split
   // counts) is drawn only for them, so that the draws of every other kernel stay what they were.
   bool (*drawn_for)(const Capabilities&) = nullptr;
+  // Whether the check judges a problem with a learnable relative bias (Problem::rel_bias) on
+  // the bias's math, as `sink` says for the sink; the runner skips the others naming the field.
+  bool rel_bias = false;
 };
 
 // The checks fuzzing draws from for a kernel with `caps` (run/fuzz.cc, run/suite.cc

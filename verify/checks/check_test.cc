@@ -40,7 +40,7 @@ class Flaky : public Wrapper {
   explicit Flaky(bool claims) : Wrapper("test/flaky"), claims_(claims) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     c.deterministic = claims_;
     return c;
   }
@@ -116,7 +116,7 @@ class PlusInfLse : public Wrapper {
   explicit PlusInfLse(bool declares) : Wrapper("test/plus-inf-lse"), declares_(declares) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     if (declares_) c.empty_row_lse = "+inf";
     return c;
   }
@@ -141,7 +141,7 @@ class ApproxTanh : public Wrapper {
       : Wrapper("test/approx-tanh"), error_(error), shift_(shift), declares_(declares) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     if (declares_) c.softcap_tanh_abs_error = error_;
     return c;
   }
@@ -191,7 +191,7 @@ class Retiled : public Kernel {
   std::string name() const override { return "test/retiled"; }
   Capabilities capabilities() const override {
     Capabilities c = even_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     return c;
   }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
@@ -226,7 +226,7 @@ class Liar : public Wrapper {
   Liar() : Wrapper("test/liar") {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     c.softcap = false;
     return c;
   }
@@ -368,7 +368,7 @@ TEST(Run, PlusInfLseOnEmptyRowsPassesOnlyWhenDeclared) {
     Declares() : Wrapper("test/declares-plus-inf") {}
     Capabilities capabilities() const override {
       Capabilities c = inner_->capabilities();
-      c.sink = false;  // forwards the plain entry points only
+      c.sink = c.rel_bias = false;  // forwards the plain entry points only
       c.empty_row_lse = "+inf";
       return c;
     }

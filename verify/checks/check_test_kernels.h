@@ -30,7 +30,7 @@ class Wrapped : public Kernel {
   std::string name() const override { return name_; }
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     return c;
   }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,
@@ -130,7 +130,7 @@ class Jittery : public Wrapped {
       : Wrapped("test/jittery"), claim_(claim_deterministic) {}
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     c.deterministic = claim_;
     return c;
   }

@@ -53,7 +53,7 @@ class Wrapper : public Kernel {
   std::string name() const override { return name_; }
   Capabilities capabilities() const override {
     Capabilities c = inner_->capabilities();
-    c.sink = false;  // forwards the plain entry points only
+    c.sink = c.rel_bias = false;  // forwards the plain entry points only
     return c;
   }
   KernelAnswer<ForwardResult> Forward(const Problem& p, const Tensor& q, const Tensor& k,

@@ -103,7 +103,7 @@ class RoundedOnce final : public Kernel {
   std::string name() const override { return "test/bf16-rounded-once"; }
   Capabilities capabilities() const override {
     Capabilities caps = check_test::MakeFlash2Bf16()->capabilities();
-    caps.sink = false;  // forwards the plain entry points only
+    caps.sink = caps.rel_bias = false;  // forwards the plain entry points only
     caps.profile = "bf16";
     caps.recipe = "bf16-upcast";
     return caps;

@@ -69,12 +69,16 @@ struct RunOutcome {
   std::string error;  // kernel error (a finding)
 };
 
-// `sink`: the case's learnable sink (Problem::sink), handed to the sink entry points; a sink
-// changes no row's visibility, so every protected output stays protected.
+// `sink`, `rel_bias`: the case's learnable sink and relative bias (Problem::sink, rel_bias),
+// handed to their entry points; neither changes a row's visibility (the bias is added to
+// visible scores only), so every protected output stays protected.
 RunOutcome Run(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& k,
-               const Tensor& v, const Tensor& dout, bool backward, const Tensor& sink) {
+               const Tensor& v, const Tensor& dout, bool backward, const Tensor& sink,
+               const Tensor& rel_bias) {
   RunOutcome r;
-  auto fwd = p.sink ? kernel.ForwardSink(p, q, k, v, sink) : kernel.Forward(p, q, k, v);
+  auto fwd = p.rel_bias ? kernel.ForwardRelBias(p, q, k, v, rel_bias, sink)
+             : p.sink   ? kernel.ForwardSink(p, q, k, v, sink)
+                        : kernel.Forward(p, q, k, v);
   if (auto* u = std::get_if<Unsupported>(&fwd)) {
     r.unsupported = true;
     r.error = u->reason;
@@ -90,8 +94,9 @@ RunOutcome Run(Kernel& kernel, const Problem& p, const Tensor& q, const Tensor& 
   // Left undefined for a kernel that returns no lse (Capabilities::lse): nothing judges it.
   if (f.lse.defined()) out.lse = ToF64(f.lse);
   if (backward) {
-    auto bwd = p.sink ? kernel.BackwardSink(p, q, k, v, f.o, f.lse, dout, sink)
-                      : kernel.Backward(p, q, k, v, f.o, f.lse, dout);
+    auto bwd = p.rel_bias ? kernel.BackwardRelBias(p, q, k, v, f.o, f.lse, dout, rel_bias, sink)
+               : p.sink   ? kernel.BackwardSink(p, q, k, v, f.o, f.lse, dout, sink)
+                          : kernel.Backward(p, q, k, v, f.o, f.lse, dout);
     if (auto* u = std::get_if<Unsupported>(&bwd)) {
       r.unsupported = true;
       r.error = u->reason;
@@ -617,7 +622,7 @@ RunOutcome RunPerturbed(Kernel& kernel, const Problem& p, const CaseInputs& in,
     perturb_rows(q, set.query_tokens, true);
     if (backward) perturb_rows(dout, set.query_tokens, true);
   }
-  return Run(kernel, p, q, k, v, dout, backward, in.sink);
+  return Run(kernel, p, q, k, v, dout, backward, in.sink, in.rel_bias);
 }
 
 // The protected elements of output `n`.
@@ -701,7 +706,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   if (sets.empty()) return {};
 
   // ---- Unperturbed runs (twice for nondeterministic kernels: the allowed spread). ----
-  RunOutcome base = Run(kernel, p, in.q, in.k, in.v, in.dout, backward, in.sink);
+  RunOutcome base = Run(kernel, p, in.q, in.k, in.v, in.dout, backward, in.sink, in.rel_bias);
   auto kernel_failure = [&](const std::string& what, const std::string& error) {
     Verdict v = KernelError(kernel, std::string(kCheck) + ", " + what, error);
     v.repro = options.repro;
@@ -711,7 +716,7 @@ std::vector<Verdict> CheckNonInterference(Kernel& kernel, const Problem& p, cons
   if (!base.out) return kernel_failure("the unperturbed inputs", base.error);
   std::optional<Outputs> spread;
   if (!caps.deterministic) {
-    RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward, in.sink);
+    RunOutcome again = Run(kernel, p, in.q, in.k, in.v, in.dout, backward, in.sink, in.rel_bias);
     if (!again.out) return kernel_failure("the repeated unperturbed run", again.error);
     spread = RunToRunSpread(*base.out, *again.out);
   }

@@ -66,7 +66,7 @@ class FamilyOnly final : public Kernel {
   std::string name() const override { return name_; }
   Capabilities capabilities() const override {
     Capabilities caps = inner_.capabilities();
-    caps.sink = false;  // forwards the plain entry points only
+    caps.sink = caps.rel_bias = false;  // forwards the plain entry points only
     caps.recipe.clear();
     caps.profile = profile_;
     return caps;

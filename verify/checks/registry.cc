@@ -72,7 +72,7 @@ std::vector<CheckInfo> BuildChecks() {
       {"unwritten-outputs",
        "every output has the problem's shape and a float dtype, and no element still holds "
        "the harness's poison (all-ones bytes: a NaN that arithmetic does not produce)",
-       RunUnwrittenOutputs, /*sink=*/true},
+       RunUnwrittenOutputs, /*sink=*/true, /*drawn_for=*/nullptr, /*rel_bias=*/true},
       {"gqa-mha", "GQA equals MHA with k/v repeated per group (dk, dv: group sums)",
        RunGqaEquivalence},
       {"window-causal",
@@ -89,7 +89,7 @@ std::vector<CheckInfo> BuildChecks() {
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
        "give dk = dv = 0; outputs are finite wherever the oracle's are (huge logits, "
        "format-edge values, blocks of zeros)",
-       RunSpecialValues, /*sink=*/true},
+       RunSpecialValues, /*sink=*/true, /*drawn_for=*/nullptr, /*rel_bias=*/true},
       {"determinism",
        "repeat runs are bitwise equal where the kernel claims determinism", RunDeterminism},
       {"non-interference",
@@ -97,11 +97,11 @@ std::vector<CheckInfo> BuildChecks() {
        "window, other documents or sequences; queries for dk/dv) are bitwise unchanged when "
        "those inputs are perturbed, also by values that move shared block scales; "
        "nondeterministic kernels within their own run-to-run spread",
-       RunNonInterference, /*sink=*/true},
+       RunNonInterference, /*sink=*/true, /*drawn_for=*/nullptr, /*rel_bias=*/true},
       {"accuracy",
        "o, lse (and dq, dk, dv) within the kernel's tolerance profile of the float64 oracle, "
        "element by element; no NaN/Inf where the oracle is finite",
-       RunAccuracy, /*sink=*/true},
+       RunAccuracy, /*sink=*/true, /*drawn_for=*/nullptr, /*rel_bias=*/true},
       {"consistency",
        "the backward differentiates the forward that ran: delta, sum-of-gradient identities, "
        "the constant-V probe, and the gradient at the recipe's quantised operands",
@@ -130,7 +130,7 @@ std::vector<CheckInfo> BuildChecks() {
       {"honesty",
        "a claimed feature is never refused; a case outside the capabilities is refused or "
        "answered right",
-       RunHonesty, /*sink=*/true},
+       RunHonesty, /*sink=*/true, /*drawn_for=*/nullptr, /*rel_bias=*/true},
   };
   return t;
 }

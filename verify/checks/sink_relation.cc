@@ -24,7 +24,10 @@ void JudgeMinusInfSinkHeads(CheckContext& ctx, const ForwardResult& fwd,
   Problem plain = p;
   plain.sink = false;
   const CaseInputs& in = ctx.inputs;
-  const KernelAnswer<ForwardResult> answer = ctx.kernel->Forward(plain, in.q, in.k, in.v);
+  // With a relative bias, the call without the sink keeps the bias (kernels/kernel.h).
+  const KernelAnswer<ForwardResult> answer =
+      p.rel_bias ? ctx.kernel->ForwardRelBias(plain, in.q, in.k, in.v, in.rel_bias, Tensor())
+                 : ctx.kernel->Forward(plain, in.q, in.k, in.v);
   if (const auto* e = std::get_if<Error>(&answer)) {
     out.push_back(KernelError(*ctx.kernel, "forward without the sink (special-values)",
                               e->message));
