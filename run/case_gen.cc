@@ -264,6 +264,8 @@ Problem DrawProblem(const Capabilities& caps, Picker& pick, const DrawLimits& li
   if (pick.Chance(1, 6)) p.scale = DrawBitPattern(pick, -6, 0, 4, false);
   // 6. A learnable sink, only for kernels that claim one (so no other kernel's draws move).
   if (caps.sink && pick.Chance(1, 4)) p.sink = true;
+  // 7. A learnable relative bias, only for kernels that claim one (likewise).
+  if (caps.rel_bias && pick.Chance(1, 4)) p.rel_bias = true;
   return p;
 }
 
@@ -297,6 +299,8 @@ GeneratorSpec DrawGenerator(const Problem& p, Picker& pick, const DrawLimits& li
   }
   // A sink's logits (docs/semantics.md section 7): below, near and well above a row's keys.
   if (p.sink) params["sink"] = {{"mean", choose({0.0, 2.5, 6.0})}, {"std", 1.0}};
+  // A relative-bias table (section 7): small against the scores, or as large as they are.
+  if (p.rel_bias) params["rel_bias"] = {{"std", choose({0.5, 2.0})}};
   g.params = params;
   return g;
 }
