@@ -578,6 +578,7 @@ std::vector<MutantSpec> BuildCatalogue() {
   AddTiledKernelMutants(add);
   AddDirectedRoundingMutants(add);
   AddSinkMutants(rows);
+  AddRelBiasMutants(rows);
   AddSplitKvMutants(rows);
   AddPagedMutants(rows);
   return rows;
@@ -679,6 +680,7 @@ MutantKernel::MutantKernel(const MutantSpec& spec, std::unique_ptr<Kernel> paren
   // Only a sink deviation runs the parent's learnable sink (sink_mutants.cc): the others claim
   // the parent's capabilities without it.
   if (spec.sink_fault == SinkFault::kNone) caps_.sink = false;
+  if (spec.rel_bias_fault == RelBiasFault::kNone) caps_.rel_bias = false;  // likewise the bias
   // The parent's tiles (the engine's defaults for a parent that is no engine model).
   if (const auto* flash = dynamic_cast<const Flash2Model*>(parent_.get())) {
     options_ = flash->options();

@@ -67,6 +67,20 @@ enum class SinkFault : uint8_t {
   kInHooks,
 };
 
+// A deviation in how the kernel applies a learnable relative bias (Problem::rel_bias;
+// docs/semantics.md "Learnable relative bias"), a wrapper around the parent's relative-bias
+// entry points (relbias_mutants.cc). Only these mutants claim the parent's rel_bias.
+enum class RelBiasFault : uint8_t {
+  kNone,
+  // drel_bias summed over the wrong diagonal: element d holds diagonal d + 1's sum.
+  kDiagonalOffByOne,
+  // drel_bias returned as zeros (the bias's gradient not written back).
+  kDrelZero,
+  // The bias indexed with packed (global) positions t_q - t_k instead of the sequence-local
+  // i - j; entries past the table's edge read as 0.
+  kGlobalPositions,
+};
+
 // One row of the catalogue.
 struct MutantSpec {
   std::string_view name{};           // registered as "mutant/<name>"
@@ -103,6 +117,8 @@ struct MutantSpec {
   bool claims_causal_top_left_only = false;
   // A learnable-sink deviation (the mutant then claims the parent's sink).
   SinkFault sink_fault = SinkFault::kNone;
+  // A relative-bias deviation (the mutant then claims the parent's rel_bias).
+  RelBiasFault rel_bias_fault = RelBiasFault::kNone;
   // The documented case.
   Problem problem{};
   GeneratorSpec generator{};
@@ -152,6 +168,14 @@ class MutantKernel : public Kernel {
   KernelAnswer<BackwardResult> BackwardSink(const Problem& p, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const Tensor& o, const Tensor& lse,
                                             const Tensor& dout, const Tensor& sink) override;
+  // The parent's relative-bias entry points with the spec's RelBiasFault (relbias_mutants.cc).
+  KernelAnswer<ForwardResult> ForwardRelBias(const Problem& p, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, const Tensor& rel_bias,
+                                             const Tensor& sink) override;
+  KernelAnswer<BackwardResult> BackwardRelBias(const Problem& p, const Tensor& q,
+                                               const Tensor& k, const Tensor& v, const Tensor& o,
+                                               const Tensor& lse, const Tensor& dout,
+                                               const Tensor& rel_bias, const Tensor& sink) override;
   std::string last_route() const override { return route_; }
   std::optional<Format> BackwardDpFormat(const Problem& p) const override {
     return parent_->BackwardDpFormat(p);
@@ -181,6 +205,8 @@ void AddSplitKvMutants(std::vector<MutantSpec>& rows);
 void AddPagedMutants(std::vector<MutantSpec>& rows);
 // The split-KV row with a learnable sink (sink_mutants.cc), after the other split-KV rows.
 void AddSplitKvSinkMutants(std::vector<MutantSpec>& rows);
+// The learnable relative-bias rows of the catalogue (relbias_mutants.cc), appended to `rows`.
+void AddRelBiasMutants(std::vector<MutantSpec>& rows);
 
 // Registers mutant/<name> for every row (each kernel built around MakeParent()).
 void RegisterMutants(KernelRegistry& registry);

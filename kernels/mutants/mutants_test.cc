@@ -31,11 +31,12 @@
 namespace attest {
 namespace {
 
-constexpr const char* kOutputs[] = {"o", "lse", "dq", "dk", "dv", "dsink"};
+constexpr const char* kOutputs[] = {"o", "lse", "dq", "dk", "dv", "dsink", "drel_bias"};
 
 struct Inputs {
   Tensor q, k, v, dout;  // f64 holding the dtype-rounded values the kernel sees
   Tensor sink;           // [Hq] f64 holding float32 values: a problem with a sink only
+  Tensor rel_bias;       // [Hq, W] f64 holding float32 values: with a relative bias only
 };
 
 Inputs CaseInputs(const MutantSpec& s) {
@@ -44,7 +45,8 @@ Inputs CaseInputs(const MutantSpec& s) {
   const DType d = s.problem.dtype;
   return {RoundTensor(g->q, d), RoundTensor(g->k, d), RoundTensor(g->v, d),
           RoundTensor(g->dout, d),
-          s.problem.sink ? RoundTensor(g->sink, DType::kF32) : Tensor()};
+          s.problem.sink ? RoundTensor(g->sink, DType::kF32) : Tensor(),
+          s.problem.rel_bias ? RoundTensor(g->rel_bias, DType::kF32) : Tensor()};
 }
 
 // The inputs as a model hands them over: a transpose of heads-major [B, H, S, X] storage.
@@ -55,7 +57,7 @@ Inputs HeadsMajor(const Inputs& in) {
     v.CopyFrom(t);
     return v;
   };
-  return {view(in.q), view(in.k), view(in.v), view(in.dout), in.sink};
+  return {view(in.q), view(in.k), view(in.v), view(in.dout), in.sink, in.rel_bias};
 }
 
 struct Outputs {
@@ -67,8 +69,10 @@ struct Outputs {
 Outputs RunKernel(Kernel& kernel, const Problem& p, const Inputs& in, bool backward = true) {
   Outputs out;
   const Tensor none = Tensor::Zeros(DType::kF32, {0});
-  KernelAnswer<ForwardResult> f = p.sink ? kernel.ForwardSink(p, in.q, in.k, in.v, in.sink)
-                                         : kernel.Forward(p, in.q, in.k, in.v);
+  KernelAnswer<ForwardResult> f =
+      p.rel_bias ? kernel.ForwardRelBias(p, in.q, in.k, in.v, in.rel_bias, in.sink)
+      : p.sink   ? kernel.ForwardSink(p, in.q, in.k, in.v, in.sink)
+                 : kernel.Forward(p, in.q, in.k, in.v);
   if (!std::holds_alternative<ForwardResult>(f)) {
     ADD_FAILURE() << kernel.name() << ": forward gave no result";
     return out;
@@ -76,19 +80,22 @@ Outputs RunKernel(Kernel& kernel, const Problem& p, const Inputs& in, bool backw
   const ForwardResult& fr = std::get<ForwardResult>(f);
   if (!backward) {
     out.t = {{"o", fr.o},   {"lse", fr.lse}, {"dq", none},
-             {"dk", none},  {"dv", none},    {"dsink", none}};
+             {"dk", none},  {"dv", none},    {"dsink", none}, {"drel_bias", none}};
     return out;
   }
   KernelAnswer<BackwardResult> b =
-      p.sink ? kernel.BackwardSink(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout, in.sink)
-             : kernel.Backward(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout);
+      p.rel_bias ? kernel.BackwardRelBias(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout,
+                                          in.rel_bias, in.sink)
+      : p.sink   ? kernel.BackwardSink(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout, in.sink)
+                 : kernel.Backward(p, in.q, in.k, in.v, fr.o, fr.lse, in.dout);
   if (!std::holds_alternative<BackwardResult>(b)) {
     ADD_FAILURE() << kernel.name() << ": backward gave no result";
     return out;
   }
   const BackwardResult& br = std::get<BackwardResult>(b);
   out.t = {{"o", fr.o},   {"lse", fr.lse}, {"dq", br.dq},
-           {"dk", br.dk}, {"dv", br.dv},   {"dsink", p.sink ? br.dsink : none}};
+           {"dk", br.dk}, {"dv", br.dv},   {"dsink", p.sink ? br.dsink : none},
+           {"drel_bias", p.rel_bias ? br.drel_bias : none}};
   return out;
 }
 
@@ -153,6 +160,9 @@ TEST(MutantCatalogue, HasUniqueRegisteredRowsClaimingTheirParentsCapabilities) {
     const bool sink_row = s.sink_fault != SinkFault::kNone;
     EXPECT_EQ((*mutant)->capabilities().sink, sink_row && parent_caps.sink);
     if (!sink_row) parent_caps.sink = false;
+    const bool bias_row = s.rel_bias_fault != RelBiasFault::kNone;  // likewise the bias
+    EXPECT_EQ((*mutant)->capabilities().rel_bias, bias_row && parent_caps.rel_bias);
+    if (!bias_row) parent_caps.rel_bias = false;
     Capabilities claimed = parent_caps;
     if (s.claims_causal_top_left_only) claimed.causal_top_left_only = true;
     EXPECT_EQ(CapabilitiesToJson((*mutant)->capabilities()), CapabilitiesToJson(claimed));
@@ -176,8 +186,8 @@ TEST_P(MutantCase, DiffersFromItsParentOnTheDocumentedCase) {
   const bool backward = (*mutant)->capabilities().backward;
   const Outputs po = RunKernel(*parent, p, kin, backward);
   const Outputs mo = RunKernel(**mutant, p, kin, backward);
-  ASSERT_EQ(po.t.size(), 6u);
-  ASSERT_EQ(mo.t.size(), 6u);
+  ASSERT_EQ(po.t.size(), 7u);
+  ASSERT_EQ(mo.t.size(), 7u);
 
   // The local parent is the registered parent, bit for bit, where one is registered.
   Expected<std::unique_ptr<Kernel>> registered = Kernels().Create(s.parent);
@@ -199,10 +209,11 @@ TEST_P(MutantCase, DiffersFromItsParentOnTheDocumentedCase) {
   // Against the float64 oracle on the same (rounded) inputs.
   OracleOptions options;
   if (p.sink) options.sink = &in.sink;
+  if (p.rel_bias) options.rel_bias = &in.rel_bias;
   const BackwardOut ref = Backward<double>(p, in.q, in.k, in.v, in.dout, options);
   const std::map<std::string, const Tensor*> oracle = {
       {"o", &ref.o},   {"lse", &ref.lse}, {"dq", &ref.dq},
-      {"dk", &ref.dk}, {"dv", &ref.dv},   {"dsink", &ref.dsink}};
+      {"dk", &ref.dk}, {"dv", &ref.dv},   {"dsink", &ref.dsink}, {"drel_bias", &ref.drel_bias}};
   bool worse = false;
   std::string report;
   for (std::string_view d : s.differs) {
@@ -244,11 +255,11 @@ TEST(MutantCatalogue, NondeterministicDqVariesRunToRunWhileClaimingDeterminism) 
   ASSERT_TRUE(k.ok());
   EXPECT_TRUE((*k)->capabilities().deterministic);
   const Outputs first = RunKernel(**k, s.problem, in);
-  ASSERT_EQ(first.t.size(), 6u);
+  ASSERT_EQ(first.t.size(), 7u);
   int dq_changes = 0;
   for (int run = 0; run < 3; ++run) {
     const Outputs again = RunKernel(**k, s.problem, in);
-    ASSERT_EQ(again.t.size(), 6u);
+    ASSERT_EQ(again.t.size(), 7u);
     EXPECT_TRUE(first.t.at("o").BitwiseEqual(again.t.at("o")));
     EXPECT_TRUE(first.t.at("dk").BitwiseEqual(again.t.at("dk")));
     EXPECT_TRUE(first.t.at("dv").BitwiseEqual(again.t.at("dv")));
@@ -296,8 +307,8 @@ TEST(MutantCatalogue, SharedScaleMutantsLeakWhereTheirParentsDoNot) {
     MutantKernel mutant(s);
     const Outputs p0 = RunKernel(*parent, s.problem, in), p1 = RunKernel(*parent, s.problem, hit);
     const Outputs m0 = RunKernel(mutant, s.problem, in), m1 = RunKernel(mutant, s.problem, hit);
-    ASSERT_EQ(p1.t.size(), 6u);
-    ASSERT_EQ(m1.t.size(), 6u);
+    ASSERT_EQ(p1.t.size(), 7u);
+    ASSERT_EQ(m1.t.size(), 7u);
     EXPECT_TRUE(TokensEqual(p0.t.at("o"), p1.t.at("o"), 0, 50));
     EXPECT_FALSE(TokensEqual(m0.t.at("o"), m1.t.at("o"), 0, 50));
   }
@@ -312,8 +323,8 @@ TEST(MutantCatalogue, SharedScaleMutantsLeakWhereTheirParentsDoNot) {
     MutantKernel mutant(s);
     const Outputs p0 = RunKernel(*parent, s.problem, in), p1 = RunKernel(*parent, s.problem, hit);
     const Outputs m0 = RunKernel(mutant, s.problem, in), m1 = RunKernel(mutant, s.problem, hit);
-    ASSERT_EQ(p1.t.size(), 6u);
-    ASSERT_EQ(m1.t.size(), 6u);
+    ASSERT_EQ(p1.t.size(), 7u);
+    ASSERT_EQ(m1.t.size(), 7u);
     EXPECT_TRUE(TokensEqual(p0.t.at("dq"), p1.t.at("dq"), 0, 40));
     EXPECT_FALSE(TokensEqual(m0.t.at("dq"), m1.t.at("dq"), 0, 40));
   }
