@@ -5,8 +5,8 @@ For every kernel of `attest list kernels`, runs `attest check --suite gate --jso
 records the exit code, the first failing check (the report's `first_failure`: reports list
 verdicts in the diagnosis order of verify/checks/registry.cc), its tensor, margin and case,
 and how many verdicts of each check failed. Mutants are compared with their bug class
-(kernels/mutants/mutants.cc, sink_mutants.cc and split_paged_mutants.cc `.bug_class`, read
-from the source: the catalogue is data there).
+(kernels/mutants/mutants.cc, sink_mutants.cc, split_paged_mutants.cc and relbias_mutants.cc
+`.bug_class`, read from the source: the catalogue is data there).
 Usage: tools/docs/checks_table.py [--attest build/default/tools/attest/attest]
                                   [--out docs/checks.md] [--jobs 1] [--kernels K ...]
 The part of docs/checks.md between the BEGIN/END markers is replaced; the rest is kept.
@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def bug_classes():
     """{mutant name: bug_class} from the catalogue's designated initialisers."""
     text = "".join((ROOT / "kernels/mutants" / f).read_text()
-                   for f in ("mutants.cc", "sink_mutants.cc", "split_paged_mutants.cc"))
+                   for f in ("mutants.cc", "sink_mutants.cc", "split_paged_mutants.cc",
+                             "relbias_mutants.cc"))
     out = {}
     for m in re.finditer(r'add\(\{\.name = "([^"]+)".*?\.bug_class = "([^"]+)"', text, re.S):
         out["mutant/" + m.group(1)] = m.group(2)
