@@ -12,6 +12,7 @@
 #include "kernels/exec/children.h"
 #include "reference/case/inputs.h"
 #include "reference/problem/paged.h"
+#include "run/logical_view.h"
 #include "verify/report/repro.h"
 #include "verify/report/report.h"
 #include "verify/tolerance/tolerance.h"
@@ -30,7 +31,19 @@ std::string NotApplicable(const CheckContext& ctx) {
                                     : "not applicable: " + ctx.not_applicable;
 }
 
-std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
+// The checks that judge a paged or seqused problem on its logical view: one call's values
+// against the oracle or a rule, or repeated calls on the same inputs; and `layouts`, which
+// on these cases relates the paged call to the contiguous one (PagedAgreesWithContiguous).
+bool OnLogicalView(std::string_view check) {
+  constexpr std::string_view kOnView[] = {"accuracy",    "unwritten-outputs", "special-values",
+                                          "determinism", "bias",              "consistency",
+                                          "honesty",     kPagedAgreementCheck};
+  return std::find(std::begin(kOnView), std::end(kOnView), check) != std::end(kOnView);
+}
+
+// `view`: the case's logical view, made on first use (a paged or seqused case).
+std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx,
+                            std::unique_ptr<LogicalView>& view) {
   std::vector<Verdict> out;
   ctx.not_applicable.clear();
   // A learnable sink: only the checks whose rule includes it (CheckInfo::sink); the others
@@ -45,22 +58,45 @@ std::vector<Verdict> RunOne(const CheckInfo& check, CheckContext& ctx) {
         "problem.rel_bias: this check's rule does not model the learnable relative bias";
     return out;
   }
-  // Paged and seqused problems (docs/semantics.md "Paged KV and seqused") are judged by
-  // non-interference alone so far: the tolerance machinery (baselines, recipe references,
-  // term scales) and the metamorphic relations index contiguous k, v and full lengths.
+  // Paged and seqused problems (docs/semantics.md "Paged KV and seqused"): the checks that
+  // judge one call's values, or repeated calls on the same inputs, run on the logical view
+  // (logical_view.h); the relations build related problems from contiguous k, v and full
+  // lengths, which a paged problem does not have.
+  CheckContext* run_on = &ctx;
+  size_t seen = 0;
   if (HasLogicalView(ctx.case_.problem) && check.name != "non-interference") {
-    ctx.not_applicable = "paged or seqused problems are judged by non-interference only";
-    Finish(out, ctx);
-    return out;
+    if (!OnLogicalView(check.name)) {
+      ctx.not_applicable = "paged or seqused problems: this relation builds contiguous problems";
+      Finish(out, ctx);
+      return out;
+    }
+    if (!view) view = MakeLogicalView(ctx);
+    view->ctx.label = ctx.label;
+    view->ctx.repro = ctx.repro;
+    view->ctx.not_applicable.clear();
+    run_on = &view->ctx;
+    seen = view->kernel->violations().size();
   }
   try {
-    out = check.run(ctx);
+    out = run_on == &ctx || check.name != kPagedAgreementCheck
+              ? check.run(*run_on)
+              : PagedAgreesWithContiguous(*view, *ctx.kernel);
   } catch (const InfrastructureError&) {
     throw;  // the runner turns it into an Error (exit code 2)
   } catch (const std::exception& e) {
     out = {KernelError(*ctx.kernel, fmt::format("{} (the check threw)", check.name), e.what())};
   }
-  Finish(out, ctx);
+  if (run_on != &ctx) {
+    ctx.not_applicable = run_on->not_applicable;
+    // The defined values outside the used rows, broken in a call this check made.
+    const std::vector<std::string>& broken = view->kernel->violations();
+    for (size_t i = seen; i < broken.size(); ++i) {
+      out.push_back(Failure(check.name, broken[i].substr(0, broken[i].find(':')),
+                            "the defined values outside the used rows (docs/semantics.md)",
+                            broken[i]));
+    }
+  }
+  Finish(out, *run_on);
   return out;
 }
 
@@ -223,6 +259,7 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
   RunOptions::Progress progress{0, total, 0, {}};
   std::optional<CheckContext> ctx;
   std::string ctx_text;
+  std::unique_ptr<LogicalView> view;  // of a paged or seqused case (RunOne)
   KernelErrorFolder folder;
   size_t index = 0;
   for (const SuiteRow& row : rows) {
@@ -262,12 +299,13 @@ Expected<RunResult> RunSuite(Kernel& kernel, const Suite& suite, const RunOption
       if (!made.ok()) return Error{inst.label + ": " + made.error().message};
       ctx = std::move(made).value();
       ctx_text = text;
+      view.reset();
     }
     ctx->label = inst.label;
     ctx->repro = CheckCommand(options.kernel_spec, suite.name, options.seed);
     std::vector<Verdict> verdicts;
     try {
-      verdicts = RunOne(*check, *ctx);
+      verdicts = RunOne(*check, *ctx, view);
     } catch (const InfrastructureError& e) {  // the oracle rejected the case, a full disk
       return Error{fmt::format("{}: {}", inst.label, e.what())};
     }
@@ -323,6 +361,7 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
   auto made = MakeContext(kernel, c, *profile, options);
   if (!made.ok()) return made.error();
   CheckContext ctx = std::move(made).value();
+  std::unique_ptr<LogicalView> view;
   ctx.label = label;
   const std::string text = CaseToText(c);
   KernelErrorFolder folder;
@@ -332,7 +371,7 @@ Expected<RunResult> RunCase(Kernel& kernel, const Case& c,
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Verdict> verdicts;
     try {
-      verdicts = RunOne(*check, ctx);
+      verdicts = RunOne(*check, ctx, view);
     } catch (const InfrastructureError& e) {
       return Error{fmt::format("{}: {}", label, e.what())};
     }
