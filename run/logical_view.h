@@ -7,7 +7,7 @@
 // paged work: the adapter only moves rows. What the logical view does not show, the values
 // attest defines outside the used rows (o = 0, lse = the empty-row lse and dq = 0 past
 // seqused_q; dk = dv = 0 on every pool slot no sequence reads), the adapter judges on every
-// call and reports as failures of the check that made the call.
+// call; special-values reports them (run/run.cc).
 #pragma once
 
 #include <memory>

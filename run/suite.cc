@@ -362,8 +362,9 @@ void AlignmentRows(Builder& s) {
 // (the generator's default), and queries and keys past seqused. The first row's used key
 // lengths fill whole pages; the second ends sequences inside a page, so a kernel that reads a
 // last page whole reads the slots past seqused_k. Kernels that claim neither capability skip
-// them. Non-interference only: the other checks do not judge paged problems yet (run/run.cc
-// RunOne). Appended after the other rows so that their seeds stay what they were.
+// them. The checks run on the logical view (run/logical_view.h); layouts relates the paged
+// call to the contiguous one. Appended after the other rows so that their seeds stay what
+// they were.
 Problem Paged(Problem p, int64_t page_size, std::vector<int32_t> used_q,
               std::vector<int32_t> used_k) {
   p.page_size = page_size;
@@ -374,9 +375,10 @@ Problem Paged(Problem p, int64_t page_size, std::vector<int32_t> used_q,
 }
 
 void PagedRows(Builder& s) {
-  s.Add({kLeak}, "paged KV, seqused, GQA causal batch 3",
+  s.Add({kAcc, kUnw, kSpec, kDet, kLeak, kCons, kLay},
+        "paged KV, seqused, GQA causal batch 3",
         Paged(Causal(P(3, 4, 2, 50, 100)), 16, {50, 7, 33}, {64, 32, 96}));
-  s.Add({kLeak}, "paged KV, last pages partial",
+  s.Add({kAcc, kSpec, kLeak, kLay}, "paged KV, last pages partial",
         Paged(Window(P(2, 2, 2, 40, 70), 24, 8), 16, {40, 25}, {37, 70}));
 }
 
