@@ -88,7 +88,8 @@ std::vector<CheckInfo> BuildChecks() {
       {"special-values",
        "empty rows give o = 0, lse = -inf (or the declared +inf), dq = 0; keys no query sees "
        "give dk = dv = 0; outputs are finite wherever the oracle's are (huge logits, "
-       "format-edge values, blocks of zeros)",
+       "format-edge values, blocks of zeros); paged and seqused problems: queries past "
+       "seqused_q are empty rows and pool slots no sequence reads get dk = dv = 0",
        RunSpecialValues, /*sink=*/true, /*drawn_for=*/nullptr, /*rel_bias=*/true},
       {"determinism",
        "repeat runs are bitwise equal where the kernel claims determinism", RunDeterminism},
@@ -125,7 +126,9 @@ std::vector<CheckInfo> BuildChecks() {
        "q, k, v and dO passed as the views models make (slices of a fused qkv projection, a "
        "transpose of heads-major storage, a head slice with a gap, a non-unit last stride "
        "where the interface takes it) give the contiguous call's outputs bitwise "
-       "(nondeterministic kernels: within their run-to-run spread)",
+       "(nondeterministic kernels: within their run-to-run spread); a paged or seqused "
+       "problem's outputs equal bitwise those of its logical problem with contiguous k and v "
+       "(kernels that claim determinism; run/logical_view.h)",
        RunLayouts},
       {"honesty",
        "a claimed feature is never refused; a case outside the capabilities is refused or "
