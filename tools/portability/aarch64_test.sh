@@ -32,7 +32,8 @@ srcs=(tools/portability/oracle_digest.cc reference/oracle/oracle_common.cc
       reference/oracle/oracle_bound.cc reference/oracle/oracle_double.cc
       reference/oracle/oracle_double_backward.cc reference/oracle/oracle_exp.cc reference/oracle/oracle_mp128.cc
       reference/oracle/oracle_mp256.cc reference/tensor.cc reference/dtype.cc
-      reference/problem/problem.cc reference/problem/mask.cc reference/problem/tile_walk.cc
+      reference/problem/problem.cc reference/problem/paged.cc reference/problem/mask.cc
+      reference/problem/tile_walk.cc reference/formats/format.cc
       reference/io/json.cc)
 # The oracle's flags for its float64 files (reference/oracle/CMakeLists.txt): aarch64 GCC
 # contracts a * b + c into an FMA by default, which these files must not.

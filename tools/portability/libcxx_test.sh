@@ -21,7 +21,8 @@ fi
 # the system's libfmt is built against libstdc++.
 srcs=(tools/portability/content_ids.cc verify/report/repro.cc reference/golden/sha256.cc
       reference/case/inputs.cc reference/case/case_file.cc reference/problem/problem.cc
-      reference/problem/mask.cc reference/problem/budget.cc reference/data/generate.cc
+      reference/problem/paged.cc reference/problem/mask.cc reference/problem/budget.cc
+      reference/data/generate.cc reference/data/generate_paged.cc
       reference/data/element_stream.cc reference/io/json.cc reference/io/files.cc reference/io/safetensors.cc
       reference/formats/format.cc reference/dtype.cc reference/tensor.cc)
 printf '%s\n' "${srcs[@]}" | xargs -P "$(nproc)" -I{} sh -c \
